@@ -1,0 +1,274 @@
+// The public entry points: validate every argument, describe the problem as AdditiveParams,
+// then hand it to the CPU kernels. Nothing is written before validation has passed.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "cpu/additive.h"
+#include "cpu/bf16.h"
+#include "flat/flat.h"
+#include "params.h"
+
+namespace flat {
+
+std::string_view dtype_name(DType dtype) { return dtype == DType::bf16 ? "bf16" : "f32"; }
+
+std::string_view variant_name(Variant variant) {
+  switch (variant) {
+    case Variant::la: return "la";
+    case Variant::retnet: return "retnet";
+    case Variant::mamba2: return "mamba2";
+    case Variant::gla: return "gla";
+  }
+  return "?";
+}
+
+Variant parse_variant(std::string_view name) {
+  for (Variant v : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla})
+    if (variant_name(v) == name) return v;
+  throw Error("flat: unknown variant '" + std::string(name) + "' (expected la, retnet, mamba2 or gla)");
+}
+
+Tensor Tensor::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  Tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = int(shape.size());
+  int d = 0;
+  for (int64_t s : shape) t.shape[size_t(d++)] = s;
+  int64_t step = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    t.stride[size_t(i)] = step;
+    step *= t.shape[size_t(i)];
+  }
+  return t;
+}
+
+Tensor Tensor::strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                       std::initializer_list<int64_t> stride) {
+  if (shape.size() != stride.size() || shape.size() > 4)
+    throw Error("flat: Tensor::strided: shape and stride must have the same rank, at most 4");
+  Tensor t = contiguous(data, dtype, shape);
+  int d = 0;
+  for (int64_t s : stride) t.stride[size_t(d++)] = s;
+  return t;
+}
+
+uint16_t to_bf16(float x) { return cpu::f32_to_bf16(x); }
+float from_bf16(uint16_t x) { return cpu::bf16_to_f32(x); }
+
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+[[noreturn]] void fail(const std::string& tensor, const std::string& what) {
+  throw Error("flat: " + tensor + ": " + what);
+}
+
+std::string shape_string(const Tensor& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int d = 0; d < t.rank; ++d) s << (d ? ", " : "") << t.shape[size_t(d)];
+  s << "]";
+  return s.str();
+}
+
+// One expected axis: its name and its size, or -1 where any size is accepted.
+struct Axis {
+  const char* name;
+  int64_t size;
+};
+
+std::string expected_string(const std::vector<Axis>& axes) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t d = 0; d < axes.size(); ++d) {
+    s << (d ? ", " : "") << axes[d].name;
+    if (axes[d].size >= 0) s << "=" << axes[d].size;
+  }
+  s << "]";
+  return s.str();
+}
+
+// Checks that a present tensor is a usable view of the expected shape.
+void check_tensor(const std::string& name, const Tensor& t, const std::vector<Axis>& axes) {
+  if (!t.present()) fail(name, "required tensor is missing");
+  if (t.rank != int(axes.size()))
+    fail(name, "expected rank " + std::to_string(axes.size()) + " " + expected_string(axes) +
+                   ", got rank " + std::to_string(t.rank) + " " + shape_string(t));
+  if (t.data == nullptr) fail(name, "null data pointer");
+  for (size_t d = 0; d < axes.size(); ++d) {
+    if (t.shape[d] < 1)
+      fail(name, std::string("axis ") + axes[d].name + " must be at least 1, got " +
+                     std::to_string(t.shape[d]) + " in shape " + shape_string(t));
+    if (axes[d].size >= 0 && t.shape[d] != axes[d].size)
+      fail(name, "expected shape " + expected_string(axes) + ", got " + shape_string(t));
+    if (t.stride[d] < 0)
+      fail(name, std::string("negative stride on axis ") + axes[d].name);
+  }
+  if (t.stride[axes.size() - 1] != 1)
+    fail(name, "the last axis must be contiguous (stride 1), got stride " +
+                   std::to_string(t.stride[axes.size() - 1]));
+}
+
+void check_dtype(const std::string& name, const Tensor& t, DType expected, const std::string& why) {
+  if (t.dtype != expected)
+    fail(name, "expected dtype " + std::string(dtype_name(expected)) + why + ", got " +
+                   std::string(dtype_name(t.dtype)));
+}
+
+void check_head_dim(const std::string& name, const char* axis, int64_t size) {
+  if (size > kMaxHeadDim)
+    fail(name, std::string(axis) + " = " + std::to_string(size) + " is not supported (1 to " +
+                   std::to_string(kMaxHeadDim) + ")");
+}
+
+// Rows (i0, i1, i2) of a rank-4 tensor, or the width-1 rows of a lower-rank gate, where the
+// missing leading axes get stride 0.
+RowView rows(const Tensor& t) {
+  RowView r;
+  if (!t.present()) return r;
+  r.base = static_cast<char*>(t.data);
+  r.dtype = t.dtype;
+  int64_t s[3] = {0, 0, 0};
+  const int leading = t.rank == 4 ? 3 : t.rank;  // a rank < 4 gate has width-1 rows
+  for (int d = 0; d < leading; ++d) s[3 - leading + d] = t.stride[size_t(d)];
+  r.stride0 = s[0];
+  r.stride1 = s[1];
+  r.stride2 = s[2];
+  return r;
+}
+
+GateKind gate_kind(Variant variant) {
+  switch (variant) {
+    case Variant::la: return GateKind::none;
+    case Variant::retnet:
+    case Variant::mamba2: return GateKind::scalar;
+    case Variant::gla: return GateKind::channel;
+  }
+  return GateKind::none;
+}
+
+int head_group(const std::string& name, const char* axis, int64_t heads, int64_t N) {
+  if (N % heads != 0)
+    fail(name, std::string("head count ") + axis + " = " + std::to_string(heads) +
+                   " does not divide N = " + std::to_string(N));
+  return int(N / heads);
+}
+
+// Validates the inputs shared by forward and backward and fills the problem description.
+AdditiveParams describe(Variant variant, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& g, const Tensor& h0, const Options& options) {
+  AdditiveParams p;
+  check_tensor("q", q, {{"B", -1}, {"S", -1}, {"Nq", -1}, {"K", -1}});
+  const int64_t B = q.shape[0], S = q.shape[1], K = q.shape[3];
+  check_head_dim("q", "K", K);
+  check_tensor("k", k, {{"B", B}, {"S", S}, {"Nk", -1}, {"K", K}});
+  check_tensor("v", v, {{"B", B}, {"S", S}, {"Nv", -1}, {"V", -1}});
+  const int64_t V = v.shape[3];
+  check_head_dim("v", "V", V);
+
+  p.gate = gate_kind(variant);
+  int64_t Ng = 0;
+  switch (variant) {
+    case Variant::la:
+      if (g.present()) fail("g", "variant la takes no gate, got a tensor of shape " + shape_string(g));
+      break;
+    case Variant::retnet:
+      check_tensor("g", g, {{"Ng", -1}});
+      Ng = g.shape[0];
+      p.gate_per_sequence = true;
+      break;
+    case Variant::mamba2:
+      check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}});
+      Ng = g.shape[2];
+      break;
+    case Variant::gla:
+      check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K", K}});
+      Ng = g.shape[2];
+      break;
+  }
+  const int64_t N = std::max({q.shape[2], k.shape[2], v.shape[2], Ng});
+  p.group_q = head_group("q", "Nq", q.shape[2], N);
+  p.group_k = head_group("k", "Nk", k.shape[2], N);
+  p.group_v = head_group("v", "Nv", v.shape[2], N);
+  if (Ng > 0) p.group_g = head_group("g", "Ng", Ng, N);
+
+  if (h0.present()) {
+    check_tensor("h0", h0, {{"B", B}, {"N", N}, {"K", K}, {"V", V}});
+    check_dtype("h0", h0, DType::f32, " (states are fp32)");
+  }
+  if (options.chunk < 16 || options.chunk > 256 || options.chunk % 16 != 0)
+    fail("options.chunk", "expected a multiple of 16 from 16 to 256, got " + std::to_string(options.chunk));
+  if (options.threads < 0) fail("options.threads", "expected 0 (all) or more, got " + std::to_string(options.threads));
+  const float scale = options.scale.value_or(1.0f / std::sqrt(float(K)));
+  if (!std::isfinite(scale)) fail("options.scale", "expected a finite number");
+
+  p.B = int(B);
+  p.S = int(S);
+  p.N = int(N);
+  p.K = int(K);
+  p.V = int(V);
+  p.scale = scale;
+  p.chunk = options.chunk;
+  p.l2norm_qk = options.l2norm_qk;
+  p.threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  p.q = rows(q);
+  p.k = rows(k);
+  p.v = rows(v);
+  p.g = rows(g);
+  p.h0 = rows(h0);
+  return p;
+}
+
+void check_state(const std::string& name, const Tensor& t, const AdditiveParams& p) {
+  check_tensor(name, t, {{"B", p.B}, {"N", p.N}, {"K", p.K}, {"V", p.V}});
+  check_dtype(name, t, DType::f32, " (states are fp32)");
+}
+
+void check_gradient(const std::string& name, const Tensor& grad, const std::string& input_name,
+                    const Tensor& input) {
+  std::vector<Axis> axes;
+  static const char* kAxisNames[4] = {"d0", "d1", "d2", "d3"};
+  for (int d = 0; d < input.rank; ++d) axes.push_back({kAxisNames[d], input.shape[size_t(d)]});
+  check_tensor(name, grad, axes);
+  check_dtype(name, grad, input.dtype, " (the dtype of " + input_name + ")");
+}
+
+}  // namespace
+
+void forward(Variant variant, const ForwardArgs& a, const Options& options) {
+  AdditiveParams p = describe(variant, a.q, a.k, a.v, a.g, a.h0, options);
+  check_tensor("y", a.y, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
+  if (a.ht.present()) check_state("ht", a.ht, p);
+  p.y = rows(a.y);
+  p.ht = rows(a.ht);
+  cpu::additive_forward(p);
+}
+
+void backward(Variant variant, const BackwardArgs& a, const Options& options) {
+  AdditiveParams p = describe(variant, a.q, a.k, a.v, a.g, a.h0, options);
+  check_tensor("dy", a.dy, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
+  if (a.dht.present()) check_state("dht", a.dht, p);
+  check_gradient("dq", a.dq, "q", a.q);
+  check_gradient("dk", a.dk, "k", a.k);
+  check_gradient("dv", a.dv, "v", a.v);
+  if (a.g.present()) {
+    check_gradient("dg", a.dg, "g", a.g);
+  } else if (a.dg.present()) {
+    fail("dg", "given, but there is no gate g");
+  }
+  if (a.dh0.present()) check_state("dh0", a.dh0, p);
+  p.dy = rows(a.dy);
+  p.dht = rows(a.dht);
+  p.dq = rows(a.dq);
+  p.dk = rows(a.dk);
+  p.dv = rows(a.dv);
+  p.dg = rows(a.dg);
+  p.dh0 = rows(a.dh0);
+  cpu::additive_backward(p);
+}
+
+}  // namespace flat

@@ -1,0 +1,47 @@
+// Internal problem description shared by the API layer and the kernels, in the spirit of
+// flash-attention's flash.h: plain data with explicit strides, already validated.
+#pragma once
+
+#include <cstdint>
+
+#include "flat/flat.h"
+
+namespace flat {
+
+// How the forget gate is shaped: absent (la), one value per head and token (mamba2; retnet with
+// zero batch and sequence strides) or one value per channel (gla).
+enum class GateKind { none, scalar, channel };
+
+// Rows of `width` contiguous elements addressed by three indices: for a [B, S, N, D] tensor the
+// row (b, s, n); for a [B, N, K, V] state the row (b, n, k) with the strides given in that order.
+struct RowView {
+  char* base = nullptr;
+  DType dtype = DType::f32;
+  int64_t stride0 = 0, stride1 = 0, stride2 = 0;  // in elements
+
+  bool present() const { return base != nullptr; }
+  int64_t element_bytes() const { return dtype == DType::bf16 ? 2 : 4; }
+  char* row(int64_t i0, int64_t i1, int64_t i2) const {
+    return base + (i0 * stride0 + i1 * stride1 + i2 * stride2) * element_bytes();
+  }
+};
+
+struct AdditiveParams {
+  GateKind gate = GateKind::none;
+  int B = 0, S = 0, N = 0, K = 0, V = 0;
+  // Head sharing: head n reads input head n / group_x.
+  int group_q = 1, group_k = 1, group_v = 1, group_g = 1;
+  bool gate_per_sequence = false;  // retnet: one gate per head for every batch and token
+  float scale = 1.0f;
+  int chunk = 64;
+  bool l2norm_qk = false;
+  int threads = 1;
+
+  RowView q, k, v, g;  // [B, S, Nx, D]; g rows are K wide (channel) or 1 wide (scalar)
+  RowView h0;          // [B, N, K, V] rows (b, n, k), fp32, optional
+  RowView y, ht;       // forward outputs
+  RowView dy, dht;     // backward inputs
+  RowView dq, dk, dv, dg, dh0;  // backward outputs
+};
+
+}  // namespace flat
