@@ -1,1 +1,33 @@
-int main(){}
+// flat: command-line tool.
+//   flat run VARIANT --in DIR --out DIR [options]   run the kernels on .npy files
+//   flat bench [options]                            time kernels and baselines
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "run.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: flat run VARIANT --in DIR --out DIR [--dtype f32|bf16] [--chunk N] [--scale X]\n"
+    "                [--l2norm] [--threads N]\n"
+    "       flat bench [--shape B,S,N,K,V] [--variant NAME] [--threads N] [--dtype f32|bf16]\n"
+    "VARIANT: la, retnet, mamba2, gla\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "run") return flat::tool::run_command(args, std::cout, std::cerr);
+  if (command == "bench") return flat::tool::bench_command(args, std::cout, std::cerr);
+  std::cerr << "flat: unknown command '" << command << "'\n" << kUsage;
+  return 2;
+}
