@@ -1,1 +1,50 @@
+// Results are bitwise identical from run to run and for any thread count: each (batch, head) is
+// computed by one thread with the same code, and every reduction over heads that share an input
+// (and retnet's reduction over the whole sequence) runs in a fixed order.
 #include <gtest/gtest.h>
+
+#include "harness.h"
+
+namespace flat::test {
+namespace {
+
+void expect_identical(const KernelOutputs& a, const KernelOutputs& b, int threads) {
+  // Bitwise: the outputs are floats widened exactly to double.
+  EXPECT_EQ(a.y, b.y) << "y, threads " << threads;
+  EXPECT_EQ(a.ht, b.ht) << "ht, threads " << threads;
+  EXPECT_EQ(a.dq, b.dq) << "dq, threads " << threads;
+  EXPECT_EQ(a.dk, b.dk) << "dk, threads " << threads;
+  EXPECT_EQ(a.dv, b.dv) << "dv, threads " << threads;
+  EXPECT_EQ(a.dg, b.dg) << "dg, threads " << threads;
+  EXPECT_EQ(a.dh0, b.dh0) << "dh0, threads " << threads;
+}
+
+class Determinism : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(Determinism, SameBitsForAnyThreadCountAndRun) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Case c;
+    c.variant = GetParam();
+    c.dtype = dtype;
+    c.B = 3;
+    c.S = 70;
+    c.Nq = c.Nk = 2;
+    c.Nv = c.Ng = 4;
+    c.K = 32;
+    c.V = 24;
+    c.chunk = 32;
+    c.h0 = c.dht = true;
+    const Problem problem(c);
+    const KernelOutputs reference = run_kernel(problem, true, 1);
+    for (int threads : {1, 2, 3, 5, 12}) expect_identical(reference, run_kernel(problem, true, threads), threads);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, Determinism,
+                         ::testing::Values(Variant::la, Variant::retnet, Variant::mamba2, Variant::gla),
+                         [](const ::testing::TestParamInfo<Variant>& info) {
+                           return std::string(variant_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace flat::test

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds and runs the whole test suite twice: optimised, then under ASan + UBSan.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bash "$root/scripts/setup.sh"
+jobs="$(nproc)"
+
+echo "== Release build and tests"
+bash "$root/scripts/build.sh" "$root/build-test" -DCMAKE_BUILD_TYPE=Release
+ctest --test-dir "$root/build-test" --output-on-failure -j "$jobs"
+
+echo "== ASan + UBSan build and tests"
+bash "$root/scripts/build.sh" "$root/build-sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLAT_SANITIZE=ON
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir "$root/build-sanitize" --output-on-failure -j "$jobs"
