@@ -31,7 +31,8 @@ Variant parse_variant(std::string_view name) {
   throw Error("flat: unknown variant '" + std::string(name) + "' (expected la, retnet, mamba2 or gla)");
 }
 
-Tensor Tensor::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+Tensor Tensor::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
+  if (shape.size() > 4) throw Error("flat: Tensor::contiguous: at most 4 axes, got " + std::to_string(shape.size()));
   Tensor t;
   t.data = data;
   t.dtype = dtype;

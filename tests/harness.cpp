@@ -256,9 +256,10 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads) {
   return out;
 }
 
-Errors compare(const Case& c) {
-  const Problem pr(c);
-  const KernelOutputs got = run_kernel(pr, true, c.threads);
+Errors compare(const Case& c) { return compare(Problem(c)); }
+
+Errors compare(const Problem& pr) {
+  const KernelOutputs got = run_kernel(pr, true, pr.c.threads);
   const ref::Outputs want = ref::forward(pr.ref, pr.in);
   const ref::Gradients dwant = ref::backward(pr.ref, pr.in, pr.dy, pr.dht);
   Errors e;

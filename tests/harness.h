@@ -65,5 +65,6 @@ KernelOutputs run_kernel(const Problem& problem, bool backward, int threads);
 
 // Runs kernel and oracle, returns the errors.
 Errors compare(const Case& c);
+Errors compare(const Problem& problem);
 
 }  // namespace flat::test

@@ -1,1 +1,436 @@
+// `flat run` in process: inputs written as .npy files to a temporary directory, the command run,
+// its outputs read back and compared with the float64 oracle; the bad inputs and arguments it
+// must reject with one line naming the culprit and nothing written; and the .npy reader and
+// writer on their own.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "npy.h"
+#include "run.h"
+
+namespace flat::test {
+namespace {
+
+namespace fs = std::filesystem;
+using tool::NpyArray;
+using tool::NpyError;
+using tool::read_npy;
+using tool::write_npy;
+
+// A fresh directory under the system's temporary directory, removed with its contents.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device entropy;
+    do path_ = fs::temp_directory_path() / ("flat_cli_" + std::to_string(entropy()) + std::to_string(entropy()));
+    while (!fs::create_directory(path_));
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write(const fs::path& path, const std::vector<int64_t>& shape, const std::vector<double>& values) {
+  const std::vector<float> data(values.begin(), values.end());
+  write_npy(path, shape, data.data());
+}
+
+std::vector<int64_t> gate_shape(const Case& c) {
+  switch (c.variant) {
+    case Variant::la: break;
+    case Variant::retnet: return {c.Ng};
+    case Variant::mamba2: return {c.B, c.S, c.Ng};
+    case Variant::gla: return {c.B, c.S, c.Ng, c.K};
+  }
+  return {};
+}
+
+std::vector<int64_t> state_shape(const Problem& p) { return {p.c.B, p.N, p.c.K, p.c.V}; }
+
+// The problem's inputs as the files `flat run` reads; dy and dht only for a backward run.
+void write_inputs(const fs::path& dir, const Problem& p, bool backward) {
+  const Case& c = p.c;
+  write(dir / "q.npy", {c.B, c.S, c.Nq, c.K}, p.in.q);
+  write(dir / "k.npy", {c.B, c.S, c.Nk, c.K}, p.in.k);
+  write(dir / "v.npy", {c.B, c.S, c.Nv, c.V}, p.in.v);
+  if (p.ref.has_gate()) write(dir / "g.npy", gate_shape(c), p.in.g);
+  if (c.h0) write(dir / "h0.npy", state_shape(p), p.in.h0);
+  if (!backward) return;
+  write(dir / "dy.npy", {c.B, c.S, p.N, c.V}, p.dy);
+  if (c.dht) write(dir / "dht.npy", state_shape(p), p.dht);
+}
+
+std::set<std::string> file_names(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
+  return names;
+}
+
+// The file's values in float64 after checking its shape.
+std::vector<double> read_output(const fs::path& path, const std::vector<int64_t>& shape) {
+  const NpyArray array = read_npy(path);
+  EXPECT_EQ(array.shape, shape) << path.filename();
+  return {array.data.begin(), array.data.end()};
+}
+
+struct RunCase {
+  RunCase(const Case& c_, bool backward_, std::optional<float> scale_ = std::nullopt)
+      : c(c_), backward(backward_), scale(scale_) {}
+
+  Case c;
+  bool backward;
+  std::optional<float> scale;  // given as --scale; otherwise the default K^-1/2
+
+  std::string name() const { return c.name() + (backward ? "_bwd" : "_fwd") + (scale ? "_scale" : ""); }
+};
+
+void PrintTo(const RunCase& run, std::ostream* os) { *os << run.name(); }
+
+std::vector<RunCase> run_cases() {
+  std::vector<RunCase> cases;
+  for (Variant variant : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla}) {
+    // Two batches, S not a multiple of the chunk.
+    Case c;
+    c.variant = variant;
+    c.B = 2;
+    c.S = 70;
+    c.chunk = 32;
+    c.K = 16;
+    c.V = 8;
+    cases.emplace_back(c, false);
+    c.h0 = c.dht = true;
+    cases.emplace_back(c, true);
+    // Head sharing, h0 without dht.
+    c.Nq = c.Nk = 1;
+    c.Nv = c.Ng = 2;
+    c.dht = false;
+    cases.emplace_back(c, true);
+  }
+  Case bf16;
+  bf16.dtype = DType::bf16;
+  bf16.S = 40;
+  bf16.chunk = 16;
+  bf16.K = 32;
+  bf16.V = 16;
+  bf16.Nq = bf16.Nk = bf16.Nv = bf16.Ng = 2;
+  bf16.h0 = bf16.dht = true;
+  for (Variant variant : {Variant::mamba2, Variant::gla}) {
+    bf16.variant = variant;
+    cases.emplace_back(bf16, true);
+  }
+  Case options;
+  options.variant = Variant::retnet;
+  options.S = 33;
+  options.chunk = 16;
+  options.l2norm = true;
+  options.threads = 1;
+  cases.emplace_back(options, true, 0.3f);
+  return cases;
+}
+
+class CliRun : public ::testing::TestWithParam<RunCase> {};
+
+TEST_P(CliRun, MatchesOracle) {
+  const RunCase& run = GetParam();
+  const Case& c = run.c;
+  Problem p(c);
+  if (run.scale) p.ref.scale = *run.scale;
+  TempDir in, scratch;
+  const fs::path out = scratch / "out";  // created by the command
+  write_inputs(in.path(), p, run.backward);
+
+  std::vector<std::string> args{std::string(variant_name(c.variant)), "--in", in.path().string(), "--out",
+                                out.string(), "--dtype", std::string(dtype_name(c.dtype)), "--chunk",
+                                std::to_string(c.chunk), "--threads", std::to_string(c.threads)};
+  if (c.l2norm) args.push_back("--l2norm");
+  if (run.scale) args.insert(args.end(), {"--scale", std::to_string(*run.scale)});
+  std::ostringstream stdout_text, stderr_text;
+  ASSERT_EQ(tool::run_command(args, stdout_text, stderr_text), 0) << stderr_text.str();
+  EXPECT_EQ(stderr_text.str(), "");
+
+  std::set<std::string> expected{"y.npy", "ht.npy"};
+  if (run.backward) {
+    expected.insert({"dq.npy", "dk.npy", "dv.npy"});
+    if (p.ref.has_gate()) expected.insert("dg.npy");
+    if (c.h0) expected.insert("dh0.npy");
+  }
+  EXPECT_EQ(file_names(out), expected);
+
+  const bool bf16 = c.dtype == DType::bf16;
+  const double out_tol = bf16 ? 5e-3 : 1e-5;
+  const double grad_tol = bf16 ? 1e-2 : 1e-4;
+  // `<=` so that a NaN error fails.
+  const auto expect_close = [&](const std::string& name, const std::vector<int64_t>& shape,
+                                const std::vector<double>& want, double tol) {
+    const double error = relative_error(read_output(out / name, shape), want);
+    EXPECT_TRUE(error <= tol) << name << " " << error;
+  };
+  const ref::Outputs want = ref::forward(p.ref, p.in);
+  expect_close("y.npy", {c.B, c.S, p.N, c.V}, want.y, out_tol);
+  expect_close("ht.npy", state_shape(p), want.ht, out_tol);
+  if (!run.backward) return;
+  const ref::Gradients dwant = ref::backward(p.ref, p.in, p.dy, p.dht);
+  expect_close("dq.npy", {c.B, c.S, c.Nq, c.K}, dwant.dq, grad_tol);
+  expect_close("dk.npy", {c.B, c.S, c.Nk, c.K}, dwant.dk, grad_tol);
+  expect_close("dv.npy", {c.B, c.S, c.Nv, c.V}, dwant.dv, grad_tol);
+  if (p.ref.has_gate()) expect_close("dg.npy", gate_shape(c), dwant.dg, grad_tol);
+  if (c.h0) expect_close("dh0.npy", state_shape(p), dwant.dh0, grad_tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CliRun, ::testing::ValuesIn(run_cases()),
+                         [](const ::testing::TestParamInfo<RunCase>& info) {
+                           return std::to_string(info.index) + "_" + info.param.name();
+                         });
+
+// A .npy file byte by byte, for headers write_npy would never produce.
+void write_raw_npy(const fs::path& path, int major, const std::string& header, const std::vector<float>& data) {
+  std::string bytes = "\x93NUMPY";
+  bytes += char(major);
+  bytes += '\0';
+  const size_t length_size = major == 1 ? 2 : 4;
+  for (size_t i = 0; i < length_size; ++i) bytes += char(header.size() >> (8 * i) & 0xff);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(data.data()), data.size() * sizeof(float));
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// A valid la problem in `in`, to be broken one way per test.
+class CliErrors : public ::testing::Test {
+ protected:
+  CliErrors() {
+    Case c;
+    c.variant = Variant::la;
+    c.S = 10;
+    c.K = 16;
+    c.V = 8;
+    write_inputs(in.path(), Problem(c), true);
+  }
+
+  std::vector<std::string> args(const std::string& variant = "la") const {
+    return {variant, "--in", in.path().string(), "--out", out.string()};
+  }
+
+  // The command fails with status 2 and exactly one line on err that mentions `culprit`, and
+  // writes nothing (the output directory is not even created).
+  void expect_rejected(const std::vector<std::string>& command, const std::string& culprit) const {
+    const bool out_existed = fs::exists(out);
+    std::ostringstream stdout_text, stderr_text;
+    EXPECT_EQ(tool::run_command(command, stdout_text, stderr_text), 2);
+    const std::string message = stderr_text.str();
+    EXPECT_TRUE(message.starts_with("flat run: ")) << message;
+    EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 1) << message;
+    EXPECT_TRUE(message.ends_with("\n")) << message;
+    EXPECT_NE(message.find(culprit), std::string::npos) << "'" << culprit << "' not in: " << message;
+    if (out_existed) EXPECT_TRUE(fs::is_empty(out));
+    else EXPECT_FALSE(fs::exists(out));
+  }
+
+  TempDir in, scratch;
+  fs::path out = scratch / "out";
+};
+
+TEST_F(CliErrors, ValidInputsRun) {
+  std::ostringstream stdout_text, stderr_text;
+  EXPECT_EQ(tool::run_command(args(), stdout_text, stderr_text), 0) << stderr_text.str();
+  EXPECT_EQ(file_names(out), (std::set<std::string>{"y.npy", "ht.npy", "dq.npy", "dk.npy", "dv.npy"}));
+}
+
+TEST_F(CliErrors, LaIgnoresGate) {
+  write_text(in / "g.npy", "not read");
+  std::ostringstream stdout_text, stderr_text;
+  EXPECT_EQ(tool::run_command(args(), stdout_text, stderr_text), 0) << stderr_text.str();
+}
+
+TEST_F(CliErrors, MissingInput) {
+  fs::remove(in / "q.npy");
+  expect_rejected(args(), "q.npy");
+}
+
+TEST_F(CliErrors, MissingGate) { expect_rejected(args("gla"), "g.npy"); }
+
+TEST_F(CliErrors, BadMagic) {
+  write_text(in / "k.npy", "PK\x03\x04 not an npy file");
+  expect_rejected(args(), "k.npy");
+}
+
+TEST_F(CliErrors, WrongDtype) {
+  write_raw_npy(in / "v.npy", 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 10, 1, 4), }\n",
+                std::vector<float>(80));
+  expect_rejected(args(), "v.npy");
+}
+
+TEST_F(CliErrors, FortranOrder) {
+  write_raw_npy(in / "v.npy", 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (1, 10, 1, 8), }\n",
+                std::vector<float>(80));
+  expect_rejected(args(), "v.npy");
+}
+
+TEST_F(CliErrors, TruncatedData) {
+  fs::resize_file(in / "dy.npy", fs::file_size(in / "dy.npy") - 4);
+  expect_rejected(args(), "dy.npy");
+}
+
+TEST_F(CliErrors, MismatchedK) {
+  write(in / "k.npy", {1, 10, 1, 32}, std::vector<double>(320));
+  expect_rejected(args(), "k.npy: expected shape (B=1, S=10, Nk, K=16), got (1, 10, 1, 32)");
+}
+
+TEST_F(CliErrors, WrongRank) {
+  write(in / "q.npy", {10, 16}, std::vector<double>(160));
+  expect_rejected(args(), "q.npy");
+}
+
+TEST_F(CliErrors, HeadCountDoesNotDivide) {
+  write(in / "k.npy", {1, 10, 2, 16}, std::vector<double>(320));
+  write(in / "v.npy", {1, 10, 3, 8}, std::vector<double>(240));
+  expect_rejected(args(), "k.npy");
+}
+
+TEST_F(CliErrors, MismatchedGradient) {
+  write(in / "dy.npy", {1, 10, 1, 4}, std::vector<double>(40));
+  expect_rejected(args(), "dy.npy");
+}
+
+TEST_F(CliErrors, UnknownVariant) { expect_rejected(args("deltanet"), "deltanet"); }
+
+TEST_F(CliErrors, UnknownOption) {
+  std::vector<std::string> command = args();
+  command.push_back("--fast");
+  expect_rejected(command, "--fast");
+}
+
+TEST_F(CliErrors, BadDtype) {
+  std::vector<std::string> command = args();
+  command.insert(command.end(), {"--dtype", "f16"});
+  expect_rejected(command, "--dtype");
+}
+
+TEST_F(CliErrors, BadChunkValue) {
+  std::vector<std::string> command = args();
+  command.insert(command.end(), {"--chunk", "64x"});
+  expect_rejected(command, "--chunk");
+}
+
+TEST_F(CliErrors, MissingOptionValue) {
+  std::vector<std::string> command = args();
+  command.push_back("--threads");
+  expect_rejected(command, "--threads");
+}
+
+TEST_F(CliErrors, ChunkRejectedByLibrary) {
+  std::vector<std::string> command = args();
+  command.insert(command.end(), {"--chunk", "20"});
+  expect_rejected(command, "chunk");
+}
+
+TEST_F(CliErrors, ExistingOutputDirStaysEmpty) {
+  fs::create_directory(out);
+  write_text(in / "v.npy", "");
+  expect_rejected(args(), "v.npy");
+}
+
+TEST(Npy, RoundTrip) {
+  TempDir dir;
+  const std::vector<std::vector<int64_t>> shapes{{}, {5}, {0}, {2, 3}, {1, 2, 3, 4}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    size_t count = 1;
+    for (int64_t size : shape) count *= size_t(size);
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = float(i) * 0.5f - 1.25f;
+    write_npy(dir / "a.npy", shape, data.data());
+    const NpyArray back = read_npy(dir / "a.npy");
+    EXPECT_EQ(back.shape, shape);
+    EXPECT_EQ(back.data, data);
+  }
+}
+
+TEST(Npy, WritesNumpyLayout) {
+  TempDir dir;
+  const float data[3] = {1, 2, 3};
+  write_npy(dir / "a.npy", {3}, data);
+  std::ifstream file(dir / "a.npy", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // numpy.save's layout: magic, version 1.0, header length, header padded so that the data
+  // starts at byte 128, a multiple of 64.
+  ASSERT_EQ(bytes.size(), 128u + sizeof data);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
+  EXPECT_EQ(uint8_t(bytes[8]) + 256 * uint8_t(bytes[9]), 128 - 10);
+  const std::string header = bytes.substr(10, 118);
+  const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }";
+  EXPECT_EQ(header, dict + std::string(header.size() - dict.size() - 1, ' ') + "\n");
+  EXPECT_EQ(std::memcmp(bytes.data() + 128, data, sizeof data), 0);
+}
+
+TEST(Npy, ReadsHeaderVariants) {
+  TempDir dir;
+  const std::vector<float> data{1, 2, 3, 4, 5, 6};
+  const std::pair<int, std::string> files[] = {
+      {2, "{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4'}"},
+      {3, "{ \"descr\" : \"<f4\" , \"fortran_order\" : False , \"shape\" : ( 2 , 3 , ) , }   \n"},
+      {1, "{'descr':'<f4','fortran_order':False,'shape':(2L, 3L)}"},
+  };
+  for (const auto& [major, header] : files) {
+    write_raw_npy(dir / "a.npy", major, header, data);
+    const NpyArray array = read_npy(dir / "a.npy");
+    EXPECT_EQ(array.shape, (std::vector<int64_t>{2, 3})) << header;
+    EXPECT_EQ(array.data, data) << header;
+  }
+}
+
+TEST(Npy, RejectsMalformedFiles) {
+  TempDir dir;
+  const std::vector<float> data{1, 2, 3};
+  const auto rejects = [&](const std::string& why, auto&& make) {
+    make(dir / "bad.npy");
+    try {
+      read_npy(dir / "bad.npy");
+      ADD_FAILURE() << why << ": accepted";
+    } catch (const NpyError& e) {
+      EXPECT_TRUE(std::string(e.what()).starts_with("bad.npy: ")) << why << ": " << e.what();
+    }
+  };
+  const auto raw = [&](int major, const std::string& header, const std::vector<float>& payload) {
+    return [=](const fs::path& path) { write_raw_npy(path, major, header, payload); };
+  };
+  rejects("missing", [](const fs::path& path) { fs::remove(path); });
+  rejects("empty", [](const fs::path& path) { write_text(path, ""); });
+  rejects("version 4", raw(4, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,)}", data));
+  rejects("big-endian", raw(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (3,)}", data));
+  rejects("float64", raw(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (3,)}", data));
+  rejects("fortran", raw(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (3,)}", data));
+  rejects("missing key", raw(1, "{'descr': '<f4', 'shape': (3,)}", data));
+  rejects("extra key", raw(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'x': 1}", data));
+  rejects("duplicate key", raw(1, "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (3,)}", data));
+  rejects("negative axis", raw(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-3,)}", data));
+  rejects("unclosed", raw(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,", data));
+  rejects("header past the end", [](const fs::path& path) { write_text(path, std::string("\x93NUMPY\x01\x00\xe8\x03{", 11)); });
+  rejects("truncated", raw(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4,)}", data));
+  rejects("trailing bytes", raw(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", data));
+  rejects("huge shape", raw(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 8)}", data));
+}
+
+}  // namespace
+}  // namespace flat::test

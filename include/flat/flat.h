@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -42,7 +43,10 @@ struct Tensor {
   bool present() const { return rank > 0; }
 
   // Row-major contiguous view.
-  static Tensor contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape);
+  static Tensor contiguous(void* data, DType dtype, std::span<const int64_t> shape);
+  static Tensor contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+    return contiguous(data, dtype, std::span<const int64_t>(shape.begin(), shape.size()));
+  }
   static Tensor strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
                         std::initializer_list<int64_t> stride);
 };
