@@ -229,12 +229,7 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads) {
   std::vector<float> dg(g.size(), std::numeric_limits<float>::quiet_NaN());
   std::vector<float> dh0(state, std::numeric_limits<float>::quiet_NaN());
 
-  BackwardArgs ba;
-  ba.q = fa.q;
-  ba.k = fa.k;
-  ba.v = fa.v;
-  ba.g = g_view;
-  ba.h0 = h0_view;
+  BackwardArgs ba{fa};
   ba.dy = dy_place.view(dy);
   ba.dht = c.dht ? Tensor::contiguous(dht.data(), DType::f32, {c.B, N, c.K, c.V}) : Tensor{};
   ba.dq = grads.q.view(grads.of(0));

@@ -37,25 +37,25 @@ Tensor view4(std::vector<float>& data, int64_t d0, int64_t d1, int64_t d2, int64
   return Tensor::contiguous(data.data(), DType::f32, {d0, d1, d2, d3});
 }
 
-ForwardArgs forward_args(Buffers& b) {
-  ForwardArgs a;
+Inputs inputs(Buffers& b) {
+  Inputs a;
   a.q = view4(b.q, B, S, N, K);
   a.k = view4(b.k, B, S, N, K);
   a.v = view4(b.v, B, S, N, V);
   a.g = view4(b.g, B, S, N, K);
   a.h0 = view4(b.h0, B, N, K, V);
+  return a;
+}
+
+ForwardArgs forward_args(Buffers& b) {
+  ForwardArgs a{inputs(b)};
   a.y = view4(b.y, B, S, N, V);
   a.ht = view4(b.ht, B, N, K, V);
   return a;
 }
 
 BackwardArgs backward_args(Buffers& b) {
-  BackwardArgs a;
-  a.q = view4(b.q, B, S, N, K);
-  a.k = view4(b.k, B, S, N, K);
-  a.v = view4(b.v, B, S, N, V);
-  a.g = view4(b.g, B, S, N, K);
-  a.h0 = view4(b.h0, B, N, K, V);
+  BackwardArgs a{inputs(b)};
   a.dy = view4(b.dy, B, S, N, V);
   a.dht = view4(b.dht, B, N, K, V);
   a.dq = view4(b.dq, B, S, N, K);

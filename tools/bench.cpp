@@ -82,21 +82,21 @@ struct Workload {
     }
     return {};
   }
-  ForwardArgs forward_args(Variant variant) {
-    ForwardArgs a;
+  Inputs inputs(Variant variant) {
+    Inputs a;
     a.q = view(q, o.K);
     a.k = view(k, o.K);
     a.v = view(v, o.V);
     a.g = gate(g, variant);
+    return a;
+  }
+  ForwardArgs forward_args(Variant variant) {
+    ForwardArgs a{inputs(variant)};
     a.y = view(y, o.V);
     return a;
   }
   BackwardArgs backward_args(Variant variant) {
-    BackwardArgs a;
-    a.q = view(q, o.K);
-    a.k = view(k, o.K);
-    a.v = view(v, o.V);
-    a.g = gate(g, variant);
+    BackwardArgs a{inputs(variant)};
     a.dy = view(dy, o.V);
     a.dq = view(dq, o.K);
     a.dk = view(dk, o.K);

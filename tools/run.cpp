@@ -247,12 +247,7 @@ std::vector<Output> compute(const Config& config) {
   if (gb) dg.emplace(gb->shape, DType::f32);
   if (h0b) dh0.emplace(h0b->shape, DType::f32);
 
-  BackwardArgs backward_args;
-  backward_args.q = forward_args.q;
-  backward_args.k = forward_args.k;
-  backward_args.v = forward_args.v;
-  backward_args.g = forward_args.g;
-  backward_args.h0 = forward_args.h0;
+  BackwardArgs backward_args{forward_args};
   backward_args.dy = view(dyb);
   backward_args.dht = view(dhtb);
   backward_args.dq = dq.view();

@@ -74,16 +74,22 @@ struct Options {
 //   q [B, S, Nq, K]   k [B, S, Nk, K]   v [B, S, Nv, V]   g: see Variant
 //   h0, ht [B, N, K, V] fp32, optional      y [B, S, N, V]
 // K and V may be 1 to 256. q, k, v, g, y may each be bf16 or fp32.
-struct ForwardArgs {
+struct Inputs {
   Tensor q, k, v, g, h0;
+};
+
+struct ForwardArgs : Inputs {
+  ForwardArgs() = default;
+  explicit ForwardArgs(const Inputs& inputs) : Inputs(inputs) {}
   Tensor y, ht;  // outputs; ht optional
 };
 
 // Gradients have their input's shape and dtype. dg is required when the variant has a gate and
 // must be absent for la; dh0 is optional (the gradient of the initial state, zero or given).
 // dht is optional.
-struct BackwardArgs {
-  Tensor q, k, v, g, h0;
+struct BackwardArgs : Inputs {
+  BackwardArgs() = default;
+  explicit BackwardArgs(const Inputs& inputs) : Inputs(inputs) {}
   Tensor dy, dht;
   Tensor dq, dk, dv, dg, dh0;  // outputs
 };
