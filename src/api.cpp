@@ -160,8 +160,8 @@ int head_group(const std::string& name, const char* axis, int64_t heads, int64_t
 }
 
 // Validates the inputs shared by forward and backward and fills the problem description.
-AdditiveParams describe(Variant variant, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& g, const Tensor& h0, const Options& options) {
+AdditiveParams describe_inputs(Variant variant, const Inputs& in, const Options& options) {
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &g = in.g, &h0 = in.h0;
   AdditiveParams p;
   check_tensor("q", q, {{"B", -1}, {"S", -1}, {"Nq", -1}, {"K", -1}});
   const int64_t B = q.shape[0], S = q.shape[1], K = q.shape[3];
@@ -240,17 +240,17 @@ void check_gradient(const std::string& name, const Tensor& grad, const std::stri
 
 }  // namespace
 
-void forward(Variant variant, const ForwardArgs& a, const Options& options) {
-  AdditiveParams p = describe(variant, a.q, a.k, a.v, a.g, a.h0, options);
+AdditiveParams describe_forward(Variant variant, const ForwardArgs& a, const Options& options) {
+  AdditiveParams p = describe_inputs(variant, a, options);
   check_tensor("y", a.y, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
   if (a.ht.present()) check_state("ht", a.ht, p);
   p.y = rows(a.y);
   p.ht = rows(a.ht);
-  cpu::additive_forward(p);
+  return p;
 }
 
-void backward(Variant variant, const BackwardArgs& a, const Options& options) {
-  AdditiveParams p = describe(variant, a.q, a.k, a.v, a.g, a.h0, options);
+AdditiveParams describe_backward(Variant variant, const BackwardArgs& a, const Options& options) {
+  AdditiveParams p = describe_inputs(variant, a, options);
   check_tensor("dy", a.dy, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
   if (a.dht.present()) check_state("dht", a.dht, p);
   check_gradient("dq", a.dq, "q", a.q);
@@ -269,7 +269,15 @@ void backward(Variant variant, const BackwardArgs& a, const Options& options) {
   p.dv = rows(a.dv);
   p.dg = rows(a.dg);
   p.dh0 = rows(a.dh0);
-  cpu::additive_backward(p);
+  return p;
+}
+
+void forward(Variant variant, const ForwardArgs& args, const Options& options) {
+  cpu::additive_forward(describe_forward(variant, args, options));
+}
+
+void backward(Variant variant, const BackwardArgs& args, const Options& options) {
+  cpu::additive_backward(describe_backward(variant, args, options));
 }
 
 }  // namespace flat

@@ -44,4 +44,10 @@ struct AdditiveParams {
   RowView dq, dk, dv, dg, dh0;  // backward outputs
 };
 
+// Validates the arguments of forward / backward exactly as the public entry points do (throwing
+// flat::Error, writing nothing) and describes the problem. For internal callers such as the
+// benchmark's baselines, which run other implementations on the same arguments.
+AdditiveParams describe_forward(Variant variant, const ForwardArgs& args, const Options& options);
+AdditiveParams describe_backward(Variant variant, const BackwardArgs& args, const Options& options);
+
 }  // namespace flat
