@@ -5,6 +5,8 @@
 #include <cstring>
 
 namespace flat::cpu {
+// Internal linkage: each translation unit, whatever its target flags, keeps its own copy.
+namespace {
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;
@@ -21,4 +23,5 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t(bits >> 16);
 }
 
+}  // namespace
 }  // namespace flat::cpu

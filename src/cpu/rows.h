@@ -7,6 +7,8 @@
 #include "params.h"
 
 namespace flat::cpu {
+// Internal linkage: each translation unit, whatever its target flags, keeps its own copy.
+namespace {
 
 inline void load_row(const RowView& view, int64_t i0, int64_t i1, int64_t i2, float* dst,
                      int width) {
@@ -30,4 +32,5 @@ inline void store_row(const RowView& view, int64_t i0, int64_t i1, int64_t i2, c
   }
 }
 
+}  // namespace
 }  // namespace flat::cpu

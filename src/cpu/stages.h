@@ -1,0 +1,58 @@
+// The per-(batch, head) stages of the additive family, compiled once per instruction set
+// (src/cpu/stages.inc included by stages_<isa>.cpp). The drivers in additive.cpp own threads
+// and memory; a stage never allocates and works in the workspace it is given.
+#pragma once
+
+#include <cstddef>
+
+#include "cpu/isa.h"
+#include "params.h"
+
+namespace flat::cpu {
+
+// Which part of a matrix product's operands is known to be zero (stored as zeros), so whole
+// tiles can be skipped: A(i, p) = 0 for p > i (a_lower) or p < i (a_upper); or only C(i, j) with
+// j <= i is wanted (c_lower; tiles entirely above the diagonal are left unwritten).
+enum class Triangle { none, a_lower, a_upper, c_lower };
+
+// Where one head's gradients go: straight to the outputs, or to fp32 scratch rows (b, s, n)
+// that a fixed-order reduction sums over the heads sharing an input.
+struct GradSinks {
+  RowView dq, dk, dv, dg;
+};
+
+struct SequenceKernels {
+  // Bytes of workspace one thread needs (64-byte aligned by the caller).
+  size_t (*workspace_bytes)(const AdditiveParams& p);
+
+  // The fused forward of (b, n): H [K, V] starts from h0 and ends as the final state, staying in
+  // cache for the whole sequence. With `states`, also keeps the chunk-start states and the final
+  // one ([chunks + 1, K, V]); with `write_y`, computes and writes y.
+  void (*forward)(const AdditiveParams& p, int b, int n, void* workspace, float* H, float* states,
+                  bool write_y);
+
+  // The gradient pass of (b, n): chunks in reverse, carrying dH [K, V] (from dht; ends as dh0),
+  // given the chunk-start states.
+  void (*backward)(const AdditiveParams& p, int b, int n, void* workspace, const float* states,
+                   float* dH, const GradSinks& sinks);
+
+  // Single-chunk stages, for the unfused baseline that keeps per-chunk states in memory:
+  // y of chunk c from its start state H0;
+  void (*chunk_output)(const AdditiveParams& p, int b, int n, int c, void* workspace, const float* H0);
+  // dH [K, V] at the chunk's end -> dH at its start, in place;
+  void (*chunk_state_gradient)(const AdditiveParams& p, int b, int n, int c, void* workspace, float* dH);
+  // dq, dk, dv, dg of chunk c from its start state and the gradient wrt its end state.
+  void (*chunk_gradients)(const AdditiveParams& p, int b, int n, int c, void* workspace, const float* H0,
+                          const float* dH_end, const GradSinks& sinks);
+};
+
+const SequenceKernels& sequence_kernels(Isa isa);
+
+namespace generic {
+const SequenceKernels& sequence_kernels();
+}
+namespace avx512 {
+const SequenceKernels& sequence_kernels();
+}
+
+}  // namespace flat::cpu
