@@ -29,8 +29,55 @@ void matmul(int m, int n, int k, const float* a, int a_rs, int a_cs, const float
   }
 }
 
+// dst[c, r] = src[r, c] for r < rows, c < cols.
+void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) dst[size_t(c) * ldd + r] = src[size_t(r) * lds + c];
+}
+
 void exp_inplace(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] = expf(x[i]);
+}
+
+float dot(const float* a, const float* b, int n) {
+  float s = 0.f;
+  for (int c = 0; c < n; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// A diagonal block of n tokens with per-channel decays a [n, K] (rows of q, k, a with stride K):
+//   A[i, j] = sum_c q[i, c] k[j, c] F_ij[c],  F_ij = prod_{j<s<=i} a[s]   for j <= i < n,
+// the pairwise factors formed exactly as running products. f: [K] scratch.
+void diagonal_scores(int n, int K, const float* q, const float* k, const float* a, float* A, int lda, float* f) {
+  for (int i = 0; i < n; ++i) {
+    for (int c = 0; c < K; ++c) f[c] = 1.0f;
+    for (int j = i; j >= 0; --j) {
+      float s = 0.f;
+      for (int c = 0; c < K; ++c) {
+        s += q[size_t(i) * K + c] * f[c] * k[size_t(j) * K + c];
+        f[c] *= a[size_t(j) * K + c];
+      }
+      A[size_t(i) * lda + j] = s;
+    }
+  }
+}
+
+// The adjoint of diagonal_scores off the diagonal: for j < i < n,
+//   dq[i] += dA[i, j] F_ij * k[j],   dk[j] += dA[i, j] F_ij * q[i].
+void diagonal_gradients(int n, int K, const float* q, const float* k, const float* a, const float* dA, int lda,
+                        float* dq, float* dk, float* f) {
+  for (int i = 1; i < n; ++i) {
+    for (int c = 0; c < K; ++c) f[c] = 1.0f;
+    for (int j = i - 1; j >= 0; --j) {
+      const float w = dA[size_t(i) * lda + j];
+      for (int c = 0; c < K; ++c) {
+        f[c] *= a[size_t(j + 1) * K + c];
+        const float wf = w * f[c];
+        dq[size_t(i) * K + c] += wf * k[size_t(j) * K + c];
+        dk[size_t(j) * K + c] += wf * q[size_t(i) * K + c];
+      }
+    }
+  }
 }
 
 }  // namespace
