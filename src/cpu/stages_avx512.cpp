@@ -29,30 +29,30 @@ template <int MR, int NV>
 void gemm_f32_tile__avx512(int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c, int ldc,
                            __mmask16 tail, bool accumulate) {
   __mmask16 mask[NV];
-#pragma GCC unroll 2
+#pragma GCC unroll 16
   for (int v = 0; v < NV; ++v) mask[v] = v == NV - 1 ? tail : __mmask16(0xffff);
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v)
       acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], c + size_t(i) * ldc + 16 * v) : _mm512_setzero_ps();
   for (int p = 0; p < k; ++p) {
     const float* bp = b + size_t(p) * ldb;
     __m512 bv[NV];
-#pragma GCC unroll 2
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) bv[v] = _mm512_maskz_loadu_ps(mask[v], bp + 16 * v);
     const float* ap = a + size_t(p) * a_cs;
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 ai = _mm512_set1_ps(ap[size_t(i) * a_rs]);
-#pragma GCC unroll 2
+#pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(c + size_t(i) * ldc + 16 * v, mask[v], acc[i][v]);
 }
 
