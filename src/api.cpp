@@ -2,8 +2,10 @@
 // then hand it to the CPU kernels. Nothing is written before validation has passed.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cpu/additive.h"
@@ -21,14 +23,21 @@ std::string_view variant_name(Variant variant) {
     case Variant::retnet: return "retnet";
     case Variant::mamba2: return "mamba2";
     case Variant::gla: return "gla";
+    case Variant::deltanet: return "deltanet";
+    case Variant::gated_deltanet: return "gated_deltanet";
+    case Variant::kda: return "kda";
+    case Variant::gdn2: return "gdn2";
+    case Variant::sla: return "sla";
   }
   return "?";
 }
 
 Variant parse_variant(std::string_view name) {
-  for (Variant v : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla})
+  for (Variant v : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::deltanet,
+                    Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla})
     if (variant_name(v) == name) return v;
-  throw Error("flat: unknown variant '" + std::string(name) + "' (expected la, retnet, mamba2 or gla)");
+  throw Error("flat: unknown variant '" + std::string(name) +
+              "' (expected la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2 or sla)");
 }
 
 Tensor Tensor::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
@@ -144,12 +153,34 @@ RowView rows(const Tensor& t) {
 
 GateKind gate_kind(Variant variant) {
   switch (variant) {
-    case Variant::la: return GateKind::none;
+    case Variant::la:
+    case Variant::deltanet: return GateKind::none;
     case Variant::retnet:
-    case Variant::mamba2: return GateKind::scalar;
-    case Variant::gla: return GateKind::channel;
+    case Variant::mamba2:
+    case Variant::gated_deltanet: return GateKind::scalar;
+    case Variant::gla:
+    case Variant::kda:
+    case Variant::gdn2:
+    case Variant::sla: return GateKind::channel;
   }
   return GateKind::none;
+}
+
+Delta delta_kind(Variant variant) {
+  switch (variant) {
+    case Variant::deltanet:
+    case Variant::gated_deltanet:
+    case Variant::kda:
+    case Variant::sla: return Delta::beta;
+    case Variant::gdn2: return Delta::erase_write;
+    default: return Delta::none;
+  }
+}
+
+void check_absent(const std::string& name, const Tensor& t, Variant variant, const char* what) {
+  if (t.present())
+    fail(name, "variant " + std::string(variant_name(variant)) + " takes no " + what + ", got a tensor of shape " +
+                   shape_string(t));
 }
 
 int head_group(const std::string& name, const char* axis, int64_t heads, int64_t N) {
@@ -172,30 +203,58 @@ AdditiveParams describe_inputs(Variant variant, const Inputs& in, const Options&
   check_head_dim("v", "V", V);
 
   p.gate = gate_kind(variant);
+  p.delta = delta_kind(variant);
   int64_t Ng = 0;
-  switch (variant) {
-    case Variant::la:
-      if (g.present()) fail("g", "variant la takes no gate, got a tensor of shape " + shape_string(g));
-      break;
-    case Variant::retnet:
-      check_tensor("g", g, {{"Ng", -1}});
-      Ng = g.shape[0];
-      p.gate_per_sequence = true;
-      break;
-    case Variant::mamba2:
-      check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}});
-      Ng = g.shape[2];
-      break;
-    case Variant::gla:
-      check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K", K}});
-      Ng = g.shape[2];
-      break;
+  if (p.gate == GateKind::none) check_absent("g", g, variant, "gate");
+  if (variant == Variant::retnet) {
+    check_tensor("g", g, {{"Ng", -1}});
+    p.gate_per_sequence = true;
+    Ng = g.shape[0];
+  } else if (p.gate == GateKind::scalar) {
+    check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}});
+    Ng = g.shape[2];
+  } else if (variant == Variant::gla) {
+    check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K", K}});
+    Ng = g.shape[2];
+  } else if (p.gate == GateKind::channel) {
+    // One value per group of G channels: from the option, or sla's 64, or g's last axis.
+    const int64_t group = options.gate_group > 0 ? options.gate_group : variant == Variant::sla ? 64 : 0;
+    if (group > 0 && K % group != 0)
+      fail("options.gate_group", "G = " + std::to_string(group) + " does not divide K = " + std::to_string(K));
+    check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K/G", group > 0 ? K / group : -1}});
+    if (K % g.shape[3] != 0)
+      fail("g", "the last axis (K/G = " + std::to_string(g.shape[3]) + ") must divide K = " + std::to_string(K));
+    p.gate_group = int(K / g.shape[3]);
+    Ng = g.shape[2];
   }
-  const int64_t N = std::max({q.shape[2], k.shape[2], v.shape[2], Ng});
+
+  int64_t Nb = 0, Nw = 0;
+  if (p.delta == Delta::beta) {
+    check_tensor("beta", in.beta, {{"B", B}, {"S", S}, {"Nb", -1}});
+    Nb = in.beta.shape[2];
+  } else {
+    check_absent("beta", in.beta, variant, "beta");
+  }
+  if (p.delta == Delta::erase_write) {
+    check_tensor("b", in.b, {{"B", B}, {"S", S}, {"Nb", -1}, {"K", K}});
+    check_tensor("w", in.w, {{"B", B}, {"S", S}, {"Nw", -1}, {"V", V}});
+    Nb = in.b.shape[2];
+    Nw = in.w.shape[2];
+  } else {
+    check_absent("b", in.b, variant, "erase gate b");
+    check_absent("w", in.w, variant, "write gate w");
+  }
+
+  const int64_t N = std::max({q.shape[2], k.shape[2], v.shape[2], Ng, Nb, Nw});
   p.group_q = head_group("q", "Nq", q.shape[2], N);
   p.group_k = head_group("k", "Nk", k.shape[2], N);
   p.group_v = head_group("v", "Nv", v.shape[2], N);
   if (Ng > 0) p.group_g = head_group("g", "Ng", Ng, N);
+  if (Nb > 0) p.group_b = head_group(p.delta == Delta::beta ? "beta" : "b", "Nb", Nb, N);
+  if (Nw > 0) p.group_w = head_group("w", "Nw", Nw, N);
+  p.pack = std::gcd(p.group_q, p.group_k);
+  if (Ng > 0) p.pack = std::gcd(p.pack, p.group_g);
+  if (Nb > 0) p.pack = std::gcd(p.pack, p.group_b);
 
   if (h0.present()) {
     check_tensor("h0", h0, {{"B", B}, {"N", N}, {"K", K}, {"V", V}});
@@ -221,6 +280,10 @@ AdditiveParams describe_inputs(Variant variant, const Inputs& in, const Options&
   p.v = rows(v);
   p.g = rows(g);
   p.h0 = rows(h0);
+  p.beta = rows(in.beta);
+  p.b = rows(in.b);
+  p.w = rows(in.w);
+  p.solve = options.solve == Solve::automatic ? Solve::doubling : options.solve;
   return p;
 }
 
@@ -256,10 +319,15 @@ AdditiveParams describe_backward(Variant variant, const BackwardArgs& a, const O
   check_gradient("dq", a.dq, "q", a.q);
   check_gradient("dk", a.dk, "k", a.k);
   check_gradient("dv", a.dv, "v", a.v);
-  if (a.g.present()) {
-    check_gradient("dg", a.dg, "g", a.g);
-  } else if (a.dg.present()) {
-    fail("dg", "given, but there is no gate g");
+  // The gradient of each optional input: required with it, refused without it.
+  for (const auto& [name, grad, input_name, input] :
+       {std::tuple{"dg", &a.dg, "g", &a.g}, std::tuple{"dbeta", &a.dbeta, "beta", &a.beta},
+        std::tuple{"db", &a.db, "b", &a.b}, std::tuple{"dw", &a.dw, "w", &a.w}}) {
+    if (input->present()) {
+      check_gradient(name, *grad, input_name, *input);
+    } else if (grad->present()) {
+      fail(name, std::string("given, but there is no ") + input_name);
+    }
   }
   if (a.dh0.present()) check_state("dh0", a.dh0, p);
   p.dy = rows(a.dy);
@@ -269,6 +337,9 @@ AdditiveParams describe_backward(Variant variant, const BackwardArgs& a, const O
   p.dv = rows(a.dv);
   p.dg = rows(a.dg);
   p.dh0 = rows(a.dh0);
+  p.dbeta = rows(a.dbeta);
+  p.db = rows(a.db);
+  p.dw = rows(a.dw);
   return p;
 }
 

@@ -8,9 +8,14 @@
 
 namespace flat {
 
-// How the forget gate is shaped: absent (la), one value per head and token (mamba2; retnet with
-// zero batch and sequence strides) or one value per channel (gla).
+// How the forget gate is shaped: absent (la, deltanet), one value per head and token (mamba2,
+// gated_deltanet; retnet with zero batch and sequence strides) or one value per channel or group
+// of channels (gla, kda, gdn2, sla).
 enum class GateKind { none, scalar, channel };
+
+// The state update: additive (H = D H + k v^T), or the delta rule with the erase and write
+// strengths given as one beta per token (b = w = beta) or as vectors b [K] and w [V] (gdn2).
+enum class Delta { none, beta, erase_write };
 
 // Rows of `width` contiguous elements addressed by three indices: for a [B, S, N, D] tensor the
 // row (b, s, n); for a [B, N, K, V] state the row (b, n, k) with the strides given in that order.
@@ -30,18 +35,26 @@ struct AdditiveParams {
   GateKind gate = GateKind::none;
   int B = 0, S = 0, N = 0, K = 0, V = 0;
   // Head sharing: head n reads input head n / group_x.
-  int group_q = 1, group_k = 1, group_v = 1, group_g = 1;
+  int group_q = 1, group_k = 1, group_v = 1, group_g = 1, group_b = 1, group_w = 1;
   bool gate_per_sequence = false;  // retnet: one gate per head for every batch and token
+  int gate_group = 1;              // channel gates: channels per gate value (rows of K / gate_group)
+  // Heads computed together: consecutive heads that share q, k, g and beta / b, their values and
+  // states side by side (a divisor of N; the gcd of those inputs' groups).
+  int pack = 1;
+  Delta delta = Delta::none;
+  Solve solve = Solve::doubling;
   float scale = 1.0f;
   int chunk = 64;
   bool l2norm_qk = false;
   int threads = 1;
 
-  RowView q, k, v, g;  // [B, S, Nx, D]; g rows are K wide (channel) or 1 wide (scalar)
+  RowView q, k, v, g;  // [B, S, Nx, D]; g rows are K / gate_group wide (channel) or 1 wide (scalar)
+  RowView beta, b, w;  // delta rule: beta rows 1 wide; gdn2's b rows K wide, w rows V wide
   RowView h0;          // [B, N, K, V] rows (b, n, k), fp32, optional
   RowView y, ht;       // forward outputs
   RowView dy, dht;     // backward inputs
   RowView dq, dk, dv, dg, dh0;  // backward outputs
+  RowView dbeta, db, dw;
 };
 
 // Validates the arguments of forward / backward exactly as the public entry points do (throwing

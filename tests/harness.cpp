@@ -1,5 +1,7 @@
 #include "harness.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,12 +10,51 @@
 
 namespace flat::test {
 
+namespace {
+
+bool is_delta(Variant variant) {
+  switch (variant) {
+    case Variant::la:
+    case Variant::retnet:
+    case Variant::mamba2:
+    case Variant::gla: return false;
+    case Variant::deltanet:
+    case Variant::gated_deltanet:
+    case Variant::kda:
+    case Variant::gdn2:
+    case Variant::sla: return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string_view solve_name(Solve solve) {
+  switch (solve) {
+    case Solve::automatic: return "auto";
+    case Solve::substitution: return "subst";
+    case Solve::blocked: return "blocked";
+    case Solve::doubling: return "doubling";
+  }
+  return "?";
+}
+
+bool Case::is_delta() const { return test::is_delta(variant); }
+
+int Case::gate_group() const { return G > 0 ? G : variant == Variant::sla ? 64 : 1; }
+
 std::string Case::name() const {
   std::ostringstream s;
   s << variant_name(variant) << "_" << dtype_name(dtype) << "_B" << B << "_S" << S << "_Nq" << Nq << "_Nk"
-    << Nk << "_Nv" << Nv << "_Ng" << Ng << "_K" << K << "_V" << V << "_C" << chunk
-    << (h0 ? "_h0" : "") << (dht ? "_dht" : "") << (strided ? "_strided" : "")
+    << Nk << "_Nv" << Nv << "_Ng" << Ng;
+  if (is_delta()) s << "_Nb" << Nb;
+  if (variant == Variant::gdn2) s << "_Nw" << Nw;
+  s << "_K" << K << "_V" << V;
+  if (is_delta() && gate_shape(*this).size() == 4) s << "_G" << gate_group();
+  s << "_C" << chunk << (h0 ? "_h0" : "") << (dht ? "_dht" : "") << (strided ? "_strided" : "")
     << (l2norm ? "_l2" : "") << "_" << (decay == Decay::mild ? "mild" : decay == Decay::medium ? "medium" : "strong");
+  if (is_delta() && beta_max != 1.0) s << "_beta" << beta_max;
+  if (solve != Solve::automatic) s << "_" << solve_name(solve);
   return s.str();
 }
 
@@ -28,17 +69,77 @@ double relative_error(const std::vector<double>& got, const std::vector<double>&
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+void expect_within_bounds(const Errors& e, DType dtype) {
+  const bool bf16 = dtype == DType::bf16;
+  const double out_tol = bf16 ? 5e-3 : 1e-5;
+  const double grad_tol = bf16 ? 1e-2 : 1e-4;
+  // `<=` so that a NaN error fails.
+  EXPECT_TRUE(e.y <= out_tol) << "y " << e.y;
+  EXPECT_TRUE(e.ht <= out_tol) << "ht " << e.ht;
+  const std::pair<const char*, double> gradients[] = {{"dq", e.dq},   {"dk", e.dk},     {"dv", e.dv},
+                                                      {"dg", e.dg},   {"dh0", e.dh0},   {"dbeta", e.dbeta},
+                                                      {"db", e.db},   {"dw", e.dw}};
+  for (const auto& [name, error] : gradients) EXPECT_TRUE(error <= grad_tol) << name << " " << error;
+  EXPECT_TRUE(e.padding_intact) << "an element outside the strided views was written";
+}
+
+std::vector<int64_t> gate_shape(const Case& c) {
+  switch (c.variant) {
+    case Variant::la:
+    case Variant::deltanet: return {};
+    case Variant::retnet: return {c.Ng};
+    case Variant::mamba2:
+    case Variant::gated_deltanet: return {c.B, c.S, c.Ng};
+    case Variant::gla: return {c.B, c.S, c.Ng, c.K};
+    case Variant::kda:
+    case Variant::gdn2:
+    case Variant::sla: return {c.B, c.S, c.Ng, c.K / c.gate_group()};
+  }
+  return {};
+}
+
 namespace {
 
 double round_to(DType dtype, double x) {
   return dtype == DType::bf16 ? double(from_bf16(to_bf16(float(x)))) : double(float(x));
 }
 
-std::vector<double> normal(std::mt19937_64& rng, size_t n, DType dtype) {
+std::vector<double> rounded(DType dtype, std::vector<double> x) {
+  for (auto& e : x) e = round_to(dtype, e);
+  return x;
+}
+
+std::vector<double> normal(std::mt19937_64& rng, size_t n) {
   std::normal_distribution<double> dist;
   std::vector<double> out(n);
-  for (auto& x : out) x = round_to(dtype, dist(rng));
+  for (auto& x : out) x = dist(rng);
   return out;
+}
+
+std::vector<double> uniform(std::mt19937_64& rng, size_t n, double max) {
+  std::uniform_real_distribution<double> dist(0.0, max);
+  std::vector<double> out(n);
+  for (auto& x : out) x = dist(rng);
+  return out;
+}
+
+// Keys of the delta family without the in-kernel L2 norm are drawn short: N(0, 1) / sqrt(K) per
+// entry, rows longer than 0.99 shortened to it. The erase I - beta k k^T has the eigenvalue
+// 1 - beta |k|^2 along k and 1 elsewhere, so with |k|^2 <= 1 and beta < 2 it never expands the
+// state, as with normalised keys; longer keys would make the state grow exponentially, which
+// no model trains into and no error bound could follow. The margin absorbs bf16 rounding.
+void shorten_keys(std::vector<double>& k, int K) {
+  constexpr double kMaxNorm = 0.99;
+  for (size_t row = 0; row < k.size(); row += size_t(K)) {
+    double norm2 = 0;
+    for (int c = 0; c < K; ++c) {
+      double& x = k[row + size_t(c)];
+      x /= std::sqrt(double(K));
+      norm2 += x * x;
+    }
+    const double shrink = std::min(1.0, kMaxNorm / std::sqrt(norm2));
+    for (int c = 0; c < K; ++c) k[row + size_t(c)] *= shrink;
+  }
 }
 
 std::vector<double> gates(std::mt19937_64& rng, size_t n, Decay decay) {
@@ -67,6 +168,7 @@ struct Buffer {
     else full.assign(n, std::numeric_limits<float>::quiet_NaN());
   }
   void* data() { return dtype == DType::bf16 ? static_cast<void*>(half.data()) : full.data(); }
+  size_t size() const { return dtype == DType::bf16 ? half.size() : full.size(); }
   void set(size_t i, double x) {
     if (dtype == DType::bf16) half[i] = to_bf16(float(x));
     else full[i] = float(x);
@@ -75,14 +177,18 @@ struct Buffer {
   bool is_nan(size_t i) const { return std::isnan(get(i)); }
 };
 
-// A [B, S, H, D] tensor placed at column `offset` of rows `row` elements wide ([B, S, row]).
+// A [B, S, H, D] tensor placed at column `offset` of rows `row` elements wide ([B, S, row]);
+// rank 3 views it as [B, S, H] (D = 1), the layout of beta.
 struct Placement {
   int64_t B, S, H, D, row, offset;
+  int rank = 4;
+
   size_t index(int64_t b, int64_t s, int64_t h, int64_t d) const {
     return size_t((b * S + s) * row + offset + h * D + d);
   }
   Tensor view(Buffer& buf) const {
     char* base = static_cast<char*>(buf.data()) + offset * (buf.dtype == DType::bf16 ? 2 : 4);
+    if (rank == 3) return Tensor::strided(base, buf.dtype, {B, S, H}, {S * row, row, 1});
     return Tensor::strided(base, buf.dtype, {B, S, H, D}, {S * row, row, D, 1});
   }
   void fill(Buffer& buf, const std::vector<double>& dense) const {
@@ -101,40 +207,68 @@ struct Placement {
   }
 };
 
-// Lays out q, k, v (or dq, dk, dv) either in separate contiguous buffers or as column blocks of
-// one fused [B, S, Nq*K + Nk*K + Nv*V + pad] buffer, like a fused projection.
-struct QKV {
-  Placement q, k, v;
-  std::vector<Buffer> buffers;  // 1 fused or 3 separate
+// The parts of a projection in their order: q, k, v, then the delta family's beta, or gdn2's
+// b and w; for any kind of per-part item (shapes, tensors, values).
+template <class T>
+std::vector<T*> parts(Variant variant, T& q, T& k, T& v, T& beta, T& b, T& w) {
+  std::vector<T*> out{&q, &k, &v};
+  if (variant == Variant::gdn2) out.insert(out.end(), {&b, &w});
+  else if (is_delta(variant)) out.push_back(&beta);
+  return out;
+}
+
+// Lays out the parts (or their gradients) either in separate contiguous buffers or as column
+// blocks of one fused [B, S, width + pad] buffer, like a fused projection.
+struct Projection {
+  std::vector<Placement> places;
+  std::vector<Buffer> buffers;  // 1 fused or one per part
   bool fused;
 
-  QKV(const Case& c, DType dtype) : fused(c.strided) {
-    const int64_t qw = int64_t(c.Nq) * c.K, kw = int64_t(c.Nk) * c.K, vw = int64_t(c.Nv) * c.V;
-    if (fused) {
-      const int64_t row = qw + kw + vw + 3;  // padding that must stay untouched
-      q = {c.B, c.S, c.Nq, c.K, row, 0};
-      k = {c.B, c.S, c.Nk, c.K, row, qw};
-      v = {c.B, c.S, c.Nv, c.V, row, qw + kw};
-      buffers.emplace_back(dtype, size_t(c.B * c.S * row));
-    } else {
-      q = {c.B, c.S, c.Nq, c.K, qw, 0};
-      k = {c.B, c.S, c.Nk, c.K, kw, 0};
-      v = {c.B, c.S, c.Nv, c.V, vw, 0};
-      for (int64_t w : {qw, kw, vw}) buffers.emplace_back(dtype, size_t(c.B * c.S * w));
+  Projection(const Case& c, DType dtype) : fused(c.strided) {
+    struct Shape {
+      int64_t H, D;
+      int rank;
+    };
+    Shape q{c.Nq, c.K, 4}, k{c.Nk, c.K, 4}, v{c.Nv, c.V, 4}, beta{c.Nb, 1, 3}, b{c.Nb, c.K, 4}, w{c.Nw, c.V, 4};
+    const std::vector<Shape*> shapes = parts(c.variant, q, k, v, beta, b, w);
+    int64_t width = 0;
+    for (const Shape* s : shapes) width += s->H * s->D;
+    const int64_t row = width + 3;  // padding that must stay untouched
+    int64_t offset = 0;
+    for (const Shape* s : shapes) {
+      if (fused) {
+        places.push_back({c.B, c.S, s->H, s->D, row, offset, s->rank});
+        offset += s->H * s->D;
+      } else {
+        places.push_back({c.B, c.S, s->H, s->D, s->H * s->D, 0, s->rank});
+        buffers.emplace_back(dtype, size_t(c.B * c.S * s->H * s->D));
+      }
     }
+    if (fused) buffers.emplace_back(dtype, size_t(c.B * c.S * row));
   }
-  Buffer& of(int i) { return buffers[fused ? 0 : size_t(i)]; }
-  const Buffer& of(int i) const { return buffers[fused ? 0 : size_t(i)]; }
-  // Every element outside the three views still holds its NaN poison.
+  Buffer& of(size_t i) { return buffers[fused ? 0 : i]; }
+  const Buffer& of(size_t i) const { return buffers[fused ? 0 : i]; }
+
+  // Views of the parts into the given tensor fields, in order.
+  void view(const std::vector<Tensor*>& fields) {
+    for (size_t i = 0; i < places.size(); ++i) *fields[i] = places[i].view(of(i));
+  }
+  void fill(const std::vector<const std::vector<double>*>& values) {
+    for (size_t i = 0; i < places.size(); ++i) places[i].fill(of(i), *values[i]);
+  }
+  void read(const std::vector<std::vector<double>*>& values) const {
+    for (size_t i = 0; i < places.size(); ++i) *values[i] = places[i].read(of(i));
+  }
+  // Every element outside the views still holds its NaN poison.
   bool padding_intact() const {
     if (!fused) return true;
     const Buffer& buf = buffers[0];
-    std::vector<bool> inside(buf.dtype == DType::bf16 ? buf.half.size() : buf.full.size(), false);
-    for (const Placement* p : {&q, &k, &v})
-      for (int64_t b = 0; b < p->B; ++b)
-        for (int64_t s = 0; s < p->S; ++s)
-          for (int64_t h = 0; h < p->H; ++h)
-            for (int64_t d = 0; d < p->D; ++d) inside[p->index(b, s, h, d)] = true;
+    std::vector<bool> inside(buf.size(), false);
+    for (const Placement& p : places)
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t s = 0; s < p.S; ++s)
+          for (int64_t h = 0; h < p.H; ++h)
+            for (int64_t d = 0; d < p.D; ++d) inside[p.index(b, s, h, d)] = true;
     for (size_t i = 0; i < inside.size(); ++i)
       if (!inside[i] && !buf.is_nan(i)) return false;
     return true;
@@ -142,6 +276,16 @@ struct QKV {
 };
 
 std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+// The oracle's values as far as an fp32 or bf16 output can hold them: magnitudes below the
+// normal range (the same for both) are zero. Behind a very strong gate a gradient can truly be
+// 1e-63 (dh0 behind a first gate of -145); measured against that, the correct fp32 answer 0 would
+// be an error of 100%.
+std::vector<double> representable(std::vector<double> want) {
+  for (double& x : want)
+    if (std::abs(x) < double(std::numeric_limits<float>::min())) x = 0.0;
+  return want;
+}
 
 }  // namespace
 
@@ -154,22 +298,36 @@ Problem::Problem(const Case& c_) : c(c_) {
   ref.Nk = c.Nk;
   ref.Nv = c.Nv;
   ref.Ng = c.Ng;
+  ref.Nb = c.Nb;
+  ref.Nw = c.Nw;
+  ref.G = c.gate_group();
   ref.K = c.K;
   ref.V = c.V;
   ref.scale = double(float(1.0 / std::sqrt(double(c.K))));
   ref.l2norm = c.l2norm;
   N = ref.N();
-  in.q = normal(rng, size_t(c.B) * c.S * c.Nq * c.K, c.dtype);
-  in.k = normal(rng, size_t(c.B) * c.S * c.Nk * c.K, c.dtype);
-  in.v = normal(rng, size_t(c.B) * c.S * c.Nv * c.V, c.dtype);
+  const size_t tokens = size_t(c.B) * c.S;
+  in.q = rounded(c.dtype, normal(rng, tokens * c.Nq * c.K));
+  std::vector<double> k = normal(rng, tokens * c.Nk * c.K);
+  if (c.is_delta() && !c.l2norm) shorten_keys(k, c.K);
+  in.k = rounded(c.dtype, std::move(k));
+  in.v = rounded(c.dtype, normal(rng, tokens * c.Nv * c.V));
   in.g = gates(rng, ref.gate_size(), c.decay);
   const size_t state = size_t(c.B) * N * c.K * c.V;
-  if (c.h0) in.h0 = normal(rng, state, DType::f32);
-  dy = normal(rng, size_t(c.B) * c.S * N * c.V, c.dtype);
-  if (c.dht) dht = normal(rng, state, DType::f32);
+  if (c.h0) in.h0 = rounded(DType::f32, normal(rng, state));
+  dy = rounded(c.dtype, normal(rng, tokens * N * c.V));
+  if (c.dht) dht = rounded(DType::f32, normal(rng, state));
+  // Drawn last, so that the additive family's problems are what they were before.
+  if (ref.has_beta()) in.beta = rounded(c.dtype, uniform(rng, tokens * c.Nb, c.beta_max));
+  if (ref.has_erase_write()) {
+    in.b = rounded(c.dtype, uniform(rng, tokens * c.Nb * c.K, c.beta_max));
+    in.w = rounded(c.dtype, uniform(rng, tokens * c.Nw * c.V, c.beta_max));
+  }
 }
 
-KernelOutputs run_kernel(const Problem& pr, bool backward, int threads) {
+Implementation library() { return {"library", flat::forward, flat::backward}; }
+
+KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const Implementation& implementation) {
   const Case& c = pr.c;
   const int64_t N = pr.N;
   Options options;
@@ -177,20 +335,15 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads) {
   options.chunk = c.chunk;
   options.l2norm_qk = c.l2norm;
   options.threads = threads;
+  options.solve = c.solve;
+  options.gate_group = c.G;
 
-  QKV inputs(c, c.dtype);
-  inputs.q.fill(inputs.of(0), pr.in.q);
-  inputs.k.fill(inputs.of(1), pr.in.k);
-  inputs.v.fill(inputs.of(2), pr.in.v);
-  std::vector<float> g(pr.in.g.begin(), pr.in.g.end());
-  std::vector<float> h0(pr.in.h0.begin(), pr.in.h0.end());
-  Tensor g_view;
-  switch (c.variant) {
-    case Variant::la: break;
-    case Variant::retnet: g_view = Tensor::contiguous(g.data(), DType::f32, {c.Ng}); break;
-    case Variant::mamba2: g_view = Tensor::contiguous(g.data(), DType::f32, {c.B, c.S, c.Ng}); break;
-    case Variant::gla: g_view = Tensor::contiguous(g.data(), DType::f32, {c.B, c.S, c.Ng, c.K}); break;
-  }
+  const ref::Inputs& in = pr.in;
+  Projection inputs(c, c.dtype);
+  inputs.fill(parts(c.variant, in.q, in.k, in.v, in.beta, in.b, in.w));
+  std::vector<float> g(in.g.begin(), in.g.end());
+  std::vector<float> h0(in.h0.begin(), in.h0.end());
+  const Tensor g_view = Tensor::contiguous(g.data(), DType::f32, gate_shape(c));
   const size_t state = size_t(c.B) * N * c.K * c.V;
   Tensor h0_view = c.h0 ? Tensor::contiguous(h0.data(), DType::f32, {c.B, N, c.K, c.V}) : Tensor{};
 
@@ -201,14 +354,12 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads) {
   std::vector<float> ht(state, std::numeric_limits<float>::quiet_NaN());
 
   ForwardArgs fa;
-  fa.q = inputs.q.view(inputs.of(0));
-  fa.k = inputs.k.view(inputs.of(1));
-  fa.v = inputs.v.view(inputs.of(2));
+  inputs.view(parts(c.variant, fa.q, fa.k, fa.v, fa.beta, fa.b, fa.w));
   fa.g = g_view;
   fa.h0 = h0_view;
   fa.y = y_place.view(y);
   fa.ht = Tensor::contiguous(ht.data(), DType::f32, {c.B, N, c.K, c.V});
-  forward(c.variant, fa, options);
+  implementation.forward(c.variant, fa, options);
 
   KernelOutputs out;
   out.y = y_place.read(y);
@@ -225,26 +376,22 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads) {
   Buffer dy(c.dtype, pr.dy.size());
   dy_place.fill(dy, pr.dy);
   std::vector<float> dht(pr.dht.begin(), pr.dht.end());
-  QKV grads(c, c.dtype);
+  Projection grads(c, c.dtype);
   std::vector<float> dg(g.size(), std::numeric_limits<float>::quiet_NaN());
   std::vector<float> dh0(state, std::numeric_limits<float>::quiet_NaN());
 
   BackwardArgs ba{fa};
   ba.dy = dy_place.view(dy);
   ba.dht = c.dht ? Tensor::contiguous(dht.data(), DType::f32, {c.B, N, c.K, c.V}) : Tensor{};
-  ba.dq = grads.q.view(grads.of(0));
-  ba.dk = grads.k.view(grads.of(1));
-  ba.dv = grads.v.view(grads.of(2));
+  grads.view(parts(c.variant, ba.dq, ba.dk, ba.dv, ba.dbeta, ba.db, ba.dw));
   if (g_view.present()) {
     ba.dg = g_view;
     ba.dg.data = dg.data();
   }
   ba.dh0 = Tensor::contiguous(dh0.data(), DType::f32, {c.B, N, c.K, c.V});
-  flat::backward(c.variant, ba, options);
+  implementation.backward(c.variant, ba, options);
 
-  out.dq = grads.q.read(grads.of(0));
-  out.dk = grads.k.read(grads.of(1));
-  out.dv = grads.v.read(grads.of(2));
+  grads.read(parts(c.variant, out.dq, out.dk, out.dv, out.dbeta, out.db, out.dw));
   out.dg = to_double(dg);
   out.dh0 = to_double(dh0);
   out.padding_intact = out.padding_intact && grads.padding_intact();
@@ -253,18 +400,24 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads) {
 
 Errors compare(const Case& c) { return compare(Problem(c)); }
 
-Errors compare(const Problem& pr) {
-  const KernelOutputs got = run_kernel(pr, true, pr.c.threads);
+Errors compare(const Problem& pr, const Implementation& implementation) {
+  const KernelOutputs got = run_kernel(pr, true, pr.c.threads, implementation);
   const ref::Outputs want = ref::forward(pr.ref, pr.in);
   const ref::Gradients dwant = ref::backward(pr.ref, pr.in, pr.dy, pr.dht);
+  const auto error = [](const std::vector<double>& got, const std::vector<double>& want) {
+    return relative_error(got, representable(want));
+  };
   Errors e;
-  e.y = relative_error(got.y, want.y);
-  e.ht = relative_error(got.ht, want.ht);
-  e.dq = relative_error(got.dq, dwant.dq);
-  e.dk = relative_error(got.dk, dwant.dk);
-  e.dv = relative_error(got.dv, dwant.dv);
-  e.dg = relative_error(got.dg, dwant.dg);
-  e.dh0 = relative_error(got.dh0, dwant.dh0);
+  e.y = error(got.y, want.y);
+  e.ht = error(got.ht, want.ht);
+  e.dq = error(got.dq, dwant.dq);
+  e.dk = error(got.dk, dwant.dk);
+  e.dv = error(got.dv, dwant.dv);
+  e.dg = error(got.dg, dwant.dg);
+  e.dh0 = error(got.dh0, dwant.dh0);
+  e.dbeta = error(got.dbeta, dwant.dbeta);
+  e.db = error(got.db, dwant.db);
+  e.dw = error(got.dw, dwant.dw);
   e.padding_intact = got.padding_intact;
   return e;
 }

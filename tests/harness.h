@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flat/flat.h"
@@ -22,20 +23,31 @@ struct Case {
   Variant variant = Variant::gla;
   DType dtype = DType::f32;
   int B = 1, S = 1, Nq = 1, Nk = 1, Nv = 1, Ng = 1, K = 16, V = 16;
+  int Nb = 1, Nw = 1;  // delta family: heads of beta or b, and of w (gdn2)
+  // Channels per gate value of kda, gdn2 and sla, passed as Options::gate_group; 0 leaves it to
+  // the library: 64 for sla, and one value per channel for kda and gdn2 here.
+  int G = 0;
+  // Delta family: beta (gdn2: b and w) drawn from [0, beta_max); 1 or up to 2.
+  double beta_max = 1.0;
+  Solve solve = Solve::automatic;
   int chunk = 64;
   bool h0 = false, dht = false;
-  bool strided = false;  // q, k, v (and y, dq, dk, dv) as column blocks of fused buffers
+  bool strided = false;  // q, k, v, beta, b, w (and y, their gradients) as column blocks of fused buffers
   bool l2norm = false;
   Decay decay = Decay::medium;
   int threads = 2;
   uint64_t seed = 1;
 
+  bool is_delta() const;
+  int gate_group() const;  // G as the library resolves it
   std::string name() const;
 };
 
-// Relative L2 errors per output; NaN where the output had a NaN.
+// Relative L2 errors per output; NaN where the output had a NaN. Zero for gradients of inputs
+// the variant does not take.
 struct Errors {
   double y = 0, ht = 0, dq = 0, dk = 0, dv = 0, dg = 0, dh0 = 0;
+  double dbeta = 0, db = 0, dw = 0;
   bool padding_intact = true;  // nothing written outside the strided views
 };
 
@@ -43,7 +55,18 @@ struct Errors {
 // a NaN or an infinity.
 double relative_error(const std::vector<double>& got, const std::vector<double>& want);
 
+// The spec's bounds, as gtest expectations: fp32 1e-5 for y and ht and 1e-4 for every gradient,
+// bf16 5e-3 and 1e-2; NaN fails; and nothing written outside the views.
+void expect_within_bounds(const Errors& errors, DType dtype);
+
+// The solve's name as `flat run --solve` takes it ("auto" for Solve::automatic).
+std::string_view solve_name(Solve solve);
+
+// g's shape for the case's variant; empty without a gate.
+std::vector<int64_t> gate_shape(const Case& c);
+
 // A problem instance: inputs rounded to the case's dtype, as float (kernel) and double (oracle).
+// Gates stay fp32; beta, b and w are rounded like q, k and v.
 struct Problem {
   explicit Problem(const Case& c);
 
@@ -57,14 +80,32 @@ struct Problem {
 // Raw outputs of the kernel converted to float64 in the oracle's dense layouts.
 struct KernelOutputs {
   std::vector<double> y, ht, dq, dk, dv, dg, dh0;
+  std::vector<double> dbeta, db, dw;  // empty where the variant takes no such input
   bool padding_intact = true;  // strided buffers: nothing written outside the views
 };
 
+// Every output of KernelOutputs with its name, for checks that treat them alike.
+inline constexpr std::pair<const char*, std::vector<double> KernelOutputs::*> kKernelOutputs[] = {
+    {"y", &KernelOutputs::y},     {"ht", &KernelOutputs::ht},       {"dq", &KernelOutputs::dq},
+    {"dk", &KernelOutputs::dk},   {"dv", &KernelOutputs::dv},       {"dg", &KernelOutputs::dg},
+    {"dh0", &KernelOutputs::dh0}, {"dbeta", &KernelOutputs::dbeta}, {"db", &KernelOutputs::db},
+    {"dw", &KernelOutputs::dw}};
+
+// What run_kernel runs: the library's entry points, or another implementation with the same
+// arguments (the benchmark's baselines, through describe_forward / describe_backward).
+struct Implementation {
+  const char* name;
+  void (*forward)(Variant, const ForwardArgs&, const Options&);
+  void (*backward)(Variant, const BackwardArgs&, const Options&);
+};
+Implementation library();
+
 // Runs forward and, when `backward`, backward of the kernel on poisoned output buffers.
-KernelOutputs run_kernel(const Problem& problem, bool backward, int threads);
+KernelOutputs run_kernel(const Problem& problem, bool backward, int threads,
+                         const Implementation& implementation = library());
 
 // Runs kernel and oracle, returns the errors.
 Errors compare(const Case& c);
-Errors compare(const Problem& problem);
+Errors compare(const Problem& problem, const Implementation& implementation = library());
 
 }  // namespace flat::test

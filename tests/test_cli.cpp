@@ -56,17 +56,25 @@ void write(const fs::path& path, const std::vector<int64_t>& shape, const std::v
   write_npy(path, shape, data.data());
 }
 
-std::vector<int64_t> gate_shape(const Case& c) {
-  switch (c.variant) {
-    case Variant::la: break;
-    case Variant::retnet: return {c.Ng};
-    case Variant::mamba2: return {c.B, c.S, c.Ng};
-    case Variant::gla: return {c.B, c.S, c.Ng, c.K};
-  }
+std::vector<int64_t> state_shape(const Problem& p) { return {p.c.B, p.N, p.c.K, p.c.V}; }
+
+// A delta-rule strength the variant takes, read from NAME.npy, its gradient written to dNAME.npy.
+struct Strength {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<double> ref::Inputs::*input;
+  std::vector<double> ref::Gradients::*gradient;
+};
+
+// beta, or gdn2's b and w; none for the additive family.
+std::vector<Strength> strengths(const Problem& p) {
+  const Case& c = p.c;
+  if (p.ref.has_erase_write())
+    return {{"b", {c.B, c.S, c.Nb, c.K}, &ref::Inputs::b, &ref::Gradients::db},
+            {"w", {c.B, c.S, c.Nw, c.V}, &ref::Inputs::w, &ref::Gradients::dw}};
+  if (p.ref.has_beta()) return {{"beta", {c.B, c.S, c.Nb}, &ref::Inputs::beta, &ref::Gradients::dbeta}};
   return {};
 }
-
-std::vector<int64_t> state_shape(const Problem& p) { return {p.c.B, p.N, p.c.K, p.c.V}; }
 
 // The problem's inputs as the files `flat run` reads; dy and dht only for a backward run.
 void write_inputs(const fs::path& dir, const Problem& p, bool backward) {
@@ -75,6 +83,8 @@ void write_inputs(const fs::path& dir, const Problem& p, bool backward) {
   write(dir / "k.npy", {c.B, c.S, c.Nk, c.K}, p.in.k);
   write(dir / "v.npy", {c.B, c.S, c.Nv, c.V}, p.in.v);
   if (p.ref.has_gate()) write(dir / "g.npy", gate_shape(c), p.in.g);
+  for (const Strength& strength : strengths(p))
+    write(dir / (strength.name + ".npy"), strength.shape, p.in.*strength.input);
   if (c.h0) write(dir / "h0.npy", state_shape(p), p.in.h0);
   if (!backward) return;
   write(dir / "dy.npy", {c.B, c.S, p.N, c.V}, p.dy);
@@ -139,6 +149,38 @@ std::vector<RunCase> run_cases() {
     bf16.variant = variant;
     cases.emplace_back(bf16, true);
   }
+  // The delta family: the same shapes with beta (gdn2: b and w) shared like the gate. SLA's
+  // default of 64 channels per gate value does not divide K = 16: --gate-group 8.
+  for (Variant variant : {Variant::deltanet, Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla}) {
+    Case c;
+    c.variant = variant;
+    c.B = 2;
+    c.S = 70;
+    c.chunk = 32;
+    c.K = 16;
+    c.V = 8;
+    if (variant == Variant::sla) c.G = 8;
+    cases.emplace_back(c, false);
+    c.h0 = c.dht = true;
+    c.beta_max = 2.0;
+    cases.emplace_back(c, true);
+    c.Nq = c.Nk = 1;
+    c.Nv = c.Ng = c.Nb = c.Nw = 2;
+    c.dht = false;
+    cases.emplace_back(c, true);
+  }
+  // bf16 with grouped gates and each solve; sla at its default gate group.
+  Case delta = bf16;
+  delta.Nb = delta.Nw = 2;
+  for (auto [variant, G, solve] : {std::tuple{Variant::kda, 4, Solve::substitution},
+                                   std::tuple{Variant::gdn2, 8, Solve::doubling},
+                                   std::tuple{Variant::sla, 0, Solve::blocked}}) {
+    delta.variant = variant;
+    delta.G = G;
+    delta.solve = solve;
+    delta.K = variant == Variant::sla ? 64 : 32;
+    cases.emplace_back(delta, true);
+  }
   Case options;
   options.variant = Variant::retnet;
   options.S = 33;
@@ -165,6 +207,8 @@ TEST_P(CliRun, MatchesOracle) {
                                 std::to_string(c.chunk), "--threads", std::to_string(c.threads)};
   if (c.l2norm) args.push_back("--l2norm");
   if (run.scale) args.insert(args.end(), {"--scale", std::to_string(*run.scale)});
+  if (c.G > 0) args.insert(args.end(), {"--gate-group", std::to_string(c.G)});
+  if (c.solve != Solve::automatic) args.insert(args.end(), {"--solve", std::string(solve_name(c.solve))});
   std::ostringstream stdout_text, stderr_text;
   ASSERT_EQ(tool::run_command(args, stdout_text, stderr_text), 0) << stderr_text.str();
   EXPECT_EQ(stderr_text.str(), "");
@@ -174,6 +218,7 @@ TEST_P(CliRun, MatchesOracle) {
     expected.insert({"dq.npy", "dk.npy", "dv.npy"});
     if (p.ref.has_gate()) expected.insert("dg.npy");
     if (c.h0) expected.insert("dh0.npy");
+    for (const Strength& strength : strengths(p)) expected.insert("d" + strength.name + ".npy");
   }
   EXPECT_EQ(file_names(out), expected);
 
@@ -195,6 +240,8 @@ TEST_P(CliRun, MatchesOracle) {
   expect_close("dk.npy", {c.B, c.S, c.Nk, c.K}, dwant.dk, grad_tol);
   expect_close("dv.npy", {c.B, c.S, c.Nv, c.V}, dwant.dv, grad_tol);
   if (p.ref.has_gate()) expect_close("dg.npy", gate_shape(c), dwant.dg, grad_tol);
+  for (const Strength& strength : strengths(p))
+    expect_close("d" + strength.name + ".npy", strength.shape, dwant.*strength.gradient, grad_tol);
   if (c.h0) expect_close("dh0.npy", state_shape(p), dwant.dh0, grad_tol);
 }
 
@@ -217,12 +264,15 @@ void write_raw_npy(const fs::path& path, int major, const std::string& header, c
 
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
-// A valid la problem in `in`, to be broken one way per test.
+// A valid la problem in `in` (or one of another variant), to be broken one way per test.
 class CliErrors : public ::testing::Test {
  protected:
-  CliErrors() {
+  CliErrors() { write_problem(Variant::la); }
+
+  // Writes the inputs of a valid problem of `variant` over the directory's.
+  void write_problem(Variant variant) const {
     Case c;
-    c.variant = Variant::la;
+    c.variant = variant;
     c.S = 10;
     c.K = 16;
     c.V = 8;
@@ -314,7 +364,68 @@ TEST_F(CliErrors, MismatchedGradient) {
   expect_rejected(args(), "dy.npy");
 }
 
-TEST_F(CliErrors, UnknownVariant) { expect_rejected(args("deltanet"), "deltanet"); }
+TEST_F(CliErrors, UnknownVariant) { expect_rejected(args("mamba3"), "mamba3"); }
+
+TEST_F(CliErrors, MissingBeta) {
+  write_problem(Variant::deltanet);
+  fs::remove(in / "beta.npy");
+  expect_rejected(args("deltanet"), "beta.npy");
+}
+
+TEST_F(CliErrors, BetaWithChannelAxis) {
+  write_problem(Variant::gated_deltanet);
+  write(in / "beta.npy", {1, 10, 1, 16}, std::vector<double>(160, 0.5));
+  expect_rejected(args("gated_deltanet"), "beta.npy: expected shape (B=1, S=10, Nb), got (1, 10, 1, 16)");
+}
+
+TEST_F(CliErrors, EraseGateWithWrongK) {
+  write_problem(Variant::gdn2);
+  write(in / "b.npy", {1, 10, 1, 8}, std::vector<double>(80, 0.5));
+  expect_rejected(args("gdn2"), "b.npy: expected shape (B=1, S=10, Nb, K=16), got (1, 10, 1, 8)");
+}
+
+TEST_F(CliErrors, MissingWriteGate) {
+  write_problem(Variant::gdn2);
+  fs::remove(in / "w.npy");
+  expect_rejected(args("gdn2"), "w.npy");
+}
+
+TEST_F(CliErrors, StrengthHeadsDoNotDivide) {
+  write_problem(Variant::kda);
+  write(in / "v.npy", {1, 10, 3, 8}, std::vector<double>(240));
+  write(in / "beta.npy", {1, 10, 2}, std::vector<double>(20, 0.5));
+  expect_rejected(args("kda"), "beta.npy: head count Nb = 2 does not divide N = 3");
+}
+
+TEST_F(CliErrors, GateNotOfTheGroup) {
+  write_problem(Variant::kda);  // g.npy (1, 10, 1, 16): one value per channel
+  std::vector<std::string> command = args("kda");
+  command.insert(command.end(), {"--gate-group", "4"});
+  expect_rejected(command, "g.npy: expected shape (B=1, S=10, Ng, K/G=4), got (1, 10, 1, 16)");
+}
+
+TEST_F(CliErrors, GateGroupDoesNotDivideK) {
+  write_problem(Variant::kda);
+  std::vector<std::string> command = args("kda");
+  command.insert(command.end(), {"--gate-group", "3"});
+  expect_rejected(command, "--gate-group: G = 3 does not divide K = 16");
+  // SLA's default group of 64 channels needs --gate-group for K = 16.
+  write_problem(Variant::sla);
+  expect_rejected(args("sla"), "--gate-group: G = 64 (sla's default) does not divide K = 16");
+}
+
+TEST_F(CliErrors, BadGateGroupValue) {
+  std::vector<std::string> command = args("kda");
+  command.insert(command.end(), {"--gate-group", "0"});
+  expect_rejected(command, "--gate-group");
+}
+
+TEST_F(CliErrors, BadSolve) {
+  write_problem(Variant::kda);
+  std::vector<std::string> command = args("kda");
+  command.insert(command.end(), {"--solve", "neumann"});
+  expect_rejected(command, "--solve: expected subst, blocked or doubling, got 'neumann'");
+}
 
 TEST_F(CliErrors, UnknownOption) {
   std::vector<std::string> command = args();

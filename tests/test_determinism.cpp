@@ -10,13 +10,7 @@ namespace {
 
 void expect_identical(const KernelOutputs& a, const KernelOutputs& b, int threads) {
   // Bitwise: the outputs are floats widened exactly to double.
-  EXPECT_EQ(a.y, b.y) << "y, threads " << threads;
-  EXPECT_EQ(a.ht, b.ht) << "ht, threads " << threads;
-  EXPECT_EQ(a.dq, b.dq) << "dq, threads " << threads;
-  EXPECT_EQ(a.dk, b.dk) << "dk, threads " << threads;
-  EXPECT_EQ(a.dv, b.dv) << "dv, threads " << threads;
-  EXPECT_EQ(a.dg, b.dg) << "dg, threads " << threads;
-  EXPECT_EQ(a.dh0, b.dh0) << "dh0, threads " << threads;
+  for (const auto& [name, values] : kKernelOutputs) EXPECT_EQ(a.*values, b.*values) << name << ", threads " << threads;
 }
 
 class Determinism : public ::testing::TestWithParam<Variant> {};
@@ -39,6 +33,33 @@ TEST_P(Determinism, SameBitsForAnyThreadCountAndRun) {
     for (int threads : {1, 2, 3, 5, 12}) expect_identical(reference, run_kernel(problem, true, threads), threads);
   }
 }
+
+// The delta family with every input shared (q, k, g and beta or b by two heads each, w by none):
+// the sums of the shared gradients must not depend on which thread ran which head.
+class DeltaDeterminism : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(DeltaDeterminism, SameBitsForAnyThreadCount) {
+  Case c;
+  c.variant = GetParam();
+  c.B = 2;
+  c.S = 90;
+  c.Nq = c.Nk = c.Ng = c.Nb = 2;
+  c.Nv = c.Nw = 4;
+  c.K = 64;
+  c.V = 32;
+  c.G = 16;
+  c.chunk = 32;
+  c.beta_max = 2.0;
+  c.h0 = c.dht = true;
+  const Problem problem(c);
+  const KernelOutputs reference = run_kernel(problem, true, 1);
+  for (int threads : {1, 2, 3}) expect_identical(reference, run_kernel(problem, true, threads), threads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Delta, DeltaDeterminism, ::testing::Values(Variant::gdn2, Variant::sla),
+                         [](const ::testing::TestParamInfo<Variant>& info) {
+                           return std::string(variant_name(info.param));
+                         });
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, Determinism,
                          ::testing::Values(Variant::la, Variant::retnet, Variant::mamba2, Variant::gla),

@@ -1,41 +1,157 @@
+// `flat bench`: in one process, the machine's ceilings, then per variant the fused forward and
+// backward, the baselines on the same inputs and the fused kernels on 1 thread; results as
+// markdown tables, optionally JSON and a roofline plot (tools/report.h).
 #include "bench.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
-#include <cstdio>
+#include <cmath>
+#include <fstream>
 #include <functional>
-#include <iostream>
+#include <optional>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "baseline/baselines.h"
+#include "ceilings.h"
+#include "cpu/isa.h"
 #include "flat/flat.h"
+#include "params.h"
+#include "report.h"
 
 namespace flat::tool {
 namespace {
 
+// The baselines and the 1-thread runs take the median of at most this many runs: the fp32
+// recurrence is slow, and the fused kernels are timed `repeats` times on all threads.
+constexpr int kMaxBaselineRepeats = 3;
+
 struct BenchOptions {
   int64_t B = 2, S = 4096, N = 16, K = 128, V = 128;
-  std::vector<Variant> variants = {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla};
+  std::vector<Variant> variants = {Variant::la,       Variant::retnet,        Variant::mamba2,
+                                   Variant::gla,      Variant::deltanet,      Variant::gated_deltanet,
+                                   Variant::kda,      Variant::gdn2,          Variant::sla};
   int threads = 0;
   DType dtype = DType::bf16;
   int chunk = 64;
   int repeats = 5;
+  Solve solve = Solve::automatic;
+  // sla's own shape (SLA-R4): keys this wide, shared by this many value heads (N / R key heads).
+  int64_t sla_K = 256, sla_R = 4;
+  std::string json, plot;       // output files, empty for none
+  bool quick_ceilings = false;  // milliseconds of ceiling measurement instead of seconds (tests)
 };
 
-// FLOPs of the chunkwise algorithm (docs/performance.md): per (batch, head) and chunk of L
-// tokens, causal score tiles count L(L+1)/2 entries, state products L*K*V; a multiply-add is 2.
-double chunk_flops(const BenchOptions& o, bool backward) {
-  double total = 0;
-  for (int64_t t0 = 0; t0 < o.S; t0 += o.chunk) {
-    const double L = double(std::min<int64_t>(o.chunk, o.S - t0));
-    const double tri = L * (L + 1) / 2, kv = L * double(o.K) * double(o.V);
-    total += backward ? tri * (3.0 * o.K + 2.0 * o.V) + 5 * kv : tri * double(o.K + o.V) + 2 * kv;
+// The problem one variant is measured on: the bench's shape, except sla's (K = sla_K, each key
+// head shared by R value heads: q, k, g, beta at N / R heads). The delta family runs with
+// in-kernel L2 normalisation of q and k, as the models using it do (raw keys of this size would
+// make I - beta k k^T expand the state).
+struct Shape {
+  Shape(const BenchOptions& o, Variant variant)
+      : variant(variant),
+        B(o.B),
+        S(o.S),
+        N(o.N),
+        K(variant == Variant::sla ? o.sla_K : o.K),
+        V(o.V),
+        R(variant == Variant::sla && o.N % o.sla_R == 0 ? o.sla_R : 1),
+        delta(variant == Variant::deltanet || variant == Variant::gated_deltanet || variant == Variant::kda ||
+              variant == Variant::gdn2 || variant == Variant::sla) {}
+
+  Variant variant;
+  int64_t B, S, N, K, V, R;
+  bool delta;
+
+  int64_t key_heads() const { return N / R; }
+  std::string label() const {
+    if (variant != Variant::sla) return std::string(variant_name(variant));
+    return std::string(variant_name(variant)) + " (K=" + std::to_string(K) + ", R=" + std::to_string(R) + ")";
   }
-  return 2 * total * double(o.B * o.N);
+  // Values per token and key head of the gate: 0, 1, K or K / 64 (sla).
+  int64_t gate_width() const {
+    switch (variant) {
+      case Variant::la:
+      case Variant::deltanet: return 0;
+      case Variant::retnet:
+      case Variant::mamba2:
+      case Variant::gated_deltanet: return 1;
+      case Variant::sla: return K / 64;
+      default: return K;
+    }
+  }
+  double gate_elements() const {
+    return variant == Variant::retnet ? double(N) : double(B * S * key_heads() * gate_width());
+  }
+  // The delta rule's strengths per token and key head: beta, or gdn2's b [K] (w [V] is per head).
+  double strength_elements() const {
+    if (!delta) return 0;
+    const double tokens = double(B * S);
+    return variant == Variant::gdn2 ? tokens * double(N * K + N * V) : tokens * double(key_heads());
+  }
+};
+
+// FLOPs of the chunkwise algorithm (docs/performance.md), a multiply-add as 2. Per item (batch
+// and key head, its R value heads side by side: W = R*V) and chunk of L tokens, with
+// tri = L(L+1)/2 causal score entries (tri' = L(L-1)/2 strictly causal), no padding counted:
+//   additive forward  tri*(K + W) + 2*L*K*W
+//   additive backward tri*(3K + 2W) + 5*L*K*W
+//   delta forward     the additive forward with v := the new values, plus the chunk solve:
+//                     tri'*K (L) + L^3/6 (T) + L*K*W (Bp H0) + tri*W (T Z)
+//   delta backward    the additive backward, plus the solve twice (state pass and gradient pass:
+//                     2*(tri'*K + L^3/6 + L*K*W + tri*W)), plus dZ = T^T dR (tri*W),
+//                     dL = dZ R^T (tri'*W), dBp = dZ H0^T (L*K*W), dL through L (2*tri'*K),
+//                     and Bp^T dZ into dH (L*K*W)
+double chunk_flops(const BenchOptions& o, const Shape& sh, bool backward) {
+  double total = 0;
+  const double K = double(sh.K), W = double(sh.V * sh.R);
+  for (int64_t t0 = 0; t0 < sh.S; t0 += o.chunk) {
+    const double L = double(std::min<int64_t>(o.chunk, sh.S - t0));
+    const double tri = L * (L + 1) / 2, strict = L * (L - 1) / 2, lkw = L * K * W;
+    total += backward ? tri * (3 * K + 2 * W) + 5 * lkw : tri * (K + W) + 2 * lkw;
+    if (!sh.delta) continue;
+    const double solve = strict * K + L * L * L / 6 + lkw + tri * W;
+    total += backward ? 2 * solve + tri * W + strict * W + lkw + 2 * strict * K + lkw : solve;
+  }
+  return 2 * total * double(sh.B * sh.key_heads());
 }
 
-// Inputs and outputs of one problem, stored in the benchmarked dtype.
+// FLOPs of the step-by-step recurrence, per token and head in units of K*V (a multiply-add 2):
+//   additive forward 5 (decay and k v^T into the state 3, y 2); backward 17 (the state advanced
+//   twice, once to take the checkpoints and once to replay each segment, 6; dq 2; q dy^T into dH
+//   2; dk 2; dv 2; the gate's dot product 2; dH's decay 1).
+//   delta forward 7 (decay 1, r 2, k r^T 2, y 2); backward 26 (the state advanced twice 10, dq 2,
+//   q dy^T 2, dk 2, dr 2, dH' 2, dbt 2, the gate's dot product 2, dH's decay 1, H' 1).
+double recurrent_flops(const Shape& sh, bool backward) {
+  const double per_token = sh.delta ? (backward ? 26.0 : 7.0) : (backward ? 17.0 : 5.0);
+  return per_token * double(sh.K) * double(sh.V) * double(sh.B * sh.S * sh.N);
+}
+
+// Bytes a pass must move: every input read once and every output written once, at their
+// dtypes (q, k, v, beta / b / w, y and their gradients in the bench's dtype, g and dg fp32).
+//   forward:  q, k, v, g (, beta / b, w) read; y written
+//   backward: the same and dy read; dq, dk, dv, dg (, dbeta / db, dw) written
+double io_bytes(const BenchOptions& o, const Shape& sh, bool backward) {
+  const double element = o.dtype == DType::bf16 ? 2 : 4;
+  const double tokens = double(sh.B * sh.S);
+  const double qk = tokens * double(2 * sh.key_heads() * sh.K) * element;
+  const double v = tokens * double(sh.N * sh.V) * element, y = v;
+  const double inputs = qk + v + sh.gate_elements() * 4 + sh.strength_elements() * element;
+  return backward ? 2 * inputs + y : inputs + y;
+}
+
+// What the unfused baseline moves on top: every chunk-start state [items, chunks, K, W] fp32
+// written once and read back once; in the backward the chunks' dH as well.
+double state_round_trips(const BenchOptions& o, const Shape& sh, bool backward) {
+  const double chunks = double((sh.S + o.chunk - 1) / o.chunk);
+  const double states = double(sh.B * sh.N) * chunks * double(sh.K * sh.V) * 4;
+  return (backward ? 4 : 2) * states;
+}
+
+// Inputs and outputs of one variant's problem, stored in the benchmarked dtype; shared by the
+// fused kernels and the baselines, so all run on the same inputs.
 struct Workload {
   struct Array {
     DType dtype;
@@ -54,55 +170,84 @@ struct Workload {
     void* data() { return dtype == DType::bf16 ? static_cast<void*>(bf16.data()) : f32.data(); }
   };
 
-  const BenchOptions& o;
+  const Shape sh;
   std::mt19937 rng{7};
-  Array q, k, v, g, dy, y, dq, dk, dv, dg;
+  Array q, k, v, g, beta, b, w, dy, y, dq, dk, dv, dg, dbeta, db, dw;
 
-  explicit Workload(const BenchOptions& opt)
-      : o(opt),
-        q(o.dtype, n(o.K), rng, -1, 1),
-        k(o.dtype, n(o.K), rng, -1, 1),
-        v(o.dtype, n(o.V), rng, -1, 1),
-        g(DType::f32, n(o.K), rng, -0.2f, 0.f),
-        dy(o.dtype, n(o.V), rng, -1, 1),
-        y(o.dtype, n(o.V), rng, 0, 0),
-        dq(o.dtype, n(o.K), rng, 0, 0),
-        dk(o.dtype, n(o.K), rng, 0, 0),
-        dv(o.dtype, n(o.V), rng, 0, 0),
-        dg(DType::f32, n(o.K), rng, 0, 0) {}
+  Workload(const BenchOptions& o, Variant variant)
+      : sh(o, variant),
+        q(o.dtype, n(sh.key_heads(), sh.K), rng, -1, 1),
+        k(o.dtype, n(sh.key_heads(), sh.K), rng, -1, 1),
+        v(o.dtype, n(sh.N, sh.V), rng, -1, 1),
+        g(DType::f32, n(sh.key_heads(), std::max<int64_t>(1, sh.gate_width())), rng, -0.2f, 0.f),
+        beta(o.dtype, n(sh.key_heads(), 1), rng, 0.f, 1.f),
+        b(o.dtype, n(sh.N, sh.K), rng, 0.f, 1.f),
+        w(o.dtype, n(sh.N, sh.V), rng, 0.f, 1.f),
+        dy(o.dtype, n(sh.N, sh.V), rng, -1, 1),
+        y(o.dtype, n(sh.N, sh.V), rng, 0, 0),
+        dq(o.dtype, n(sh.key_heads(), sh.K), rng, 0, 0),
+        dk(o.dtype, n(sh.key_heads(), sh.K), rng, 0, 0),
+        dv(o.dtype, n(sh.N, sh.V), rng, 0, 0),
+        dg(DType::f32, n(sh.key_heads(), std::max<int64_t>(1, sh.gate_width())), rng, 0, 0),
+        dbeta(o.dtype, n(sh.key_heads(), 1), rng, 0, 0),
+        db(o.dtype, n(sh.N, sh.K), rng, 0, 0),
+        dw(o.dtype, n(sh.N, sh.V), rng, 0, 0) {}
 
-  size_t n(int64_t width) const { return size_t(o.B * o.S * o.N * width); }
-  Tensor view(Array& a, int64_t width) { return Tensor::contiguous(a.data(), a.dtype, {o.B, o.S, o.N, width}); }
-  Tensor gate(Array& a, Variant variant) {
-    switch (variant) {
-      case Variant::la: return {};
-      case Variant::retnet: return Tensor::contiguous(a.data(), DType::f32, {o.N});
-      case Variant::mamba2: return Tensor::contiguous(a.data(), DType::f32, {o.B, o.S, o.N});
-      case Variant::gla: return view(a, o.K);
+  size_t n(int64_t heads, int64_t width) const { return size_t(sh.B * sh.S * heads * width); }
+  Tensor view(Array& a, int64_t heads, int64_t width) {
+    return Tensor::contiguous(a.data(), a.dtype, {sh.B, sh.S, heads, width});
+  }
+  Tensor gate(Array& a) {
+    if (sh.variant == Variant::retnet) return Tensor::contiguous(a.data(), DType::f32, {sh.N});
+    if (sh.gate_width() == 1) return Tensor::contiguous(a.data(), DType::f32, {sh.B, sh.S, sh.N});
+    if (sh.gate_width() == 0) return {};
+    return view(a, sh.key_heads(), sh.gate_width());
+  }
+  // The strengths in place of the inputs, or their gradients in place of the outputs.
+  void strengths(Inputs& in, Array& beta_, Array& b_, Array& w_) {
+    if (!sh.delta) return;
+    if (sh.variant == Variant::gdn2) {
+      in.b = view(b_, sh.N, sh.K);
+      in.w = view(w_, sh.N, sh.V);
+    } else {
+      in.beta = Tensor::contiguous(beta_.data(), beta_.dtype, {sh.B, sh.S, sh.key_heads()});
     }
-    return {};
   }
-  Inputs inputs(Variant variant) {
+  Inputs inputs() {
     Inputs a;
-    a.q = view(q, o.K);
-    a.k = view(k, o.K);
-    a.v = view(v, o.V);
-    a.g = gate(g, variant);
+    a.q = view(q, sh.key_heads(), sh.K);
+    a.k = view(k, sh.key_heads(), sh.K);
+    a.v = view(v, sh.N, sh.V);
+    a.g = gate(g);
+    strengths(a, beta, b, w);
     return a;
   }
-  ForwardArgs forward_args(Variant variant) {
-    ForwardArgs a{inputs(variant)};
-    a.y = view(y, o.V);
+  ForwardArgs forward_args() {
+    ForwardArgs a{inputs()};
+    a.y = view(y, sh.N, sh.V);
     return a;
   }
-  BackwardArgs backward_args(Variant variant) {
-    BackwardArgs a{inputs(variant)};
-    a.dy = view(dy, o.V);
-    a.dq = view(dq, o.K);
-    a.dk = view(dk, o.K);
-    a.dv = view(dv, o.V);
-    a.dg = gate(dg, variant);
+  BackwardArgs backward_args() {
+    BackwardArgs a{inputs()};
+    a.dy = view(dy, sh.N, sh.V);
+    a.dq = view(dq, sh.key_heads(), sh.K);
+    a.dk = view(dk, sh.key_heads(), sh.K);
+    a.dv = view(dv, sh.N, sh.V);
+    a.dg = gate(dg);
+    Inputs grads;
+    strengths(grads, dbeta, db, dw);
+    a.dbeta = grads.beta;
+    a.db = grads.b;
+    a.dw = grads.w;
     return a;
+  }
+  Options options(const BenchOptions& o, int threads) const {
+    Options opt;
+    opt.chunk = o.chunk;
+    opt.threads = threads;
+    opt.solve = o.solve;
+    opt.l2norm_qk = sh.delta;
+    return opt;
   }
 };
 
@@ -121,12 +266,38 @@ double median_seconds(int repeats, const std::function<void()>& f) {
   return times[times.size() / 2];
 }
 
-std::vector<int64_t> parse_ints(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream s(text);
-  std::string item;
-  while (std::getline(s, item, ',')) out.push_back(std::stoll(item));
-  return out;
+// "[3/32] gla backward, fused ... 412.3 ms" on the error stream, one line per measurement.
+class Progress {
+ public:
+  Progress(std::ostream& err, int total) : err_(err), total_(total) {}
+  void start(const std::string& what) {
+    err_ << "[" << ++done_ << "/" << total_ << "] " << what << " ... " << std::flush;
+  }
+  void finish(double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f ms\n", seconds * 1e3);
+    err_ << text << std::flush;
+  }
+  void fail(const std::string& why) { err_ << "not measured: " << why << "\n" << std::flush; }
+
+ private:
+  std::ostream& err_;
+  int total_, done_ = 0;
+};
+
+std::optional<Timing> operator+(const std::optional<Timing>& a, const std::optional<Timing>& b) {
+  if (!a || !b) return std::nullopt;
+  return *a + *b;
+}
+
+int64_t parse_integer(const std::string& option, const std::string& text, int64_t min) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || value < min)
+    throw Error("flat bench: " + option + " expects an integer of at least " + std::to_string(min) + ", got '" +
+                text + "'");
+  return value;
 }
 
 BenchOptions parse(const std::vector<std::string>& args) {
@@ -138,69 +309,178 @@ BenchOptions parse(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (a == "--shape") {
-      const auto d = parse_ints(value());
-      if (d.size() != 5) throw Error("flat bench: --shape expects B,S,N,K,V");
-      o.B = d[0], o.S = d[1], o.N = d[2], o.K = d[3], o.V = d[4];
+      const std::string& text = value();
+      std::vector<int64_t> dims;
+      std::stringstream s(text);
+      for (std::string item; std::getline(s, item, ',');) dims.push_back(parse_integer("--shape", item, 1));
+      if (dims.size() != 5) throw Error("flat bench: --shape expects B,S,N,K,V, got '" + text + "'");
+      o.B = dims[0], o.S = dims[1], o.N = dims[2], o.K = dims[3], o.V = dims[4];
     } else if (a == "--variant") {
       o.variants = {parse_variant(value())};
     } else if (a == "--threads") {
-      o.threads = std::stoi(value());
+      o.threads = int(parse_integer(a, value(), 0));
     } else if (a == "--dtype") {
       const std::string& d = value();
-      if (d != "f32" && d != "bf16") throw Error("flat bench: --dtype expects f32 or bf16, got " + d);
+      if (d != "f32" && d != "bf16") throw Error("flat bench: --dtype expects f32 or bf16, got '" + d + "'");
       o.dtype = d == "bf16" ? DType::bf16 : DType::f32;
     } else if (a == "--chunk") {
-      o.chunk = std::stoi(value());
+      o.chunk = int(parse_integer(a, value(), 1));
     } else if (a == "--repeats") {
-      o.repeats = std::max(1, std::stoi(value()));
+      o.repeats = int(parse_integer(a, value(), 1));
+    } else if (a == "--json") {
+      o.json = value();
+    } else if (a == "--plot") {
+      o.plot = value();
+    } else if (a == "--solve") {
+      const std::string& text = value();
+      const std::pair<const char*, Solve> solves[] = {
+          {"subst", Solve::substitution}, {"blocked", Solve::blocked}, {"doubling", Solve::doubling}};
+      const auto it = std::find_if(std::begin(solves), std::end(solves), [&](const auto& e) { return text == e.first; });
+      if (it == std::end(solves)) throw Error("flat bench: --solve expects subst, blocked or doubling, got '" + text + "'");
+      o.solve = it->second;
+    } else if (a == "--quick-ceilings") {
+      o.quick_ceilings = true;
     } else {
-      throw Error("flat bench: unknown option " + a);
+      throw Error("flat bench: unknown option '" + a + "'");
     }
   }
   return o;
+}
+
+// An output file opened before anything is measured, so that a bad path fails at once.
+std::ofstream open_output(const std::string& path) {
+  std::ofstream file;
+  if (path.empty()) return file;
+  file.open(path);
+  if (!file) throw Error("flat bench: cannot write '" + path + "'");
+  return file;
+}
+
+// Times every pass of one variant: the fused kernels on all threads and on 1, and the
+// baselines. A baseline that throws is reported as not measured; the fused kernels must run.
+void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress& progress, BenchReport& report) {
+  Workload w(o, variant);
+  const Shape& sh = w.sh;
+  const std::string name = sh.label();
+  const Options options = w.options(o, threads), one_thread = w.options(o, 1);
+  const ForwardArgs fa = w.forward_args();
+  const BackwardArgs ba = w.backward_args();
+  const AdditiveParams fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
+  const int baseline_repeats = report.baseline_repeats;
+
+  auto fused = [&](const std::string& what, int repeats, const std::function<void()>& run) {
+    progress.start(name + " " + what);
+    const double s = median_seconds(repeats, run);
+    progress.finish(s);
+    return s;
+  };
+  auto baseline = [&](const std::string& what, const std::function<void()>& run) -> std::optional<double> {
+    progress.start(name + " " + what);
+    try {
+      const double s = median_seconds(baseline_repeats, run);
+      progress.finish(s);
+      return s;
+    } catch (const std::exception& e) {
+      progress.fail(e.what());
+      return std::nullopt;
+    }
+  };
+  auto timing = [](std::optional<double> s, double flops, double bytes) -> std::optional<Timing> {
+    if (!s) return std::nullopt;
+    return Timing{*s, flops, bytes};
+  };
+
+  KernelResult pass[2];
+  for (bool backward : {false, true}) {
+    KernelResult& k = pass[backward];
+    const std::string label = backward ? "backward" : "forward";
+    const double flops = chunk_flops(o, sh, backward), bytes = io_bytes(o, sh, backward);
+    k.variant = name;
+    k.pass = label;
+    auto run_fused = [&](const Options& opt) {
+      return [&, opt] { backward ? flat::backward(variant, ba, opt) : flat::forward(variant, fa, opt); };
+    };
+    k.fused = {fused(label + ", fused", o.repeats, run_fused(options)), flops, bytes};
+    if (threads > 1)
+      k.fused_1thread = timing(fused(label + ", fused on 1 thread", baseline_repeats, run_fused(one_thread)),
+                               flops, bytes);
+    k.unfused = timing(baseline(label + ", unfused chunked baseline",
+                                [&] { backward ? baseline::unfused_backward(bp) : baseline::unfused_forward(fp); }),
+                       flops, bytes + state_round_trips(o, sh, backward));
+    k.recurrent =
+        timing(baseline(label + ", fp32 recurrent baseline",
+                        [&] { backward ? baseline::recurrent_backward(bp) : baseline::recurrent_forward(fp); }),
+               recurrent_flops(sh, backward), bytes);
+  }
+  report.kernels.push_back(pass[0]);
+  report.kernels.push_back(pass[1]);
+  report.kernels.push_back({name, "fwd+bwd", pass[0].fused + pass[1].fused,
+                            pass[0].fused_1thread + pass[1].fused_1thread, pass[0].unfused + pass[1].unfused,
+                            pass[0].recurrent + pass[1].recurrent});
 }
 
 }  // namespace
 
 int bench_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   BenchOptions o;
+  std::ofstream json, plot;
   try {
     o = parse(args);
+    json = open_output(o.json);
+    plot = open_output(o.plot);
   } catch (const std::exception& e) {
     err << e.what() << "\n";
     return 2;
   }
   const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  Options options;
-  options.chunk = o.chunk;
-  options.threads = threads;
-  Workload w(o);
-
-  char line[256];
-  std::snprintf(line, sizeof line, "flat bench: B=%lld S=%lld N=%lld K=%lld V=%lld %s chunk=%d threads=%d, median of %d\n",
-                (long long)o.B, (long long)o.S, (long long)o.N, (long long)o.K, (long long)o.V,
-                std::string(dtype_name(o.dtype)).c_str(), o.chunk, threads, o.repeats);
-  out << line;
-  out << "| variant | pass     |  time ms | GFLOP/s |\n|---|---|---:|---:|\n";
+  // Every variant's arguments validated before anything is measured (on one token: the checks
+  // do not depend on S).
   try {
+    BenchOptions one_token = o;
+    one_token.S = 1;
     for (Variant variant : o.variants) {
-      const std::string name(variant_name(variant));
-      err << "timing " << name << " ...\n";
-      const ForwardArgs fa = w.forward_args(variant);
-      const BackwardArgs ba = w.backward_args(variant);
-      const double fwd = median_seconds(o.repeats, [&] { forward(variant, fa, options); });
-      const double bwd = median_seconds(o.repeats, [&] { backward(variant, ba, options); });
-      const double fwd_flops = chunk_flops(o, false), bwd_flops = chunk_flops(o, true);
-      for (auto [pass, t, flops] : {std::tuple{"forward", fwd, fwd_flops}, std::tuple{"backward", bwd, bwd_flops},
-                                    std::tuple{"fwd+bwd", fwd + bwd, fwd_flops + bwd_flops}}) {
-        std::snprintf(line, sizeof line, "| %-7s | %-8s | %8.2f | %7.1f |\n", name.c_str(), pass, t * 1e3,
-                      flops / t * 1e-9);
-        out << line;
-      }
+      Workload w(one_token, variant);
+      describe_forward(variant, w.forward_args(), w.options(o, threads));
+      describe_backward(variant, w.backward_args(), w.options(o, threads));
     }
   } catch (const Error& e) {
-    err << "flat bench: " << e.what() << "\n";
+    err << e.what() << "\n";
     return 2;
+  }
+
+  BenchReport report;
+  report.B = o.B, report.S = o.S, report.N = o.N, report.K = o.K, report.V = o.V;
+  report.dtype = dtype_name(o.dtype);
+  report.chunk = o.chunk;
+  report.threads = threads;
+  report.repeats = o.repeats;
+  report.baseline_repeats = std::min(o.repeats, kMaxBaselineRepeats);
+  report.isa = cpu::isa_name(cpu::active_isa());
+  report.bf16_unit = cpu::matmul_unit(cpu::active_isa()) == cpu::MatmulUnit::bf16_dot;
+
+  const int per_variant = threads > 1 ? 8 : 6;
+  Progress progress(err, 1 + per_variant * int(o.variants.size()));
+  try {
+    progress.start(o.quick_ceilings ? "ceilings (quick)" : "ceilings");
+    const double ceiling_seconds = seconds([&] { report.ceilings = measure_ceilings(threads, o.quick_ceilings); });
+    progress.finish(ceiling_seconds);
+    for (Variant variant : o.variants) bench_variant(variant, o, threads, progress, report);
+  } catch (const std::exception& e) {
+    err << "\nflat bench: " << e.what() << "\n";
+    return 1;
+  }
+
+  write_markdown(report, out);
+  const std::pair<std::ofstream*, void (*)(const BenchReport&, std::ostream&)> files[] = {{&json, write_json},
+                                                                                          {&plot, write_roofline_svg}};
+  for (const auto& [file, write] : files) {
+    if (!file->is_open()) continue;
+    write(report, *file);
+    file->close();
+    if (!*file) {
+      err << "flat bench: failed writing " << (file == &json ? o.json : o.plot) << "\n";
+      return 2;
+    }
   }
   return 0;
 }

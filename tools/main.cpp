@@ -12,9 +12,9 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: flat run VARIANT --in DIR --out DIR [--dtype f32|bf16] [--chunk N] [--scale X]\n"
-    "                [--l2norm] [--threads N]\n"
+    "                [--l2norm] [--threads N] [--solve subst|blocked|doubling] [--gate-group G]\n"
     "       flat bench [--shape B,S,N,K,V] [--variant NAME] [--threads N] [--dtype f32|bf16]\n"
-    "VARIANT: la, retnet, mamba2, gla\n";
+    "VARIANT: la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla\n";
 
 }  // namespace
 

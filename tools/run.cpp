@@ -33,7 +33,7 @@ class RunError : public std::runtime_error {
 struct Config {
   Variant variant = Variant::la;
   fs::path in, out;
-  DType dtype = DType::f32;  // of q, k, v, dy and of y, dq, dk, dv; gates and states stay fp32
+  DType dtype = DType::f32;  // of q, k, v, beta, b, w, dy and of y and their gradients; gates and states stay fp32
   Options options;
 };
 
@@ -52,6 +52,13 @@ DType parse_dtype(const std::string& text) {
   for (DType dtype : {DType::f32, DType::bf16})
     if (dtype_name(dtype) == text) return dtype;
   throw RunError("--dtype: expected f32 or bf16, got '" + text + "'");
+}
+
+Solve parse_solve(const std::string& text) {
+  for (const auto& [name, solve] : {std::pair{"subst", Solve::substitution}, std::pair{"blocked", Solve::blocked},
+                                    std::pair{"doubling", Solve::doubling}})
+    if (text == name) return solve;
+  throw RunError("--solve: expected subst, blocked or doubling, got '" + text + "'");
 }
 
 Config parse_args(const std::vector<std::string>& args) {
@@ -79,6 +86,11 @@ Config parse_args(const std::vector<std::string>& args) {
       config.options.l2norm_qk = true;
     } else if (arg == "--threads") {
       config.options.threads = parse_number<int>(arg, value());
+    } else if (arg == "--solve") {
+      config.options.solve = parse_solve(value());
+    } else if (arg == "--gate-group") {
+      config.options.gate_group = parse_number<int>(arg, value());
+      if (config.options.gate_group < 1) throw RunError(arg + ": expected a positive integer");
     } else if (arg.starts_with("-")) {
       throw RunError("unknown option '" + arg + "'");
     } else if (has_variant) {
@@ -88,7 +100,8 @@ Config parse_args(const std::vector<std::string>& args) {
       has_variant = true;
     }
   }
-  if (!has_variant) throw RunError("missing VARIANT (la, retnet, mamba2 or gla)");
+  if (!has_variant)
+    throw RunError("missing VARIANT (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2 or sla)");
   if (!has_in) throw RunError("missing --in DIR");
   if (!has_out) throw RunError("missing --out DIR");
   if (!fs::is_directory(config.in)) throw RunError("--in " + config.in.string() + ": not a directory");
@@ -129,15 +142,57 @@ std::optional<NpyArray> read_optional(const fs::path& dir, const std::string& na
   return read_input(dir, name, axes);
 }
 
-// g.npy in the variant's layout. la has no gate and ignores a g.npy that is there.
-std::optional<NpyArray> read_gate(const fs::path& dir, Variant variant, int64_t B, int64_t S, int64_t K) {
+// g.npy in the variant's layout. la and deltanet have no gate and ignore a g.npy that is there.
+std::optional<NpyArray> read_gate(const fs::path& dir, Variant variant, const Options& options, int64_t B,
+                                  int64_t S, int64_t K) {
   switch (variant) {
-    case Variant::la: return std::nullopt;
+    case Variant::la:
+    case Variant::deltanet: return std::nullopt;
     case Variant::retnet: return read_input(dir, "g.npy", {{"Ng"}});
-    case Variant::mamba2: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}});
+    case Variant::mamba2:
+    case Variant::gated_deltanet: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}});
     case Variant::gla: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K", K}});
+    case Variant::kda:
+    case Variant::gdn2:
+    case Variant::sla: {
+      // One value per group of G channels: G from --gate-group, or sla's 64, or g.npy's last axis.
+      const int64_t group = options.gate_group > 0 ? options.gate_group : variant == Variant::sla ? 64 : 0;
+      if (group > 0 && K % group != 0)
+        throw RunError("--gate-group: G = " + std::to_string(group) +
+                       (options.gate_group > 0 ? "" : " (sla's default)") + " does not divide K = " + std::to_string(K));
+      NpyArray g = read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K/G", group > 0 ? K / group : -1}});
+      if (K % g.shape[3] != 0)
+        throw RunError("g.npy: the last axis (K/G = " + std::to_string(g.shape[3]) + ") must divide K = " +
+                       std::to_string(K));
+      return g;
+    }
   }
   return std::nullopt;
+}
+
+// The delta rule's strengths: beta.npy (B, S, Nb) for deltanet, gated_deltanet, kda and sla;
+// gdn2's erase gate b.npy (B, S, Nb, K) and write gate w.npy (B, S, Nw, V).
+struct Strengths {
+  std::optional<NpyArray> beta, b, w;
+};
+
+Strengths read_strengths(const fs::path& dir, Variant variant, int64_t B, int64_t S, int64_t K, int64_t V) {
+  Strengths strengths;
+  switch (variant) {
+    case Variant::la:
+    case Variant::retnet:
+    case Variant::mamba2:
+    case Variant::gla: break;
+    case Variant::deltanet:
+    case Variant::gated_deltanet:
+    case Variant::kda:
+    case Variant::sla: strengths.beta = read_input(dir, "beta.npy", {{"B", B}, {"S", S}, {"Nb"}}); break;
+    case Variant::gdn2:
+      strengths.b = read_input(dir, "b.npy", {{"B", B}, {"S", S}, {"Nb"}, {"K", K}});
+      strengths.w = read_input(dir, "w.npy", {{"B", B}, {"S", S}, {"Nw"}, {"V", V}});
+      break;
+  }
+  return strengths;
 }
 
 // A tensor as the kernels see it: float32 as read, or rounded to bf16.
@@ -187,6 +242,12 @@ std::optional<Buffer> buffer(std::optional<NpyArray> array, DType dtype) {
 
 Tensor view(std::optional<Buffer>& buffer) { return buffer ? buffer->view() : Tensor{}; }
 
+// The gradient of an optional input: its shape and dtype, absent with it.
+std::optional<Buffer> gradient_of(const std::optional<Buffer>& input) {
+  if (!input) return std::nullopt;
+  return Buffer(input->shape, input->dtype);
+}
+
 struct Output {
   std::string name;
   Buffer buffer;
@@ -200,16 +261,21 @@ std::vector<Output> compute(const Config& config) {
   NpyArray k = read_input(dir, "k.npy", {{"B", B}, {"S", S}, {"Nk"}, {"K", K}});
   NpyArray v = read_input(dir, "v.npy", {{"B", B}, {"S", S}, {"Nv"}, {"V"}});
   const int64_t V = v.shape[3];
-  std::optional<NpyArray> g = read_gate(dir, config.variant, B, S, K);
+  std::optional<NpyArray> g = read_gate(dir, config.variant, config.options, B, S, K);
+  Strengths strengths = read_strengths(dir, config.variant, B, S, K, V);
 
   // Every head count divides N, the largest (the spec's head sharing).
   const int64_t Ng = !g ? 0 : g->shape.size() == 1 ? g->shape[0] : g->shape[2];
-  const int64_t N = std::max({q.shape[2], k.shape[2], v.shape[2], Ng});
+  const int64_t Nbeta = strengths.beta ? strengths.beta->shape[2] : 0;
+  const int64_t Nb = strengths.b ? strengths.b->shape[2] : 0, Nw = strengths.w ? strengths.w->shape[2] : 0;
+  const int64_t N = std::max({q.shape[2], k.shape[2], v.shape[2], Ng, Nbeta, Nb, Nw});
   const struct {
     const char* file;
     const char* axis;
     int64_t count;
-  } heads[] = {{"q.npy", "Nq", q.shape[2]}, {"k.npy", "Nk", k.shape[2]}, {"v.npy", "Nv", v.shape[2]}, {"g.npy", "Ng", Ng}};
+  } heads[] = {{"q.npy", "Nq", q.shape[2]}, {"k.npy", "Nk", k.shape[2]}, {"v.npy", "Nv", v.shape[2]},
+               {"g.npy", "Ng", Ng},         {"beta.npy", "Nb", Nbeta},  {"b.npy", "Nb", Nb},
+               {"w.npy", "Nw", Nw}};
   for (const auto& [file, axis, count] : heads)
     if (count > 0 && N % count != 0)
       throw RunError(std::string(file) + ": head count " + axis + " = " + std::to_string(count) +
@@ -223,6 +289,8 @@ std::vector<Output> compute(const Config& config) {
   const DType dtype = config.dtype;
   Buffer qb(std::move(q), dtype), kb(std::move(k), dtype), vb(std::move(v), dtype);
   std::optional<Buffer> gb = buffer(std::move(g), DType::f32), h0b = buffer(std::move(h0), DType::f32);
+  std::optional<Buffer> betab = buffer(std::move(strengths.beta), dtype), bb = buffer(std::move(strengths.b), dtype),
+                        wb = buffer(std::move(strengths.w), dtype);
   Buffer y({B, S, N, V}, dtype), ht({B, N, K, V}, DType::f32);
 
   ForwardArgs forward_args;
@@ -231,6 +299,9 @@ std::vector<Output> compute(const Config& config) {
   forward_args.v = vb.view();
   forward_args.g = view(gb);
   forward_args.h0 = view(h0b);
+  forward_args.beta = view(betab);
+  forward_args.b = view(bb);
+  forward_args.w = view(wb);
   forward_args.y = y.view();
   forward_args.ht = ht.view();
   forward(config.variant, forward_args, config.options);
@@ -243,9 +314,8 @@ std::vector<Output> compute(const Config& config) {
   std::optional<Buffer> dyb = buffer(std::move(dy), dtype), dhtb = buffer(std::move(dht), DType::f32);
   // Gradients take their input's shape and dtype.
   Buffer dq(qb.shape, dtype), dk(kb.shape, dtype), dv(vb.shape, dtype);
-  std::optional<Buffer> dg, dh0;
-  if (gb) dg.emplace(gb->shape, DType::f32);
-  if (h0b) dh0.emplace(h0b->shape, DType::f32);
+  std::optional<Buffer> dg = gradient_of(gb), dh0 = gradient_of(h0b), dbeta = gradient_of(betab),
+                        db = gradient_of(bb), dw = gradient_of(wb);
 
   BackwardArgs backward_args{forward_args};
   backward_args.dy = view(dyb);
@@ -255,13 +325,17 @@ std::vector<Output> compute(const Config& config) {
   backward_args.dv = dv.view();
   backward_args.dg = view(dg);
   backward_args.dh0 = view(dh0);
+  backward_args.dbeta = view(dbeta);
+  backward_args.db = view(db);
+  backward_args.dw = view(dw);
   backward(config.variant, backward_args, config.options);
 
   outputs.push_back({"dq.npy", std::move(dq)});
   outputs.push_back({"dk.npy", std::move(dk)});
   outputs.push_back({"dv.npy", std::move(dv)});
-  if (dg) outputs.push_back({"dg.npy", std::move(*dg)});
-  if (dh0) outputs.push_back({"dh0.npy", std::move(*dh0)});
+  for (auto& [name, grad] : {std::pair{"dg.npy", &dg}, std::pair{"dbeta.npy", &dbeta}, std::pair{"db.npy", &db},
+                             std::pair{"dw.npy", &dw}, std::pair{"dh0.npy", &dh0}})
+    if (*grad) outputs.push_back({name, std::move(**grad)});
   return outputs;
 }
 

@@ -51,31 +51,56 @@ struct Tensor {
                         std::initializer_list<int64_t> stride);
 };
 
-// The additive family: H_t = Diag(exp(g_t)) H_{t-1} + k_t v_t^T, y_t = scale * H_t^T q_t.
+// Every variant reads the state after its update: y_t = scale * H_t^T q_t.
+//
+// The additive family: H_t = Diag(exp(g_t)) H_{t-1} + k_t v_t^T.
 //   la      no gate
 //   retnet  g: [Ng], log gamma per head, constant over batch and time
 //   mamba2  g: [B, S, Ng], one log-decay per head and token
 //   gla     g: [B, S, Ng, K], one log-decay per channel
-enum class Variant { la, retnet, mamba2, gla };
+//
+// The delta-rule family: H' = Diag(exp(g_t)) H_{t-1}; H_t = H' + k_t (w_t * v_t - H'^T (b_t * k_t))^T
+// with write strength beta [B, S, Nb] (b = w = beta) except for gdn2.
+//   deltanet        no gate
+//   gated_deltanet  g: [B, S, Ng], one log-decay per head and token
+//   kda             g: [B, S, Ng, K / G], per channel (G = 1) or per group of G channels
+//   gdn2            g as kda; erase gate b [B, S, Nb, K] and write gate w [B, S, Nw, V] instead of beta
+//   sla             kda with the gate per group of G = 64 channels by default, built for K = 256
+//                   with value heads sharing one key head (Nv = R * Nk)
+enum class Variant { la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla };
 
 std::string_view variant_name(Variant variant);
 // Throws flat::Error for an unknown name.
 Variant parse_variant(std::string_view name);
+
+// How the delta family inverts (I + L) per chunk (all exact; see docs/algorithm.md).
+enum class Solve {
+  automatic,     // the fastest accurate one, measured: doubling
+  substitution,  // forward substitution, row by row
+  blocked,       // 16 x 16 diagonal blocks by substitution, merged with matrix products
+  doubling,      // block doubling: each 2b-block inverse from its b-blocks' with matrix products
+};
 
 struct Options {
   std::optional<float> scale;  // default K^-1/2
   int chunk = 64;              // chunk length C: a multiple of 16 in [16, 256]
   bool l2norm_qk = false;      // L2-normalise q and k inside the kernel (eps 1e-6, as FLA)
   int threads = 0;             // 0: all hardware threads
+  Solve solve = Solve::automatic;
+  // Channels per gate value G for kda, gdn2, sla: 0 takes it from g's last axis (K / G values);
+  // otherwise g's last axis must be K / gate_group.
+  int gate_group = 0;
 };
 
 // Shapes (N = max of the head counts; every head count divides N; head n reads input head
 // n / (N / Nx)):
 //   q [B, S, Nq, K]   k [B, S, Nk, K]   v [B, S, Nv, V]   g: see Variant
+//   beta [B, S, Nb] (delta family but gdn2)   b [B, S, Nb, K], w [B, S, Nw, V] (gdn2)
 //   h0, ht [B, N, K, V] fp32, optional      y [B, S, N, V]
-// K and V may be 1 to 256. q, k, v, g, y may each be bf16 or fp32.
+// K and V may be 1 to 256. q, k, v, g, beta, b, w, y may each be bf16 or fp32.
 struct Inputs {
   Tensor q, k, v, g, h0;
+  Tensor beta, b, w;
 };
 
 struct ForwardArgs : Inputs {
@@ -85,17 +110,86 @@ struct ForwardArgs : Inputs {
 };
 
 // Gradients have their input's shape and dtype. dg is required when the variant has a gate and
-// must be absent for la; dh0 is optional (the gradient of the initial state, zero or given).
-// dht is optional.
+// must be absent otherwise; likewise dbeta, db and dw. dh0 is optional (the gradient of the
+// initial state, zero or given); dht is optional.
 struct BackwardArgs : Inputs {
   BackwardArgs() = default;
   explicit BackwardArgs(const Inputs& inputs) : Inputs(inputs) {}
   Tensor dy, dht;
   Tensor dq, dk, dv, dg, dh0;  // outputs
+  Tensor dbeta, db, dw;        // outputs of the delta family, for the inputs it takes
 };
 
 void forward(Variant variant, const ForwardArgs& args, const Options& options = {});
 void backward(Variant variant, const BackwardArgs& args, const Options& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// Short causal depthwise convolution with an optional SiLU, the layer that runs q, k and v
+// before the recurrence in almost every linear-attention block. Per batch b, position t and
+// channel c, with W taps (1 to 8; 4 is usual):
+//
+//   z[b, t, c] = bias[c] + sum_{w < W} weight[c, w] * x[b, t - W + 1 + w, c]
+//   y[b, t, c] = act(z[b, t, c])          act: silu (z * sigmoid(z)) or none (z)
+//
+// Positions before 0 read the initial state: state0[b, c, W - 1 + p] is x at position p for
+// p = -(W-1) .. -1 (so state0[b, c, W-2] is x_{-1}); without state0 they are zero.
+// The final state is the last W-1 inputs, state[b, c, j] = x at position S - (W-1) + j, where
+// positions before 0 again read state0 (or zero): the layout of FLA's causal_conv1d, so a
+// chunked prefill passes one call's state as the next call's state0. `state` may be the same
+// memory as `state0` (updated in place). With W = 1 there is no state: state0, state and their
+// gradients must be absent.
+//
+// The pre-activation z never goes to memory: the forward applies the SiLU in the kernel, the
+// backward recomputes z from x.
+//
+// Shapes and dtypes (S, C at least 1):
+//   x  [B, S, C]        bf16 or fp32; only the channel axis must be contiguous, so x can be a
+//                       column block of a fused projection [B, S, 3C]
+//   weight [C, W]       fp32        bias [C] fp32, optional
+//   state0 [B, C, W-1]  fp32, optional
+//   y  [B, S, C]        bf16 or fp32 (any strides with a contiguous last axis)
+//   state [B, C, W-1]   fp32, optional output
+// Backward, from dy [B, S, C] (bf16 or fp32) and optionally dstate [B, C, W-1] (fp32, the
+// gradient with respect to the returned final state; absent means zero):
+//   dx [B, S, C]        the dtype of x
+//   dweight [C, W]      fp32, summed over batch and sequence
+//   dbias [C]           fp32, summed over batch and sequence; required when bias is given, and
+//                       only then
+//   dstate0 [B, C, W-1] fp32, optional: the gradient with respect to the initial state (state0,
+//                       or the zero state when state0 is absent)
+// Every output is written in full. dweight and dbias are reduced in a fixed order (fp32 partial
+// sums per block of 256 positions, float64 across blocks), so results are bitwise identical
+// for any thread count.
+enum class Activation { none, silu };
+
+std::string_view activation_name(Activation activation);
+// Throws flat::Error for an unknown name ("none" or "silu").
+Activation parse_activation(std::string_view name);
+
+struct ConvOptions {
+  int threads = 0;  // 0: all hardware threads
+  Activation activation = Activation::silu;
+};
+
+struct ConvInputs {
+  Tensor x, weight, bias, state0;
+};
+
+struct ConvArgs : ConvInputs {
+  ConvArgs() = default;
+  explicit ConvArgs(const ConvInputs& inputs) : ConvInputs(inputs) {}
+  Tensor y, state;  // outputs; state optional
+};
+
+struct ConvBackwardArgs : ConvInputs {
+  ConvBackwardArgs() = default;
+  explicit ConvBackwardArgs(const ConvInputs& inputs) : ConvInputs(inputs) {}
+  Tensor dy, dstate;
+  Tensor dx, dweight, dbias, dstate0;  // outputs
+};
+
+void conv_forward(const ConvArgs& args, const ConvOptions& options = {});
+void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options = {});
 
 // bf16 storage helpers (round to nearest even).
 uint16_t to_bf16(float x);

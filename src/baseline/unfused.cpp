@@ -1,7 +1,7 @@
 // The chunkwise algorithm left unfused, as a framework runs it (FLA's chunk_fwd_h + chunk_fwd_o,
 // chunk_bwd_dh + chunk_bwd_dqkwg): the same chunk stages as the fused kernels, but every
 // chunk-start state (and in the backward every chunk-end dH) is written to memory by one pass
-// and read back by the next, which runs over (batch, head, chunk).
+// and read back by the next, which runs over (item, chunk).
 #include <cstring>
 
 #include "baseline/baselines.h"
@@ -15,34 +15,44 @@ namespace {
 
 using cpu::AlignedBuffer;
 
-// [B*N, chunks + 1, K, V]: the state before every chunk and after the last.
+// [items, chunks + 1, K, pack * V]: the state before every chunk and after the last.
 struct StateSequence {
   explicit StateSequence(const AdditiveParams& p)
-      : per_item(size_t(cpu::chunk_count(p) + 1) * p.K * p.V), memory(sizeof(float) * per_item * p.B * p.N) {}
+      : per_item(cpu::state_bytes(p) / sizeof(float) * size_t(cpu::chunk_count(p) + 1)),
+        memory(sizeof(float) * per_item * size_t(cpu::item_count(p))) {}
   float* item(int64_t index) const { return memory.floats() + size_t(index) * per_item; }
   const size_t per_item;
   AlignedBuffer memory;
 };
 
-// Pass 1, state passing: the chunk-start states of every (batch, head) to memory.
-void pass_states(const AdditiveParams& p, const cpu::SequenceKernels& kernels, const StateSequence& states) {
-  cpu::parallel_ranges(int64_t(p.B) * p.N, p.threads, [&](int64_t begin, int64_t end) {
-    AlignedBuffer workspace(kernels.workspace_bytes(p)), H(cpu::state_bytes(p));
+// Runs body(b, m, item) over every item, each thread with its own workspace.
+template <class Body>
+void over_items(const AdditiveParams& p, const cpu::SequenceKernels& kernels, Body&& body) {
+  const int items = p.N / p.pack;
+  cpu::parallel_ranges(cpu::item_count(p), p.threads, [&](int64_t begin, int64_t end) {
+    AlignedBuffer workspace(kernels.workspace_bytes(p)), state(cpu::state_bytes(p));
     for (int64_t item = begin; item < end; ++item)
-      kernels.forward(p, int(item / p.N), int(item % p.N), workspace.data, H.floats(), states.item(item), false);
+      body(int(item / items), int(item % items), item, workspace.data, state.floats());
   });
 }
 
-// Runs body(b, n, c, workspace) over every (batch, head, chunk).
+// Runs body(b, m, c, item, workspace) over every (item, chunk).
 template <class Body>
 void over_chunks(const AdditiveParams& p, const cpu::SequenceKernels& kernels, Body&& body) {
-  const int chunks = cpu::chunk_count(p);
-  cpu::parallel_ranges(int64_t(p.B) * p.N * chunks, p.threads, [&](int64_t begin, int64_t end) {
+  const int chunks = cpu::chunk_count(p), items = p.N / p.pack;
+  cpu::parallel_ranges(cpu::item_count(p) * chunks, p.threads, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p));
     for (int64_t i = begin; i < end; ++i) {
       const int64_t item = i / chunks;
-      body(int(item / p.N), int(item % p.N), int(i % chunks), item, workspace.data);
+      body(int(item / items), int(item % items), int(i % chunks), item, workspace.data);
     }
+  });
+}
+
+// Pass 1, state passing: the chunk-start states of every item to memory (and ht when asked).
+void pass_states(const AdditiveParams& p, const cpu::SequenceKernels& kernels, const StateSequence& states) {
+  over_items(p, kernels, [&](int b, int m, int64_t item, void* workspace, float* H) {
+    kernels.forward(p, b, m, workspace, H, states.item(item), false);
   });
 }
 
@@ -50,49 +60,38 @@ void over_chunks(const AdditiveParams& p, const cpu::SequenceKernels& kernels, B
 
 void unfused_forward(const AdditiveParams& p) {
   const cpu::SequenceKernels& kernels = cpu::sequence_kernels(cpu::active_isa());
-  const size_t KV = size_t(p.K) * p.V;
+  const size_t state = cpu::state_bytes(p) / sizeof(float);
   const StateSequence states(p);
   pass_states(p, kernels, states);
   // Pass 2, outputs: each chunk reads its start state back from memory.
-  over_chunks(p, kernels, [&](int b, int n, int c, int64_t item, void* workspace) {
-    kernels.chunk_output(p, b, n, c, workspace, states.item(item) + size_t(c) * KV);
+  over_chunks(p, kernels, [&](int b, int m, int c, int64_t item, void* workspace) {
+    kernels.chunk_output(p, b, m, c, workspace, states.item(item) + size_t(c) * state);
   });
-  if (p.ht.present())
-    for (int64_t item = 0; item < int64_t(p.B) * p.N; ++item)
-      cpu::store_state(p.ht, int(item / p.N), int(item % p.N), states.item(item) + size_t(cpu::chunk_count(p)) * KV,
-                       p.K, p.V);
 }
 
 void unfused_backward(const AdditiveParams& p) {
   const cpu::SequenceKernels& kernels = cpu::sequence_kernels(cpu::active_isa());
-  const size_t KV = size_t(p.K) * p.V;
+  const size_t state = cpu::state_bytes(p) / sizeof(float);
   const int chunks = cpu::chunk_count(p);
   const StateSequence states(p);
   pass_states(p, kernels, states);
 
   // Pass 2, state gradients: dH at the end of every chunk to memory, walking back from dht.
   const StateSequence dstates(p);
-  cpu::parallel_ranges(int64_t(p.B) * p.N, p.threads, [&](int64_t begin, int64_t end) {
-    AlignedBuffer workspace(kernels.workspace_bytes(p)), dH(cpu::state_bytes(p));
-    for (int64_t item = begin; item < end; ++item) {
-      const int b = int(item / p.N), n = int(item % p.N);
-      float* d = dH.floats();
-      std::memset(d, 0, sizeof(float) * KV);
-      if (p.dht.present())
-        for (int c = 0; c < p.K; ++c) cpu::load_row(p.dht, b, n, c, d + size_t(c) * p.V, p.V);
-      for (int c = chunks - 1; c >= 0; --c) {
-        std::memcpy(dstates.item(item) + size_t(c + 1) * KV, d, sizeof(float) * KV);
-        kernels.chunk_state_gradient(p, b, n, c, workspace.data, d);
-      }
-      if (p.dh0.present()) cpu::store_state(p.dh0, b, n, d, p.K, p.V);
+  over_items(p, kernels, [&](int b, int m, int64_t item, void* workspace, float* dH) {
+    kernels.initial_state_gradient(p, b, m, dH);
+    for (int c = chunks - 1; c >= 0; --c) {
+      std::memcpy(dstates.item(item) + size_t(c + 1) * state, dH, sizeof(float) * state);
+      kernels.chunk_state_gradient(p, b, m, c, workspace, dH);
     }
+    kernels.final_state_gradient(p, b, m, dH);
   });
 
   // Pass 3, gradients of every chunk from its start state and end-state gradient in memory.
   cpu::Gradients grads(p);
-  over_chunks(p, kernels, [&](int b, int n, int c, int64_t item, void* workspace) {
-    kernels.chunk_gradients(p, b, n, c, workspace, states.item(item) + size_t(c) * KV,
-                            dstates.item(item) + size_t(c + 1) * KV, grads.sinks);
+  over_chunks(p, kernels, [&](int b, int m, int c, int64_t item, void* workspace) {
+    kernels.chunk_gradients(p, b, m, c, workspace, states.item(item) + size_t(c) * state,
+                            dstates.item(item) + size_t(c + 1) * state, grads.sinks);
   });
   grads.finish();
 }

@@ -1,6 +1,7 @@
 // Fused chunkwise CPU kernels for the additive family (la, retnet, mamba2, gla).
 #pragma once
 
+#include <deque>
 #include <vector>
 
 #include "cpu/stages.h"
@@ -15,13 +16,14 @@ void additive_forward(const AdditiveParams& p);
 // chunk-start states, then a gradient pass over the chunks in reverse carrying dH.
 void additive_backward(const AdditiveParams& p);
 
-// Shared by the fused drivers and the baselines built from the same stages.
+// Shared by the fused drivers and the baselines built from the same stages. Work items are
+// (batch, pack of p.pack heads): item_count of them, each with a [K, pack * V] state.
 size_t state_bytes(const AdditiveParams& p);
 int chunk_count(const AdditiveParams& p);
-void store_state(const RowView& view, int b, int n, const float* H, int K, int V);
+int64_t item_count(const AdditiveParams& p);
 
-// Where each head's gradients go: straight to the outputs, or, for an input several heads share,
-// to fp32 scratch that finish() reduces over those heads in a fixed order (and, for retnet's
+// Where each item's gradients go: straight to the outputs, or, for an input several items share,
+// to fp32 scratch that finish() reduces over them in a fixed order (and, for retnet's
 // per-sequence gate, over batch and tokens, in float64).
 class Gradients {
  public:
@@ -31,12 +33,17 @@ class Gradients {
   GradSinks sinks;
 
  private:
-  RowView sink(std::vector<float>& scratch, const RowView& out, bool reduced, int width);
+  struct Reduction {
+    std::vector<float> scratch;  // [B, S, rows, width]
+    RowView view;
+    RowView out;
+    int rows, group, width;
+    bool over_sequence;
+  };
+  void add(RowView& sink, const RowView& out, int rows, int group, int width, bool over_sequence);
 
   const AdditiveParams& p_;
-  const int gate_width_;
-  const bool gate_reduced_;
-  std::vector<float> q_, k_, v_, g_;
+  std::deque<Reduction> reductions_;  // stable addresses: the sinks point into the scratch
 };
 
 }  // namespace flat::cpu

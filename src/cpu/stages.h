@@ -19,30 +19,36 @@ enum class Triangle { none, a_lower, a_upper, c_lower };
 // that a fixed-order reduction sums over the heads sharing an input.
 struct GradSinks {
   RowView dq, dk, dv, dg;
+  RowView dbeta, db, dw;
 };
 
 struct SequenceKernels {
   // Bytes of workspace one thread needs (64-byte aligned by the caller).
   size_t (*workspace_bytes)(const AdditiveParams& p);
 
-  // The fused forward of (b, n): H [K, V] starts from h0 and ends as the final state, staying in
-  // cache for the whole sequence. With `states`, also keeps the chunk-start states and the final
-  // one ([chunks + 1, K, V]); with `write_y`, computes and writes y.
-  void (*forward)(const AdditiveParams& p, int b, int n, void* workspace, float* H, float* states,
+  // Items are (batch b, pack m of p.pack heads n = m * pack ...). H is the item's [K, pack * V]
+  // state.
+  // The fused forward of (b, m): H starts from h0 and ends as the final state (written to ht when
+  // asked), staying in cache for the whole sequence. With `states`, also keeps the chunk-start
+  // states and the final one ([chunks + 1, K, pack * V]); with `write_y`, computes and writes y.
+  void (*forward)(const AdditiveParams& p, int b, int m, void* workspace, float* H, float* states,
                   bool write_y);
 
-  // The gradient pass of (b, n): chunks in reverse, carrying dH [K, V] (from dht; ends as dh0),
+  // The gradient pass of (b, m): chunks in reverse, carrying dH [K, V] (from dht; ends as dh0),
   // given the chunk-start states.
-  void (*backward)(const AdditiveParams& p, int b, int n, void* workspace, const float* states,
+  void (*backward)(const AdditiveParams& p, int b, int m, void* workspace, const float* states,
                    float* dH, const GradSinks& sinks);
 
   // Single-chunk stages, for the unfused baseline that keeps per-chunk states in memory:
+  // dH from dht (or 0), and dh0 written from dH when asked;
+  void (*initial_state_gradient)(const AdditiveParams& p, int b, int m, float* dH);
+  void (*final_state_gradient)(const AdditiveParams& p, int b, int m, const float* dH);
   // y of chunk c from its start state H0;
-  void (*chunk_output)(const AdditiveParams& p, int b, int n, int c, void* workspace, const float* H0);
-  // dH [K, V] at the chunk's end -> dH at its start, in place;
-  void (*chunk_state_gradient)(const AdditiveParams& p, int b, int n, int c, void* workspace, float* dH);
+  void (*chunk_output)(const AdditiveParams& p, int b, int m, int c, void* workspace, const float* H0);
+  // dH at the chunk's end -> dH at its start, in place;
+  void (*chunk_state_gradient)(const AdditiveParams& p, int b, int m, int c, void* workspace, float* dH);
   // dq, dk, dv, dg of chunk c from its start state and the gradient wrt its end state.
-  void (*chunk_gradients)(const AdditiveParams& p, int b, int n, int c, void* workspace, const float* H0,
+  void (*chunk_gradients)(const AdditiveParams& p, int b, int m, int c, void* workspace, const float* H0,
                           const float* dH_end, const GradSinks& sinks);
 };
 

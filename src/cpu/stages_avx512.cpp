@@ -8,6 +8,7 @@
 
 #include "cpu/rows.h"
 #include "cpu/stages.h"
+#include "cpu/vector_math_avx512.h"
 
 #define FLAT_ISA avx512
 
@@ -128,26 +129,6 @@ void transpose(int rows, int cols, const float* src, int lds, float* dst, int ld
       for (int j = 0; j < nc; ++j) _mm512_mask_storeu_ps(dst + size_t(c0 + j) * ldd + r0, first_lanes(nr), x[j]);
     }
   }
-}
-
-// exp(x) = 2^n exp(r) with n = round(x log2 e) and r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split
-// in two so n ln 2 is exact), exp(r) by its degree-6 minimax polynomial (Cephes' expf, within
-// 2 ulp), and 2^n applied by vscalefps, which flushes gracefully to 0 for very negative n.
-// Gates are clamped to [-150, 88]: exp is already 0 (or the largest float) beyond.
-__m512 exp_ps(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-150.f)), _mm512_set1_ps(88.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, n);
 }
 
 void exp_inplace(float* x, int n) {

@@ -6,16 +6,37 @@
 
 namespace flat::ref {
 
-int Problem::N() const { return std::max({Nq, Nk, Nv, has_gate() ? Ng : 1}); }
+bool Problem::has_beta() const {
+  return variant == Variant::deltanet || variant == Variant::gated_deltanet || variant == Variant::kda ||
+         variant == Variant::sla;
+}
 
-size_t Problem::gate_size() const {
+int Problem::N() const {
+  int n = std::max({Nq, Nk, Nv});
+  if (has_gate()) n = std::max(n, Ng);
+  if (has_beta() || has_erase_write()) n = std::max(n, Nb);
+  if (has_erase_write()) n = std::max(n, Nw);
+  return n;
+}
+
+int Problem::gate_width() const {
   switch (variant) {
-    case Variant::la: return 0;
-    case Variant::retnet: return size_t(Ng);
-    case Variant::mamba2: return size_t(B) * S * Ng;
-    case Variant::gla: return size_t(B) * S * Ng * K;
+    case Variant::la:
+    case Variant::deltanet: return 0;
+    case Variant::retnet:
+    case Variant::mamba2:
+    case Variant::gated_deltanet: return 1;
+    case Variant::gla: return K;
+    case Variant::kda:
+    case Variant::gdn2:
+    case Variant::sla: return K / G;
   }
   return 0;
+}
+
+size_t Problem::gate_size() const {
+  if (variant == Variant::retnet) return size_t(Ng);
+  return size_t(B) * S * Ng * gate_width();
 }
 
 namespace {
@@ -51,16 +72,29 @@ struct Sequence {
   }
   const double* value(int t) const { return &in.v[at(b, t, head(p.Nv), p.Nv, p.S, p.V)]; }
 
-  // Log-decay of channel c at token t.
-  double log_decay(int t, int c) const {
-    const int gh = head(p.Ng);
-    switch (p.variant) {
-      case Variant::la: return 0.0;
-      case Variant::retnet: return in.g[size_t(gh)];
-      case Variant::mamba2: return in.g[at(b, t, gh, p.Ng, p.S, 1)];
-      case Variant::gla: return in.g[at(b, t, gh, p.Ng, p.S, p.K) + size_t(c)];
-    }
-    return 0.0;
+  // Where channel c's log-decay at token t is in g: one value per head (retnet), per head and
+  // token, or per group of K / gate_width() channels. The gradient of a value read by several
+  // channels is the sum over them.
+  size_t gate_index(int t, int c) const {
+    if (p.variant == Variant::retnet) return size_t(head(p.Ng));
+    const int width = p.gate_width();
+    return at(b, t, head(p.Ng), p.Ng, p.S, width) + size_t(c / (p.K / width));
+  }
+  double decay(int t, int c) const { return p.has_gate() ? std::exp(in.g[gate_index(t, c)]) : 1.0; }
+
+  // Where the delta rule's strengths are: beta per head and token, or gdn2's b per key channel
+  // and w per value channel.
+  size_t beta_index(int t) const { return at(b, t, head(p.Nb), p.Nb, p.S, 1); }
+  size_t erase_index(int t, int c) const { return at(b, t, head(p.Nb), p.Nb, p.S, p.K) + size_t(c); }
+  size_t write_index(int t, int j) const { return at(b, t, head(p.Nw), p.Nw, p.S, p.V) + size_t(j); }
+  // The erase strength b_t[c] and write strength w_t[j]; the additive family is b = 0, w = 1.
+  double erase(int t, int c) const {
+    if (p.has_erase_write()) return in.b[erase_index(t, c)];
+    return p.has_beta() ? in.beta[beta_index(t)] : 0.0;
+  }
+  double write(int t, int j) const {
+    if (p.has_erase_write()) return in.w[write_index(t, j)];
+    return p.has_beta() ? in.beta[beta_index(t)] : 1.0;
   }
 
   void initial_state(std::vector<double>& H) const {
@@ -71,15 +105,49 @@ struct Sequence {
       std::copy_n(&in.h0[(size_t(b) * p.N() + n) * kv], kv, H.begin());
     }
   }
+};
 
-  // H <- Diag(exp(g_t)) H + k_t v_t^T
-  void step(int t, std::vector<double>& H, std::vector<double>& k) const {
-    key(t, k.data());
-    const double* v = value(t);
-    for (int c = 0; c < p.K; ++c) {
-      const double a = std::exp(log_decay(t, c));
-      for (int j = 0; j < p.V; ++j) H[size_t(c) * p.V + j] = a * H[size_t(c) * p.V + j] + k[size_t(c)] * v[j];
+// One token's update in the GDN-2 form that every variant takes,
+//   H' = Diag(a) H_{t-1},  r = w * v - H'^T (b * k),  H_t = H' + k r^T,
+// with b = 0, w = 1 for the additive family (r = v) and b = w = beta for the delta rule but
+// gdn2. The backward recomputes it from H_{t-1}.
+struct Step {
+  explicit Step(const Problem& p)
+      : a(size_t(p.K)), k(size_t(p.K)), erase(size_t(p.K)), write(size_t(p.V)), r(size_t(p.V)),
+        decayed(size_t(p.K) * p.V) {}
+
+  std::vector<double> a, k, erase;  // [K]: decay, key (normalised when asked), b
+  std::vector<double> write, r;     // [V]: w, r
+  std::vector<double> decayed;      // H' [K, V]
+  const double* v = nullptr;
+  double k_rstd = 1.0;
+
+  // Everything but H_t itself from H_{t-1} = prev.
+  void prepare(const Sequence& seq, int t, const double* prev) {
+    const int K = seq.p.K, V = seq.p.V;
+    k_rstd = seq.key(t, k.data());
+    v = seq.value(t);
+    for (int j = 0; j < V; ++j) {
+      write[size_t(j)] = seq.write(t, j);
+      r[size_t(j)] = write[size_t(j)] * v[j];
     }
+    for (int c = 0; c < K; ++c) {
+      a[size_t(c)] = seq.decay(t, c);
+      erase[size_t(c)] = seq.erase(t, c);
+      const double bk = erase[size_t(c)] * k[size_t(c)];
+      for (int j = 0; j < V; ++j) {
+        const double h = a[size_t(c)] * prev[size_t(c) * V + j];
+        decayed[size_t(c) * V + j] = h;
+        r[size_t(j)] -= h * bk;
+      }
+    }
+  }
+
+  // H_t = H' + k r^T; H may be the prev that prepare read.
+  void apply(double* H) const {
+    const size_t K = k.size(), V = r.size();
+    for (size_t c = 0; c < K; ++c)
+      for (size_t j = 0; j < V; ++j) H[c * V + j] = decayed[c * V + j] + k[c] * r[j];
   }
 };
 
@@ -91,13 +159,15 @@ Outputs forward(const Problem& p, const Inputs& in) {
   Outputs out;
   out.y.assign(size_t(p.B) * p.S * N * p.V, 0.0);
   out.ht.assign(size_t(p.B) * N * kv, 0.0);
-  std::vector<double> H(kv), q(size_t(p.K)), k(size_t(p.K));
+  std::vector<double> H(kv), q(size_t(p.K));
+  Step step(p);
   for (int b = 0; b < p.B; ++b)
     for (int n = 0; n < N; ++n) {
       const Sequence seq{p, in, b, n};
       seq.initial_state(H);
       for (int t = 0; t < p.S; ++t) {
-        seq.step(t, H, k);
+        step.prepare(seq, t, H.data());
+        step.apply(H.data());
         seq.query(t, q.data());
         double* y = &out.y[at(b, t, n, N, p.S, p.V)];
         for (int c = 0; c < p.K; ++c)
@@ -118,11 +188,15 @@ Gradients backward(const Problem& p, const Inputs& in, const std::vector<double>
   grads.dv.assign(in.v.size(), 0.0);
   grads.dg.assign(p.gate_size(), 0.0);
   grads.dh0.assign(size_t(p.B) * N * kv, 0.0);
+  grads.dbeta.assign(in.beta.size(), 0.0);
+  grads.db.assign(in.b.size(), 0.0);
+  grads.dw.assign(in.w.size(), 0.0);
 
-  std::vector<double> q(size_t(p.K)), k(size_t(p.K)), dq(size_t(p.K)), dk(size_t(p.K));
+  std::vector<double> q(size_t(p.K)), dq(size_t(p.K)), dk(size_t(p.K)), dr(size_t(p.V));
   std::vector<double> dH(kv), H(kv);
   std::vector<double> checkpoints;  // H before token s*kCheckpointEvery
   std::vector<double> segment;      // H after each token of the current segment
+  Step step(p);
   for (int b = 0; b < p.B; ++b)
     for (int n = 0; n < N; ++n) {
       const Sequence seq{p, in, b, n};
@@ -131,7 +205,8 @@ Gradients backward(const Problem& p, const Inputs& in, const std::vector<double>
       seq.initial_state(H);
       for (int t = 0; t < p.S; ++t) {
         if (t % kCheckpointEvery == 0) std::copy(H.begin(), H.end(), &checkpoints[size_t(t / kCheckpointEvery) * kv]);
-        seq.step(t, H, k);
+        step.prepare(seq, t, H.data());
+        step.apply(H.data());
       }
       if (dht.empty()) std::fill(dH.begin(), dH.end(), 0.0);
       else std::copy_n(&dht[(size_t(b) * N + n) * kv], kv, dH.begin());
@@ -142,17 +217,14 @@ Gradients backward(const Problem& p, const Inputs& in, const std::vector<double>
         segment.resize(size_t(t1 - t0 + 1) * kv);
         std::copy_n(&checkpoints[size_t(s) * kv], kv, segment.begin());
         for (int t = t0; t < t1; ++t) {
-          std::copy_n(&segment[size_t(t - t0) * kv], kv, H.begin());
-          seq.step(t, H, k);
-          std::copy(H.begin(), H.end(), &segment[size_t(t - t0 + 1) * kv]);
+          step.prepare(seq, t, &segment[size_t(t - t0) * kv]);
+          step.apply(&segment[size_t(t - t0 + 1) * kv]);
         }
         for (int t = t1 - 1; t >= t0; --t) {
           const double* Ht = &segment[size_t(t - t0 + 1) * kv];
-          const double* Hprev = &segment[size_t(t - t0) * kv];
+          step.prepare(seq, t, &segment[size_t(t - t0) * kv]);
           const double* dyt = &dy[at(b, t, n, N, p.S, p.V)];
           const double q_rstd = seq.query(t, q.data());
-          const double k_rstd = seq.key(t, k.data());
-          const double* v = seq.value(t);
           // y_t = scale H_t^T q: dH += scale q dy^T, dq = scale H_t dy.
           for (int c = 0; c < p.K; ++c) {
             double s_dq = 0;
@@ -162,31 +234,48 @@ Gradients backward(const Problem& p, const Inputs& in, const std::vector<double>
             }
             dq[size_t(c)] = p.scale * s_dq;
           }
-          // H_t = a * H_{t-1} + k v^T: dk = dH v, dv = dH^T k, dlog a_c = a_c <dH_c, H_{t-1,c}>.
-          double* dv = &grads.dv[at(b, t, seq.head(p.Nv), p.Nv, p.S, p.V)];
-          double dg_scalar = 0;
+          // H_t = H' + k r^T: dk = dH r, dr = dH^T k.
+          std::fill(dr.begin(), dr.end(), 0.0);
           for (int c = 0; c < p.K; ++c) {
-            const double a = std::exp(seq.log_decay(t, c));
-            double s_dk = 0, s_dg = 0;
+            double s_dk = 0;
             for (int j = 0; j < p.V; ++j) {
               const double d = dH[size_t(c) * p.V + j];
-              s_dk += d * v[j];
-              dv[j] += d * k[size_t(c)];
-              s_dg += d * Hprev[size_t(c) * p.V + j];
-              dH[size_t(c) * p.V + j] = a * d;
+              s_dk += d * step.r[size_t(j)];
+              dr[size_t(j)] += d * step.k[size_t(c)];
             }
             dk[size_t(c)] = s_dk;
-            if (p.variant == Variant::gla) {
-              grads.dg[at(b, t, seq.head(p.Ng), p.Ng, p.S, p.K) + size_t(c)] += a * s_dg;
-            } else {
-              dg_scalar += a * s_dg;
-            }
           }
-          if (p.variant == Variant::mamba2) grads.dg[at(b, t, seq.head(p.Ng), p.Ng, p.S, 1)] += dg_scalar;
-          if (p.variant == Variant::retnet) grads.dg[size_t(seq.head(p.Ng))] += dg_scalar;
+          // r = w * v - H'^T (b * k): dH' = dH - (b * k) dr^T and d(b * k) = -H' dr, split onto
+          // b and k. H' = Diag(a) H_{t-1}: dlog a_c = a_c <dH'_c, H_{t-1,c}> = <dH'_c, H'_c> and
+          // dH_{t-1} = Diag(a) dH'. The additive family has b = 0: dH' = dH.
+          double d_beta = 0;  // b = w = beta: the sum of both strengths' gradients
+          for (int c = 0; c < p.K; ++c) {
+            const double bk = step.erase[size_t(c)] * step.k[size_t(c)];
+            double d_bk = 0, s_dg = 0;
+            for (int j = 0; j < p.V; ++j) {
+              const double h = step.decayed[size_t(c) * p.V + j];
+              const double d = dH[size_t(c) * p.V + j] - bk * dr[size_t(j)];
+              d_bk -= h * dr[size_t(j)];
+              s_dg += d * h;
+              dH[size_t(c) * p.V + j] = step.a[size_t(c)] * d;
+            }
+            dk[size_t(c)] += step.erase[size_t(c)] * d_bk;
+            const double d_erase = step.k[size_t(c)] * d_bk;
+            if (p.has_erase_write()) grads.db[seq.erase_index(t, c)] += d_erase;
+            else d_beta += d_erase;
+            if (p.has_gate()) grads.dg[seq.gate_index(t, c)] += s_dg;
+          }
+          double* dv = &grads.dv[at(b, t, seq.head(p.Nv), p.Nv, p.S, p.V)];
+          for (int j = 0; j < p.V; ++j) {
+            dv[j] += step.write[size_t(j)] * dr[size_t(j)];
+            const double d_write = step.v[j] * dr[size_t(j)];
+            if (p.has_erase_write()) grads.dw[seq.write_index(t, j)] += d_write;
+            else d_beta += d_write;
+          }
+          if (p.has_beta()) grads.dbeta[seq.beta_index(t)] += d_beta;
           // Back through the optional L2 normalisation: dx = rstd (dx_hat - x_hat <x_hat, dx_hat>).
-          for (auto [grad, x_hat, rstd, heads, dst] :
-               {std::tuple{&dq, &q, q_rstd, p.Nq, &grads.dq}, std::tuple{&dk, &k, k_rstd, p.Nk, &grads.dk}}) {
+          for (auto [grad, x_hat, rstd, heads, dst] : {std::tuple{&dq, &q, q_rstd, p.Nq, &grads.dq},
+                                                       std::tuple{&dk, &step.k, step.k_rstd, p.Nk, &grads.dk}}) {
             double* out = &(*dst)[at(b, t, seq.head(heads), heads, p.S, p.K)];
             double dot = 0;
             for (int c = 0; c < p.K; ++c) dot += (*x_hat)[size_t(c)] * (*grad)[size_t(c)];

@@ -10,20 +10,33 @@ namespace flat::ref {
 
 struct Problem {
   Variant variant = Variant::la;
-  int B = 1, S = 1, Nq = 1, Nk = 1, Nv = 1, Ng = 1, K = 1, V = 1;
+  // Head counts of q, k, v, g, beta or b (Nb) and w (Nw); only those the variant reads count.
+  int B = 1, S = 1, Nq = 1, Nk = 1, Nv = 1, Ng = 1, Nb = 1, Nw = 1, K = 1, V = 1;
+  // Channels per gate value for kda, gdn2 and sla: g holds K / G values per head and token.
+  int G = 1;
   double scale = 1.0;
   bool l2norm = false;
 
   int N() const;
-  bool has_gate() const { return variant != Variant::la; }
-  // Elements of g in its layout: [Ng] retnet, [B, S, Ng] mamba2, [B, S, Ng, K] gla, none for la.
+  bool has_gate() const { return variant != Variant::la && variant != Variant::deltanet; }
+  // The delta rule with one write strength per head and token: b = w = beta.
+  bool has_beta() const;
+  // gdn2's erase gate b [K] and write gate w [V].
+  bool has_erase_write() const { return variant == Variant::gdn2; }
+  // Gate values per head and token: 1 for a scalar gate, K for gla, K / G for kda, gdn2, sla.
+  int gate_width() const;
+  // Elements of g in its layout: [Ng] retnet, [B, S, Ng, gate_width()] otherwise (the last axis
+  // dropped for scalar gates), none for la and deltanet.
   size_t gate_size() const;
 };
 
 // Dense row-major tensors in the spec's layouts: q [B, S, Nq, K], k [B, S, Nk, K],
-// v [B, S, Nv, V], g as above, h0 [B, N, K, V] or empty for a zero initial state.
+// v [B, S, Nv, V], g as above, h0 [B, N, K, V] or empty for a zero initial state; beta
+// [B, S, Nb] (delta family but gdn2), b [B, S, Nb, K] and w [B, S, Nw, V] (gdn2), empty where
+// the variant takes none.
 struct Inputs {
   std::vector<double> q, k, v, g, h0;
+  std::vector<double> beta, b, w;
 };
 
 struct Outputs {
@@ -31,9 +44,11 @@ struct Outputs {
   std::vector<double> ht;  // [B, N, K, V]
 };
 
-// Each gradient in its input's layout; dh0 always [B, N, K, V].
+// Each gradient in its input's layout (empty where there is no such input); dh0 always
+// [B, N, K, V].
 struct Gradients {
   std::vector<double> dq, dk, dv, dg, dh0;
+  std::vector<double> dbeta, db, dw;
 };
 
 Outputs forward(const Problem& problem, const Inputs& in);

@@ -1,0 +1,179 @@
+// Drivers of the short convolution (conv.h): thread partition over (batch, sequence block,
+// channel block), taps packed once per call, per-thread workspaces, the fixed-order reduction of
+// the weight and bias gradients, and the final state.
+#include "conv/conv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/bf16.h"
+#include "cpu/buffer.h"
+#include "cpu/isa.h"
+#include "cpu/parallel.h"
+
+namespace flat::cpu {
+namespace {
+
+int round16(int n) { return (n + 15) & ~15; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+// Tap w of channel c at w[w * ld + c], then the bias row; ld = C rounded up to 16, zero padding.
+class PackedTaps {
+ public:
+  explicit PackedTaps(const ConvParams& p)
+      : W_(p.W), ld_(round16(p.C)), buffer_(sizeof(float) * size_t(p.W + 1) * size_t(round16(p.C))) {
+    float* w = buffer_.floats();
+    std::memset(w, 0, sizeof(float) * size_t(W_ + 1) * size_t(ld_));
+    for (int c = 0; c < p.C; ++c) {
+      const float* row = p.weight + int64_t(c) * p.weight_stride;
+      for (int tap = 0; tap < W_; ++tap) w[size_t(tap) * ld_ + c] = row[tap];
+      if (p.bias) w[size_t(W_) * ld_ + c] = p.bias[c];
+    }
+  }
+  ConvTaps view() const { return {buffer_.floats(), buffer_.floats() + size_t(W_) * ld_, ld_}; }
+
+ private:
+  int W_, ld_;
+  AlignedBuffer buffer_;
+};
+
+ConvBlock block_of(const ConvParams& p, const ConvPartition& part, int64_t item) {
+  const int cb = int(item % part.channel_blocks);
+  const int64_t bs = item / part.channel_blocks;
+  const int sb = int(bs % part.seq_blocks), b = int(bs / part.seq_blocks);
+  ConvBlock blk;
+  blk.b = b;
+  blk.t0 = sb * part.seq_block;
+  blk.t1 = std::min(p.S, blk.t0 + part.seq_block);
+  blk.c0 = cb * part.channel_block;
+  blk.c1 = std::min(p.C, blk.c0 + part.channel_block);
+  return blk;
+}
+
+float read_element(const RowView& view, int b, int t, int c) {
+  const char* at = view.row(b, t, c);
+  if (view.dtype == DType::f32) {
+    float f;
+    std::memcpy(&f, at, sizeof f);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, at, sizeof h);
+  return bf16_to_f32(h);
+}
+
+// state[b, c, j] = the input at position S - (W-1) + j: x, or before 0 state0 (or zero). Formed
+// in full before anything is stored, so `state` may be the memory of `state0`.
+void write_final_state(const ConvParams& p) {
+  const int K = p.W - 1;
+  std::vector<float> state(size_t(p.B) * p.C * K);
+  for (int b = 0; b < p.B; ++b)
+    for (int c = 0; c < p.C; ++c)
+      for (int j = 0; j < K; ++j) {
+        const int q = p.S - K + j;
+        float v = 0.0f;
+        if (q >= 0) v = read_element(p.x, b, q, c);
+        else if (p.state0.present()) v = reinterpret_cast<const float*>(p.state0.row(b, c, 0))[q + K];
+        state[(size_t(b) * p.C + c) * K + j] = v;
+      }
+  for (int b = 0; b < p.B; ++b)
+    for (int c = 0; c < p.C; ++c)
+      std::memcpy(p.state.row(b, c, 0), &state[(size_t(b) * p.C + c) * K], sizeof(float) * K);
+}
+
+}  // namespace
+
+ConvPartition conv_partition(int B, int S, int C) {
+  ConvPartition part;
+  part.seq_block = kConvSeqBlock;
+  part.seq_blocks = int(ceil_div(S, kConvSeqBlock));
+  // Whole rows of up to 512 channels; narrower blocks (down to 16 channels) where batch and
+  // sequence alone give fewer than 8 blocks, so that threads have work at any shape.
+  constexpr int64_t kMinItems = 8;
+  int64_t channel_blocks = ceil_div(C, kConvMaxChannelBlock);
+  const int64_t rows = int64_t(B) * part.seq_blocks;
+  if (rows * channel_blocks < kMinItems)
+    channel_blocks = std::min<int64_t>(ceil_div(C, 16), ceil_div(kMinItems, rows));
+  part.channel_block = round16(int(ceil_div(C, channel_blocks)));
+  part.channel_blocks = int(ceil_div(C, part.channel_block));
+  return part;
+}
+
+const ConvKernels& conv_kernels() {
+  static const ConvKernels* const best = [] {
+    if (active_isa() == Isa::avx512) return cpu_has_avx512_bf16() ? &avx512_bf16::conv_kernels() : &avx512::conv_kernels();
+    return &generic::conv_kernels();
+  }();
+  return *best;
+}
+
+std::vector<const ConvKernels*> conv_kernels_supported() {
+  std::vector<const ConvKernels*> all{&generic::conv_kernels()};
+  if (active_isa() == Isa::avx512) {
+    all.push_back(&avx512::conv_kernels());
+    if (cpu_has_avx512_bf16()) all.push_back(&avx512_bf16::conv_kernels());
+  }
+  return all;
+}
+
+void conv_forward(const ConvParams& p) { conv_forward(p, conv_kernels()); }
+void conv_backward(const ConvParams& p) { conv_backward(p, conv_kernels()); }
+
+void conv_forward(const ConvParams& p, const ConvKernels& kernels) {
+  const ConvPartition part = conv_partition(p.B, p.S, p.C);
+  const PackedTaps taps(p);
+  parallel_ranges(part.items(p.B), p.threads, [&](int64_t begin, int64_t end) {
+    AlignedBuffer workspace(sizeof(float) * kernels.workspace_floats(p.W, part.channel_block));
+    for (int64_t item = begin; item < end; ++item)
+      kernels.forward(p, taps.view(), block_of(p, part, item), workspace.floats());
+  });
+  if (p.state.present()) write_final_state(p);
+}
+
+void conv_backward(const ConvParams& p, const ConvKernels& kernels) {
+  const ConvPartition part = conv_partition(p.B, p.S, p.C);
+  const PackedTaps taps(p);
+  const int64_t items = part.items(p.B);
+  const int ldp = round16(part.channel_block);
+  const size_t per_item = size_t(p.W + 1) * size_t(ldp);
+  AlignedBuffer partials(sizeof(float) * per_item * size_t(items));
+  parallel_ranges(items, p.threads, [&](int64_t begin, int64_t end) {
+    AlignedBuffer workspace(sizeof(float) * kernels.workspace_floats(p.W, part.channel_block));
+    for (int64_t item = begin; item < end; ++item)
+      kernels.backward(p, taps.view(), block_of(p, part, item), workspace.floats(),
+                       partials.floats() + per_item * size_t(item));
+  });
+
+  // dweight[c, w] and dbias[c]: the blocks' fp32 partial sums added in float64, batch by batch
+  // and block by block in sequence order, whatever the thread count.
+  std::vector<double> acc(per_item);
+  for (int cb = 0; cb < part.channel_blocks; ++cb) {
+    // The block's rows are its own width rounded up to 16 (the last block may be narrower).
+    const int c0 = cb * part.channel_block, n = std::min(p.C, c0 + part.channel_block) - c0;
+    const size_t ld = size_t(round16(n)), used = size_t(p.W + 1) * ld;
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int b = 0; b < p.B; ++b)
+      for (int sb = 0; sb < part.seq_blocks; ++sb) {
+        const int64_t item = (int64_t(b) * part.seq_blocks + sb) * part.channel_blocks + cb;
+        const float* partial = partials.floats() + per_item * size_t(item);
+        for (size_t i = 0; i < used; ++i) acc[i] += double(partial[i]);
+      }
+    for (int i = 0; i < n; ++i) {
+      float* row = p.dweight + int64_t(c0 + i) * p.dweight_stride;
+      for (int w = 0; w < p.W; ++w) row[w] = float(acc[size_t(w) * ld + size_t(i)]);
+      if (p.dbias) p.dbias[c0 + i] = float(acc[size_t(p.W) * ld + size_t(i)]);
+    }
+  }
+}
+
+}  // namespace flat::cpu

@@ -1,0 +1,39 @@
+// Drivers of the short convolution: the work split over (batch, sequence block, channel block),
+// the packed taps, the per-thread workspaces, the fixed-order reduction of the weight and bias
+// gradients, and the final state. The math of one block lives in the leaves (conv_kernels.h),
+// compiled per instruction set and picked at run time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "conv/conv_kernels.h"
+#include "conv/conv_params.h"
+
+namespace flat::cpu {
+
+// The blocks a call is cut into. They depend on the shape only (never on the thread count), so
+// the partial sums of dweight and dbias, and the order they are added in, are always the same.
+struct ConvPartition {
+  int seq_block = 0;      // positions per block (the last one may be shorter)
+  int channel_block = 0;  // channels per block, a multiple of 16 (the last one may be narrower)
+  int seq_blocks = 0, channel_blocks = 0;
+  int64_t items(int B) const { return int64_t(B) * seq_blocks * channel_blocks; }
+};
+
+constexpr int kConvSeqBlock = 256;       // positions per sequence block
+constexpr int kConvMaxChannelBlock = 4096;  // channels per block at most
+ConvPartition conv_partition(int B, int S, int C);
+
+// The fastest leaves this CPU runs (FLAT_ISA=generic forces the portable ones), and every set
+// it can run.
+const ConvKernels& conv_kernels();
+std::vector<const ConvKernels*> conv_kernels_supported();
+
+void conv_forward(const ConvParams& p);
+void conv_backward(const ConvParams& p);
+// With given leaves (the tests run every set the CPU supports).
+void conv_forward(const ConvParams& p, const ConvKernels& kernels);
+void conv_backward(const ConvParams& p, const ConvKernels& kernels);
+
+}  // namespace flat::cpu

@@ -1,0 +1,16 @@
+// The short convolution on AVX-512 (F, BW, DQ, VL) with FMA; fp32 rounds to bf16 in integer
+// arithmetic. Compiled with those target flags; only called after the CPU has been checked.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "conv/conv_kernels.h"
+#include "cpu/bf16.h"
+#include "cpu/vector_math_avx512.h"
+
+#define FLAT_CONV_ISA avx512
+#define FLAT_CONV_NAME "avx512"
+#define FLAT_CONV_NATIVE_BF16 0
+
+#include "conv/conv_avx512.inc"
+#include "conv/conv_leaf.inc"

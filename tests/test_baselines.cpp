@@ -1,0 +1,125 @@
+// The benchmark's baselines (src/baseline/baselines.h) against the float64 oracle on the same
+// rounded inputs, called as `flat bench` calls them: on the AdditiveParams that
+// describe_forward / describe_backward make of the arguments. Same bounds as the kernels.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "baseline/baselines.h"
+#include "harness.h"
+#include "params.h"
+
+namespace flat::test {
+namespace {
+
+template <void (*Run)(const AdditiveParams&)>
+void forward_with(Variant variant, const ForwardArgs& args, const Options& options) {
+  Run(describe_forward(variant, args, options));
+}
+template <void (*Run)(const AdditiveParams&)>
+void backward_with(Variant variant, const BackwardArgs& args, const Options& options) {
+  Run(describe_backward(variant, args, options));
+}
+
+// Each baseline `flat bench` measures.
+const Implementation kBaselines[] = {
+    {"recurrent", forward_with<baseline::recurrent_forward>, backward_with<baseline::recurrent_backward>},
+    {"unfused", forward_with<baseline::unfused_forward>, backward_with<baseline::unfused_backward>},
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (Variant variant : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::deltanet,
+                          Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      Case base;
+      base.variant = variant;
+      base.dtype = dtype;
+      base.K = variant == Variant::sla ? 64 : 32;
+      base.V = 24;
+      base.chunk = 32;
+      auto add = [&](auto&& edit) {
+        Case c = base;
+        edit(c);
+        c.seed = out.size() + 1;
+        out.push_back(c);
+      };
+      add([](Case& c) { c.S = 1; });
+      // Several checkpoint segments and chunks, the last ones partial; both states.
+      add([](Case& c) {
+        c.S = 150;
+        c.h0 = c.dht = true;
+      });
+      // Head sharing with two batches, K and V not multiples of a vector (sla: packed heads).
+      add([variant](Case& c) {
+        c.B = 2;
+        c.S = 70;
+        c.Nq = c.Nk = c.Nb = 2;
+        c.Nv = c.Ng = c.Nw = 4;
+        if (variant == Variant::sla) c.Ng = 2;
+        else c.K = 17;
+        c.V = 33;
+        c.h0 = c.dht = true;
+      });
+      // In-kernel L2 normalisation, with sharing.
+      add([](Case& c) {
+        c.S = 100;
+        c.Nq = 1;
+        c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
+        c.l2norm = true;
+        c.h0 = true;
+      });
+      add([](Case& c) {
+        c.S = 90;
+        c.dht = true;
+        c.decay = Decay::strong;
+      });
+    }
+  return out;
+}
+
+class BaselineVsOracle : public ::testing::TestWithParam<std::tuple<Implementation, Case>> {};
+
+TEST_P(BaselineVsOracle, ForwardAndBackward) {
+  const auto& [implementation, c] = GetParam();
+  expect_within_bounds(compare(Problem(c), implementation), c.dtype);
+}
+
+// Same bits for any thread count: each (batch, head) is one thread's work and gradients of shared
+// inputs are summed in head order.
+class BaselineDeterminism : public ::testing::TestWithParam<Implementation> {};
+
+TEST_P(BaselineDeterminism, SameBitsForAnyThreadCount) {
+  for (Variant variant : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::kda, Variant::gdn2}) {
+    Case c;
+    c.variant = variant;
+    c.B = 2;
+    c.S = 70;
+    c.Nq = c.Nk = c.Nb = 2;
+    c.Nv = c.Ng = c.Nw = 4;
+    c.K = 32;
+    c.V = 24;
+    c.chunk = 32;
+    c.h0 = c.dht = true;
+    const Problem pr(c);
+    const KernelOutputs one = run_kernel(pr, true, 1, GetParam()), three = run_kernel(pr, true, 3, GetParam());
+    for (const auto& [name, member] : kKernelOutputs)
+      EXPECT_EQ(one.*member, three.*member) << variant_name(variant) << " " << name;
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<Implementation, Case>>& info) {
+  return std::to_string(info.index) + "_" + std::get<0>(info.param).name + "_" + std::get<1>(info.param).name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Baselines, BaselineVsOracle,
+                         ::testing::Combine(::testing::ValuesIn(kBaselines), ::testing::ValuesIn(cases())), case_name);
+INSTANTIATE_TEST_SUITE_P(Baselines, BaselineDeterminism, ::testing::ValuesIn(kBaselines),
+                         [](const ::testing::TestParamInfo<Implementation>& info) {
+                           return std::string(info.param.name);
+                         });
+
+}  // namespace
+}  // namespace flat::test

@@ -1,0 +1,263 @@
+// `flat bench` in process on a tiny shape with quick ceilings: its tables, the JSON it writes
+// (parsed here) and the roofline SVG; and the bad options it must reject with one line and
+// exit status 2 before measuring anything.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include "bench.h"
+
+namespace flat::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A JSON value and a strict parser for it, enough to read back what the bench writes.
+struct Json {
+  enum class Kind { null, boolean, number, string, array, object } kind = Kind::null;
+  double number = 0;
+  std::string text;
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> fields;
+
+  const Json& operator[](const std::string& key) const {
+    for (const auto& [name, value] : fields)
+      if (name == key) return value;
+    throw std::runtime_error("no key " + key);
+  }
+  const Json& operator[](size_t i) const { return items.at(i); }
+  bool is_null() const { return kind == Kind::null; }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(const std::string& s) : s_(s) {}
+
+  Json document() {
+    Json v = value();
+    skip_space();
+    if (i_ != s_.size()) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(i_));
+  }
+  void skip_space() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool take(char c) {
+    skip_space();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!take(c)) fail(std::string("expected '") + c + "'");
+  }
+  bool take_word(const std::string& word) {
+    if (s_.compare(i_, word.size(), word) != 0) return false;
+    i_ += word.size();
+    return true;
+  }
+  std::string string() {
+    expect('"');
+    std::string out;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (s_[i_] == '\\') ++i_;
+      out += s_[i_++];
+    }
+    if (i_ >= s_.size()) fail("unterminated string");
+    ++i_;
+    return out;
+  }
+  Json value() {
+    skip_space();
+    Json v;
+    if (i_ >= s_.size()) fail("unexpected end");
+    const char c = s_[i_];
+    if (c == '{') {
+      v.kind = Json::Kind::object;
+      ++i_;
+      if (take('}')) return v;
+      do {
+        std::string key = string();
+        expect(':');
+        v.fields.emplace_back(std::move(key), value());
+      } while (take(','));
+      expect('}');
+    } else if (c == '[') {
+      v.kind = Json::Kind::array;
+      ++i_;
+      if (take(']')) return v;
+      do v.items.push_back(value());
+      while (take(','));
+      expect(']');
+    } else if (c == '"') {
+      v.kind = Json::Kind::string;
+      v.text = string();
+    } else if (take_word("null")) {
+      v.kind = Json::Kind::null;
+    } else if (take_word("true") || take_word("false")) {
+      v.kind = Json::Kind::boolean;
+    } else {
+      v.kind = Json::Kind::number;
+      size_t used = 0;
+      try {
+        v.number = std::stod(s_.substr(i_, 32), &used);
+      } catch (const std::exception&) {
+        fail("bad value");
+      }
+      i_ += used;
+    }
+    return v;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+void expect_positive(const Json& v, const std::string& what) {
+  EXPECT_EQ(v.kind, Json::Kind::number) << what;
+  EXPECT_TRUE(std::isfinite(v.number) && v.number > 0) << what << " = " << v.number;
+}
+
+void expect_timing(const Json& t, const std::string& what) {
+  for (const char* key : {"ms", "flops", "bytes", "gflop_per_s", "gb_per_s", "flop_per_byte"})
+    expect_positive(t[key], what + "." + key);
+}
+
+// Output files of this test, removed at the end.
+struct OutputFiles {
+  fs::path json, plot;
+  OutputFiles() {
+    const fs::path base = fs::temp_directory_path() / ("flat_bench_" + std::to_string(::getpid()));
+    json = base.string() + ".json";
+    plot = base.string() + ".svg";
+  }
+  ~OutputFiles() {
+    std::error_code ignored;
+    fs::remove(json, ignored);
+    fs::remove(plot, ignored);
+  }
+};
+
+TEST(Bench, TinyShapeTablesJsonAndPlot) {
+  const OutputFiles files;
+  std::ostringstream out, err;
+  const int status = tool::bench_command({"--shape", "1,64,2,16,16", "--variant", "gla", "--repeats", "1",
+                                          "--threads", "2", "--quick-ceilings", "--json", files.json.string(),
+                                          "--plot", files.plot.string()},
+                                         out, err);
+  ASSERT_EQ(status, 0) << err.str();
+
+  // Progress on the error stream, tables on the output.
+  EXPECT_NE(err.str().find("[1/9] ceilings (quick) ... "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[9/9] gla backward, fp32 recurrent baseline ... "), std::string::npos) << err.str();
+  EXPECT_EQ(count(err.str(), "not measured"), 0u) << err.str();
+  const std::string table = out.str();
+  EXPECT_NE(table.find("| copy bandwidth GB/s"), std::string::npos) << table;
+  EXPECT_NE(table.find("| fp32 FMA peak GFLOP/s"), std::string::npos) << table;
+  EXPECT_EQ(count(table, "| gla    | forward  |"), 2u) << table;
+  EXPECT_EQ(count(table, "| gla    | backward |"), 2u) << table;
+  EXPECT_EQ(count(table, "| gla    | fwd+bwd  |"), 2u) << table;
+
+  const Json json = JsonParser(read_file(files.json)).document();
+  EXPECT_EQ(json["shape"]["S"].number, 64);
+  EXPECT_EQ(json["shape"]["K"].number, 16);
+  EXPECT_EQ(json["dtype"].text, "bf16");
+  EXPECT_EQ(json["threads"].number, 2);
+  EXPECT_FALSE(json["isa"].text.empty());
+  const Json& ceilings = json["ceilings"];
+  for (const char* key : {"copy_gb_per_s", "fp32_fma_gflop_per_s"}) {
+    expect_positive(ceilings[key]["one_thread"], key);
+    expect_positive(ceilings[key]["all_threads"], key);
+  }
+  if (!ceilings["bf16_dot_gflop_per_s"].is_null())
+    expect_positive(ceilings["bf16_dot_gflop_per_s"]["all_threads"], "bf16_dot_gflop_per_s");
+
+  const Json& kernels = json["kernels"];
+  ASSERT_EQ(kernels.items.size(), 3u);
+  const char* passes[] = {"forward", "backward", "fwd+bwd"};
+  for (size_t i = 0; i < 3; ++i) {
+    const Json& k = kernels[i];
+    const std::string what = std::string("gla ") + passes[i];
+    EXPECT_EQ(k["variant"].text, "gla");
+    EXPECT_EQ(k["pass"].text, passes[i]);
+    for (const char* timing : {"fused", "fused_1_thread", "unfused", "recurrent_fp32"})
+      expect_timing(k[timing], what + " " + timing);
+    for (const char* number :
+         {"percent_of_bound", "thread_scaling", "speedup_over_unfused", "speedup_over_recurrent"})
+      expect_positive(k[number], what + " " + number);
+    EXPECT_TRUE(k["bound"].text == "compute" || k["bound"].text == "memory") << k["bound"].text;
+  }
+  EXPECT_NEAR(kernels[2]["fused"]["ms"].number, kernels[0]["fused"]["ms"].number + kernels[1]["fused"]["ms"].number,
+              1e-3 * kernels[2]["fused"]["ms"].number);
+
+  // The plot: one marker per pass and implementation (plus one each in the legend), labelled.
+  const std::string svg = read_file(files.plot);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  EXPECT_EQ(count(svg, "<g"), count(svg, "</g>"));
+  EXPECT_EQ(count(svg, "<circle"), 3u);
+  EXPECT_EQ(count(svg, "<polygon"), 3u);
+  EXPECT_EQ(count(svg, ">gla fwd</text>"), 3u);
+  EXPECT_EQ(count(svg, ">gla bwd</text>"), 3u);
+  EXPECT_NE(svg.find("fp32 FMA peak"), std::string::npos);
+}
+
+// Rejected before anything is measured: exit status 2, one line naming the problem, no output.
+TEST(Bench, BadOptionsFailWithOneLine) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--shape", "1,2"},
+      {"--shape", "1,x,2,16,16"},
+      {"--shape", "0,64,2,16,16"},
+      {"--variant", "nope"},
+      {"--dtype", "f16"},
+      {"--threads", "-1"},
+      {"--repeats", "0"},
+      {"--chunk"},
+      {"--frobnicate"},
+      {"--shape", "1,64,2,16,16", "--chunk", "24"},
+      {"--shape", "1,64,2,300,16"},
+      {"--shape", "1,64,2,16,16", "--json", "/nonexistent-dir/out.json"},
+  };
+  for (const auto& args : cases) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    std::ostringstream out, err;
+    EXPECT_EQ(tool::bench_command(args, out, err), 2) << joined;
+    EXPECT_TRUE(out.str().empty()) << joined;
+    const std::string message = err.str();
+    EXPECT_EQ(count(message, "\n"), 1u) << joined << ": " << message;
+    EXPECT_EQ(message.rfind("flat", 0), 0u) << joined << ": " << message;
+  }
+}
+
+}  // namespace
+}  // namespace flat::test

@@ -1,0 +1,64 @@
+// Timing of the short convolution for `flat bench`: the fused forward and backward, and a naive
+// same-process baseline, at one shape.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flat/flat.h"
+
+namespace flat::tool {
+
+// The default is the seed paper's shape scaled to a 2-core CPU (the paper: B = 8, S = 4096,
+// C = 2048 on a TPU v6e).
+struct ConvBenchOptions {
+  int64_t B = 2, S = 4096, C = 2048;
+  int W = 4;
+  bool bias = true;
+  Activation activation = Activation::silu;
+  DType dtype = DType::bf16;  // of x, y, dy, dx; weights fp32
+  int threads = 0;            // 0: all hardware threads
+  int repeats = 5;            // timed runs of the fused kernels (after one warm-up); median
+  int baseline_repeats = 3;   // timed runs of the baseline (after one warm-up); 0: no baseline
+};
+
+// One pass at the bench's shape.
+//   bytes: what the pass must move, every input read once and every output written once at its
+//     dtype. forward: x, weight, bias read, y written. backward: x, dy, weight, bias read;
+//     dx, dweight, dbias written.
+//   flops, per element of [B, S, C] (W taps; the SiLU counted as the seed paper does):
+//     forward   2W (taps and bias; 2W-1 without bias) + 6 for the SiLU (negate, exp, add,
+//               reciprocal, refinement, multiply)
+//     backward  z recomputed 2W (2W-1) + 9 for the SiLU's slope (negate, exp, add, reciprocal;
+//               1-s, z(1-s), +1, *s, *dy) + dx 2W-1 + dweight 2W + dbias 1 (with bias)
+//   baseline_seconds: the naive baseline on the same inputs in fp32, as a framework runs it
+//     unfused: forward z = conv(x) by a per-position, per-channel scalar loop over the taps, then
+//     a separate SiLU pass; backward (from the forward's saved z) dz = dy * SiLU'(z), then dx by
+//     a second loop over the taps, then dweight and dbias by another pass over the sequence.
+struct ConvBenchResult {
+  std::string pass;  // "forward" or "backward"
+  double seconds = 0;
+  double bytes = 0;
+  double flops = 0;
+  std::optional<double> baseline_seconds;
+
+  double gbs() const { return bytes / seconds * 1e-9; }
+  double gflops() const { return flops / seconds * 1e-9; }
+  std::optional<double> speedup() const {
+    if (!baseline_seconds) return std::nullopt;
+    return *baseline_seconds / seconds;
+  }
+};
+
+// Times forward then backward; progress lines go to `progress` when given.
+std::vector<ConvBenchResult> bench_conv(const ConvBenchOptions& options, std::ostream* progress = nullptr);
+
+// The results as a markdown table; with copy_gbs (the measured copy bandwidth, bytes read plus
+// written per second, in GB/s) also each pass's share of it.
+void write_conv_markdown(const ConvBenchOptions& options, const std::vector<ConvBenchResult>& results,
+                         std::optional<double> copy_gbs, std::ostream& out);
+
+}  // namespace flat::tool

@@ -1,0 +1,379 @@
+#include "report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numbers>
+#include <ostream>
+
+namespace flat::tool {
+
+Timing operator+(const Timing& a, const Timing& b) {
+  return {a.seconds + b.seconds, a.flops + b.flops, a.bytes + b.bytes};
+}
+
+namespace {
+
+template <class... Args>
+std::string format(const char* pattern, Args... args) {
+  char text[512];
+  std::snprintf(text, sizeof text, pattern, args...);
+  return text;
+}
+
+double compute_peak(const BenchReport& r) {
+  const Ceilings& c = r.ceilings;
+  return r.bf16_unit && c.bf16_gflops ? c.bf16_gflops->all : c.fp32_gflops.all;
+}
+
+std::optional<double> speedup(const std::optional<Timing>& baseline, const Timing& fused) {
+  if (!baseline) return std::nullopt;
+  return baseline->seconds / fused.seconds;
+}
+
+std::optional<double> milliseconds(const std::optional<Timing>& t) {
+  if (!t) return std::nullopt;
+  return t->seconds * 1e3;
+}
+
+std::string cell(const std::optional<double>& x, const char* pattern) { return x ? format(pattern, *x) : "n/a"; }
+
+std::string shape_line(const BenchReport& r) {
+  return format("B=%lld S=%lld N=%lld K=%lld V=%lld %s chunk=%d threads=%d", (long long)r.B, (long long)r.S,
+                (long long)r.N, (long long)r.K, (long long)r.V, r.dtype.c_str(), r.chunk, r.threads);
+}
+
+}  // namespace
+
+Standing standing(const BenchReport& r, const Timing& t) {
+  const Ceilings& c = r.ceilings;
+  const double compute_seconds = t.flops / (compute_peak(r) * 1e9);
+  const double memory_seconds = t.bytes / (c.copy_gbs.all * 1e9);
+  Standing s;
+  s.compute_bound = compute_seconds >= memory_seconds;
+  s.percent_of_bound = std::max(compute_seconds, memory_seconds) / t.seconds * 100;
+  if (c.bf16_gflops) s.percent_of_bf16_peak = t.gflops() / c.bf16_gflops->all * 100;
+  return s;
+}
+
+void write_markdown(const BenchReport& r, std::ostream& out) {
+  const Ceilings& c = r.ceilings;
+  out << "flat bench: " << shape_line(r) << "\n";
+  out << "fused kernels on " << r.isa << ", chunk products on "
+      << (r.bf16_unit ? "bf16 dot products" : "fp32 FMA") << "\n\n";
+
+  out << "Ceilings, measured in this run (best of a few):\n\n";
+  out << format("| ceiling | 1 thread | %d threads |\n|---|---:|---:|\n", c.threads);
+  out << format("| copy bandwidth GB/s (2 x %lld MiB, read + written) | %.1f | %.1f |\n",
+                (long long)(c.copy_bytes >> 20), c.copy_gbs.one, c.copy_gbs.all);
+  out << format("| fp32 FMA peak GFLOP/s (%s) | %.1f | %.1f |\n", c.fp32_loop.c_str(), c.fp32_gflops.one,
+                c.fp32_gflops.all);
+  if (c.bf16_gflops)
+    out << format("| bf16 dot-product peak GFLOP/s (avx512_bf16) | %.1f | %.1f |\n", c.bf16_gflops->one,
+                  c.bf16_gflops->all);
+  else
+    out << "| bf16 dot-product peak GFLOP/s | none on this CPU | none on this CPU |\n";
+
+  out << format("\nFused kernels on %d threads, median of %d runs after a warm-up (fwd+bwd: the sum of the two):\n\n",
+                r.threads, r.repeats);
+  out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | bound | % of bound | % of bf16 peak |\n"
+         "|---|---|---:|---:|---:|---:|---|---:|---:|\n";
+  for (const KernelResult& k : r.kernels) {
+    const Timing& t = k.fused;
+    const Standing s = standing(r, t);
+    out << format("| %-6s | %-8s | %8.2f | %7.1f | %6.1f | %6.1f | %-7s | %5.1f | %s |\n", k.variant.c_str(),
+                  k.pass.c_str(), t.seconds * 1e3, t.gflops(), t.gbs(), t.intensity(),
+                  s.compute_bound ? "compute" : "memory", s.percent_of_bound,
+                  cell(s.percent_of_bf16_peak, "%5.1f").c_str());
+  }
+
+  out << format("\nBaselines on the same inputs in this run, median of %d runs after a warm-up; speedup = their "
+                "time / the fused time. The fused kernels on 1 thread, and their scaling to %d threads:\n\n",
+                r.baseline_repeats, r.threads);
+  out << "| variant | pass | fused ms | unfused ms | speedup | recurrent fp32 ms | speedup | 1 thread ms | scaling |\n"
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const KernelResult& k : r.kernels) {
+    const std::optional<double> scaling = speedup(k.fused_1thread, k.fused);
+    out << format("| %-6s | %-8s | %8.2f | %s | %s | %s | %s | %s | %s |\n", k.variant.c_str(), k.pass.c_str(),
+                  k.fused.seconds * 1e3, cell(milliseconds(k.unfused), "%8.2f").c_str(),
+                  cell(speedup(k.unfused, k.fused), "x%.2f").c_str(), cell(milliseconds(k.recurrent), "%8.2f").c_str(),
+                  cell(speedup(k.recurrent, k.fused), "x%.2f").c_str(),
+                  cell(milliseconds(k.fused_1thread), "%8.2f").c_str(), cell(scaling, "x%.2f").c_str());
+  }
+}
+
+namespace {
+
+std::string json_number(double x) { return std::isfinite(x) ? format("%.6g", x) : "null"; }
+
+std::string json_number(const std::optional<double>& x) { return x ? json_number(*x) : "null"; }
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) out += format("\\u%04x", ch);
+    else out += ch;
+  }
+  return out + "\"";
+}
+
+std::string json_rate(const Rate& r) {
+  return "{\"one_thread\": " + json_number(r.one) + ", \"all_threads\": " + json_number(r.all) + "}";
+}
+
+std::string json_timing(const std::optional<Timing>& t) {
+  if (!t) return "null";
+  return "{\"ms\": " + json_number(t->seconds * 1e3) + ", \"flops\": " + json_number(t->flops) +
+         ", \"bytes\": " + json_number(t->bytes) + ", \"gflop_per_s\": " + json_number(t->gflops()) +
+         ", \"gb_per_s\": " + json_number(t->gbs()) + ", \"flop_per_byte\": " + json_number(t->intensity()) + "}";
+}
+
+}  // namespace
+
+void write_json(const BenchReport& r, std::ostream& out) {
+  const Ceilings& c = r.ceilings;
+  out << "{\n";
+  out << "  \"command\": \"flat bench\",\n";
+  out << format("  \"shape\": {\"B\": %lld, \"S\": %lld, \"N\": %lld, \"K\": %lld, \"V\": %lld},\n", (long long)r.B,
+                (long long)r.S, (long long)r.N, (long long)r.K, (long long)r.V);
+  out << "  \"dtype\": " << json_string(r.dtype) << ",\n";
+  out << format("  \"chunk\": %d,\n  \"threads\": %d,\n  \"repeats\": %d,\n  \"baseline_repeats\": %d,\n", r.chunk,
+                r.threads, r.repeats, r.baseline_repeats);
+  out << "  \"isa\": " << json_string(r.isa) << ",\n";
+  out << "  \"matmul_unit\": " << json_string(r.bf16_unit ? "bf16_dot" : "fp32_fma") << ",\n";
+  out << "  \"ceilings\": {\n";
+  out << format("    \"threads\": %d,\n    \"copy_buffer_bytes\": %lld,\n", c.threads, (long long)c.copy_bytes);
+  out << "    \"copy_gb_per_s\": " << json_rate(c.copy_gbs) << ",\n";
+  out << "    \"fp32_fma_gflop_per_s\": " << json_rate(c.fp32_gflops) << ",\n";
+  out << "    \"fp32_fma_loop\": " << json_string(c.fp32_loop) << ",\n";
+  out << "    \"bf16_dot_gflop_per_s\": " << (c.bf16_gflops ? json_rate(*c.bf16_gflops) : "null") << "\n";
+  out << "  },\n";
+  out << "  \"kernels\": [";
+  for (size_t i = 0; i < r.kernels.size(); ++i) {
+    const KernelResult& k = r.kernels[i];
+    const Standing s = standing(r, k.fused);
+    out << (i ? "," : "") << "\n    {";
+    out << "\"variant\": " << json_string(k.variant) << ", \"pass\": " << json_string(k.pass) << ",\n";
+    out << "     \"fused\": " << json_timing(k.fused) << ",\n";
+    out << "     \"bound\": " << json_string(s.compute_bound ? "compute" : "memory")
+        << ", \"percent_of_bound\": " << json_number(s.percent_of_bound)
+        << ", \"percent_of_bf16_dot_peak\": " << json_number(s.percent_of_bf16_peak) << ",\n";
+    out << "     \"fused_1_thread\": " << json_timing(k.fused_1thread)
+        << ", \"thread_scaling\": " << json_number(speedup(k.fused_1thread, k.fused)) << ",\n";
+    out << "     \"unfused\": " << json_timing(k.unfused)
+        << ", \"speedup_over_unfused\": " << json_number(speedup(k.unfused, k.fused)) << ",\n";
+    out << "     \"recurrent_fp32\": " << json_timing(k.recurrent)
+        << ", \"speedup_over_recurrent\": " << json_number(speedup(k.recurrent, k.fused)) << "}";
+  }
+  out << "\n  ]\n}\n";
+}
+
+namespace {
+
+// A logarithmic axis from `lo` to `hi` (whole decades) drawn from pixel `from` to pixel `to`.
+struct LogAxis {
+  double lo, hi, from, to;
+
+  // The decades around [min, max], at least one.
+  static LogAxis around(double min, double max, double from, double to) {
+    const double lo = std::pow(10.0, std::floor(std::log10(min)));
+    const double hi = std::max(lo * 10, std::pow(10.0, std::ceil(std::log10(max))));
+    return {lo, hi, from, to};
+  }
+  double at(double v) const {
+    return from + (std::log10(v) - std::log10(lo)) / (std::log10(hi) - std::log10(lo)) * (to - from);
+  }
+  double per_decade() const { return (to - from) / (std::log10(hi) - std::log10(lo)); }
+};
+
+struct Point {
+  double intensity, gflops;
+  std::string label;
+  int kind;  // index into kKinds
+};
+
+struct Kind {
+  const char* name;
+  const char* color;
+};
+constexpr Kind kKinds[] = {{"fused", "#1f77b4"}, {"unfused chunked", "#ff7f0e"}, {"recurrent fp32", "#d62728"}};
+
+// A marker per kind: circle, square, triangle.
+std::string marker(int kind, double x, double y, const std::string& title) {
+  const char* color = kKinds[kind].color;
+  const std::string tip = "<title>" + title + "</title>";
+  switch (kind) {
+    case 0: return format("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\">", x, y, color) + tip + "</circle>";
+    case 1:
+      return format("<rect x=\"%.1f\" y=\"%.1f\" width=\"9\" height=\"9\" fill=\"%s\">", x - 4.5, y - 4.5,
+                    color) +
+             tip + "</rect>";
+    default:
+      return format("<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\" fill=\"%s\">", x, y - 6, x - 5.5, y + 4,
+                    x + 5.5, y + 4, color) +
+             tip + "</polygon>";
+  }
+}
+
+std::vector<Point> roofline_points(const BenchReport& r) {
+  std::vector<Point> points;
+  for (const KernelResult& k : r.kernels) {
+    if (k.pass == "fwd+bwd") continue;  // the two passes are plotted on their own
+    const std::string label = k.variant + (k.pass == "forward" ? " fwd" : " bwd");
+    const std::optional<Timing> timings[] = {k.fused, k.unfused, k.recurrent};
+    for (int kind = 0; kind < 3; ++kind) {
+      const auto& t = timings[kind];
+      if (t && std::isfinite(t->gflops()) && t->gflops() > 0 && std::isfinite(t->intensity()) && t->intensity() > 0)
+        points.push_back({t->intensity(), t->gflops(), label, kind});
+    }
+  }
+  return points;
+}
+
+}  // namespace
+
+void write_roofline_svg(const BenchReport& r, std::ostream& out) {
+  const Ceilings& c = r.ceilings;
+  constexpr double kWidth = 960, kHeight = 640, kLeft = 80, kRight = 930, kTop = 60, kBottom = 580;
+  const double bandwidth = c.copy_gbs.all;  // GB/s: GFLOP/s per FLOP/byte
+  struct Roof {
+    std::string name;
+    double gflops;
+  };
+  std::vector<Roof> roofs = {{"fp32 FMA peak", c.fp32_gflops.all}};
+  if (c.bf16_gflops) roofs.push_back({"bf16 dot peak", c.bf16_gflops->all});
+  const std::vector<Point> points = roofline_points(r);
+
+  // The ranges hold every point, the ridges with some of the bandwidth slope below them, and
+  // margins so that no point or label sits on the frame.
+  const double inf = std::numeric_limits<double>::infinity();
+  double x_min = inf, x_max = 0, y_min = inf, y_max = 0;
+  for (const Roof& roof : roofs) {
+    x_min = std::min(x_min, roof.gflops / bandwidth / 4);
+    x_max = std::max(x_max, roof.gflops / bandwidth * 4);
+    y_min = std::min(y_min, roof.gflops / 4);
+    y_max = std::max(y_max, roof.gflops);
+  }
+  for (const Point& p : points) {
+    x_min = std::min(x_min, p.intensity);
+    x_max = std::max(x_max, p.intensity);
+    y_min = std::min(y_min, p.gflops);
+    y_max = std::max(y_max, p.gflops);
+  }
+  const LogAxis x = LogAxis::around(x_min / 2, x_max * 2, kLeft, kRight);
+  const LogAxis y = LogAxis::around(y_min / 2, y_max * 1.5, kBottom, kTop);
+
+  out << format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+                "font-family=\"sans-serif\">\n",
+                kWidth, kHeight, kWidth, kHeight);
+  out << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  out << format("<text x=\"%.0f\" y=\"30\" font-size=\"16\" text-anchor=\"middle\">flat bench roofline: %s, "
+                "%s</text>\n",
+                kWidth / 2, shape_line(r).c_str(), r.isa.c_str());
+  out << format("<clipPath id=\"plot\"><rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\"/></clipPath>\n",
+                kLeft, kTop, kRight - kLeft, kBottom - kTop);
+
+  // Decade grid with tick labels, and fainter lines at 2 to 9 times each decade.
+  out << "<g stroke=\"#eee\">\n";
+  for (double decade = x.lo; decade < x.hi; decade *= 10)
+    for (int m = 2; m <= 9; ++m)
+      out << format("<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\"/>\n", x.at(m * decade), kTop,
+                    x.at(m * decade), kBottom);
+  for (double decade = y.lo; decade < y.hi; decade *= 10)
+    for (int m = 2; m <= 9; ++m)
+      out << format("<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\"/>\n", kLeft, y.at(m * decade), kRight,
+                    y.at(m * decade));
+  out << "</g>\n<g stroke=\"#ccc\" font-size=\"12\">\n";
+  for (double v = x.lo; v <= x.hi * 1.001; v *= 10) {
+    out << format("<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\"/>", x.at(v), kTop, x.at(v), kBottom);
+    out << format("<text x=\"%.1f\" y=\"%.0f\" stroke=\"none\" text-anchor=\"middle\">%g</text>\n", x.at(v),
+                  kBottom + 18, v);
+  }
+  for (double v = y.lo; v <= y.hi * 1.001; v *= 10) {
+    out << format("<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\"/>", kLeft, y.at(v), kRight, y.at(v));
+    out << format("<text x=\"%.0f\" y=\"%.1f\" stroke=\"none\" text-anchor=\"end\">%g</text>\n", kLeft - 6,
+                  y.at(v) + 4, v);
+  }
+  out << "</g>\n";
+  out << format("<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"black\"/>\n", kLeft,
+                kTop, kRight - kLeft, kBottom - kTop);
+  out << format("<text x=\"%.0f\" y=\"%.0f\" font-size=\"13\" text-anchor=\"middle\">arithmetic intensity "
+                "(FLOP/byte)</text>\n",
+                (kLeft + kRight) / 2, kBottom + 42);
+  out << format("<text x=\"20\" y=\"%.0f\" font-size=\"13\" text-anchor=\"middle\" transform=\"rotate(-90 20 "
+                "%.0f)\">GFLOP/s</text>\n",
+                (kTop + kBottom) / 2, (kTop + kBottom) / 2);
+
+  // Roofs: the copy bandwidth up to each compute peak, then the peak.
+  out << "<g clip-path=\"url(#plot)\" fill=\"none\" stroke=\"#444\" stroke-width=\"2\">\n";
+  for (const Roof& roof : roofs) {
+    const double ridge = roof.gflops / bandwidth;
+    out << format("<polyline points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\"/>\n", x.at(x.lo), y.at(bandwidth * x.lo),
+                  x.at(ridge), y.at(roof.gflops), x.at(x.hi), y.at(roof.gflops));
+  }
+  out << "</g>\n<g font-size=\"12\" fill=\"#444\">\n";
+  for (const Roof& roof : roofs)
+    out << format("<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s, %.0f GFLOP/s</text>\n", kRight - 6,
+                  y.at(roof.gflops) - 6, roof.name.c_str(), roof.gflops);
+  // The bandwidth label along the slope, a decade right of where it enters the plot.
+  const double label_x = std::max(x.lo, y.lo / bandwidth) * 10;
+  const double angle = -std::atan2(-y.per_decade(), x.per_decade()) * 180 / std::numbers::pi;
+  out << format("<text x=\"%.1f\" y=\"%.1f\" transform=\"rotate(%.1f %.1f %.1f)\">copy %.1f GB/s</text>\n",
+                x.at(label_x), y.at(bandwidth * label_x) - 6, angle, x.at(label_x), y.at(bandwidth * label_x) - 6,
+                bandwidth);
+  out << "</g>\n";
+
+  // One labelled point per kernel pass and implementation, the label in its marker's colour. Each
+  // label takes the first of the places around its point that covers the fewest markers and
+  // labels placed before it.
+  struct Box {
+    double x0, y0, x1, y1;
+    bool overlaps(const Box& o) const { return x0 < o.x1 && o.x0 < x1 && y0 < o.y1 && o.y0 < y1; }
+  };
+  std::vector<Box> taken;
+  for (const Point& p : points) {
+    const double px = x.at(p.intensity), py = y.at(p.gflops);
+    taken.push_back({px - 6, py - 6, px + 6, py + 6});
+  }
+  constexpr double kCharWidth = 5.5, kLineHeight = 11;  // at font-size 10
+  const struct {
+    double dx, dy;
+    bool left;
+  } places[] = {{7, -4, false},  {7, 9, false},  {-7, -4, true},  {-7, 9, true},  {7, -14, false},
+                {7, 19, false}, {-7, -14, true}, {-7, 19, true}, {7, -24, false}, {7, 29, false}};
+  out << "<g font-size=\"10\">\n";
+  for (const Point& p : points) {
+    const double px = x.at(p.intensity), py = y.at(p.gflops);
+    const double width = kCharWidth * double(p.label.size());
+    auto box = [&](const auto& place) {
+      const double x0 = place.left ? px + place.dx - width : px + place.dx;
+      return Box{x0, py + place.dy - kLineHeight + 2, x0 + width, py + place.dy + 2};
+    };
+    const auto* place = &places[0];
+    auto covered = [&](const auto& candidate) {
+      return std::count_if(taken.begin(), taken.end(), [&](const Box& b) { return b.overlaps(box(candidate)); });
+    };
+    for (const auto& candidate : places)
+      if (covered(candidate) < covered(*place)) place = &candidate;
+    taken.push_back(box(*place));
+    out << marker(p.kind, px, py,
+                  format("%s %s: %.1f GFLOP/s at %.2f FLOP/byte", p.label.c_str(), kKinds[p.kind].name, p.gflops,
+                         p.intensity))
+        << format("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\"%s>%s</text>\n", px + place->dx, py + place->dy,
+                  kKinds[p.kind].color, place->left ? " text-anchor=\"end\"" : "", p.label.c_str());
+  }
+  out << "</g>\n";
+
+  // Legend.
+  out << "<g font-size=\"12\">\n";
+  for (int kind = 0; kind < 3; ++kind) {
+    const double ly = kTop + 20 + 18 * kind;
+    out << marker(kind, kLeft + 18, ly, kKinds[kind].name)
+        << format("<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", kLeft + 30, ly + 4, kKinds[kind].name);
+  }
+  out << "</g>\n</svg>\n";
+}
+
+}  // namespace flat::tool

@@ -1,0 +1,65 @@
+// The results of `flat bench` and the three ways it shows them, all from the same numbers: the
+// markdown tables on the terminal, the JSON file and the roofline plot (SVG).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ceilings.h"
+
+namespace flat::tool {
+
+// One implementation of one pass: its median time and the work counted for it
+// (docs/performance.md has the formulas).
+struct Timing {
+  double seconds = 0;
+  double flops = 0;
+  double bytes = 0;  // what it must move to and from memory
+
+  double gflops() const { return flops / seconds * 1e-9; }
+  double gbs() const { return bytes / seconds * 1e-9; }
+  double intensity() const { return flops / bytes; }  // FLOP per byte
+};
+
+// Forward then backward: times, FLOPs and bytes add up.
+Timing operator+(const Timing& a, const Timing& b);
+
+struct KernelResult {
+  std::string variant;
+  std::string pass;                          // "forward", "backward" or "fwd+bwd"
+  Timing fused;                              // on the bench's threads
+  std::optional<Timing> fused_1thread;       // absent when the bench runs on 1 thread
+  std::optional<Timing> unfused, recurrent;  // absent when a baseline could not run
+};
+
+struct BenchReport {
+  int64_t B = 0, S = 0, N = 0, K = 0, V = 0;
+  std::string dtype;
+  int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0;
+  std::string isa;        // what the fused kernels run on
+  bool bf16_unit = false;  // their chunk products run on bf16 dot products, else on fp32 FMA
+  Ceilings ceilings;
+  std::vector<KernelResult> kernels;
+};
+
+// Where a timing stands under the all-thread ceilings: it is compute bound when its FLOPs at
+// the compute peak (the unit the chunk products run on) take longer than its bytes at the copy
+// bandwidth, memory bound otherwise; `percent_of_bound` is its rate against that binding ceiling.
+struct Standing {
+  bool compute_bound = false;
+  double percent_of_bound = 0;
+  std::optional<double> percent_of_bf16_peak;  // absent without a bf16 dot-product unit
+};
+
+Standing standing(const BenchReport& report, const Timing& timing);
+
+void write_markdown(const BenchReport& report, std::ostream& out);
+void write_json(const BenchReport& report, std::ostream& out);
+// Log-log roofline: achieved GFLOP/s against FLOP per byte under the measured all-thread
+// ceilings, one point per forward and backward of every kernel and baseline.
+void write_roofline_svg(const BenchReport& report, std::ostream& out);
+
+}  // namespace flat::tool
