@@ -1,4 +1,4 @@
-// The public entry points: validate every argument, describe the problem as AdditiveParams,
+// The public entry points: validate every argument, describe the problem as Params,
 // then hand it to the CPU kernels. Nothing is written before validation has passed.
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/additive.h"
+#include "cpu/recurrence.h"
 #include "cpu/bf16.h"
 #include "flat/flat.h"
 #include "params.h"
@@ -191,9 +191,9 @@ int head_group(const std::string& name, const char* axis, int64_t heads, int64_t
 }
 
 // Validates the inputs shared by forward and backward and fills the problem description.
-AdditiveParams describe_inputs(Variant variant, const Inputs& in, const Options& options) {
+Params describe_inputs(Variant variant, const Inputs& in, const Options& options) {
   const Tensor &q = in.q, &k = in.k, &v = in.v, &g = in.g, &h0 = in.h0;
-  AdditiveParams p;
+  Params p;
   check_tensor("q", q, {{"B", -1}, {"S", -1}, {"Nq", -1}, {"K", -1}});
   const int64_t B = q.shape[0], S = q.shape[1], K = q.shape[3];
   check_head_dim("q", "K", K);
@@ -287,7 +287,7 @@ AdditiveParams describe_inputs(Variant variant, const Inputs& in, const Options&
   return p;
 }
 
-void check_state(const std::string& name, const Tensor& t, const AdditiveParams& p) {
+void check_state(const std::string& name, const Tensor& t, const Params& p) {
   check_tensor(name, t, {{"B", p.B}, {"N", p.N}, {"K", p.K}, {"V", p.V}});
   check_dtype(name, t, DType::f32, " (states are fp32)");
 }
@@ -303,8 +303,8 @@ void check_gradient(const std::string& name, const Tensor& grad, const std::stri
 
 }  // namespace
 
-AdditiveParams describe_forward(Variant variant, const ForwardArgs& a, const Options& options) {
-  AdditiveParams p = describe_inputs(variant, a, options);
+Params describe_forward(Variant variant, const ForwardArgs& a, const Options& options) {
+  Params p = describe_inputs(variant, a, options);
   check_tensor("y", a.y, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
   if (a.ht.present()) check_state("ht", a.ht, p);
   p.y = rows(a.y);
@@ -312,8 +312,8 @@ AdditiveParams describe_forward(Variant variant, const ForwardArgs& a, const Opt
   return p;
 }
 
-AdditiveParams describe_backward(Variant variant, const BackwardArgs& a, const Options& options) {
-  AdditiveParams p = describe_inputs(variant, a, options);
+Params describe_backward(Variant variant, const BackwardArgs& a, const Options& options) {
+  Params p = describe_inputs(variant, a, options);
   check_tensor("dy", a.dy, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
   if (a.dht.present()) check_state("dht", a.dht, p);
   check_gradient("dq", a.dq, "q", a.q);
@@ -344,11 +344,11 @@ AdditiveParams describe_backward(Variant variant, const BackwardArgs& a, const O
 }
 
 void forward(Variant variant, const ForwardArgs& args, const Options& options) {
-  cpu::additive_forward(describe_forward(variant, args, options));
+  cpu::recurrence_forward(describe_forward(variant, args, options));
 }
 
 void backward(Variant variant, const BackwardArgs& args, const Options& options) {
-  cpu::additive_backward(describe_backward(variant, args, options));
+  cpu::recurrence_backward(describe_backward(variant, args, options));
 }
 
 }  // namespace flat

@@ -31,7 +31,7 @@ struct RowView {
   }
 };
 
-struct AdditiveParams {
+struct Params {
   GateKind gate = GateKind::none;
   int B = 0, S = 0, N = 0, K = 0, V = 0;
   // Head sharing: head n reads input head n / group_x.
@@ -60,7 +60,7 @@ struct AdditiveParams {
 // Validates the arguments of forward / backward exactly as the public entry points do (throwing
 // flat::Error, writing nothing) and describes the problem. For internal callers such as the
 // benchmark's baselines, which run other implementations on the same arguments.
-AdditiveParams describe_forward(Variant variant, const ForwardArgs& args, const Options& options);
-AdditiveParams describe_backward(Variant variant, const BackwardArgs& args, const Options& options);
+Params describe_forward(Variant variant, const ForwardArgs& args, const Options& options);
+Params describe_backward(Variant variant, const BackwardArgs& args, const Options& options);
 
 }  // namespace flat

@@ -1,5 +1,5 @@
 // The benchmark's baselines (src/baseline/baselines.h) against the float64 oracle on the same
-// rounded inputs, called as `flat bench` calls them: on the AdditiveParams that
+// rounded inputs, called as `flat bench` calls them: on the Params that
 // describe_forward / describe_backward make of the arguments. Same bounds as the kernels.
 #include <gtest/gtest.h>
 
@@ -14,11 +14,11 @@
 namespace flat::test {
 namespace {
 
-template <void (*Run)(const AdditiveParams&)>
+template <void (*Run)(const Params&)>
 void forward_with(Variant variant, const ForwardArgs& args, const Options& options) {
   Run(describe_forward(variant, args, options));
 }
-template <void (*Run)(const AdditiveParams&)>
+template <void (*Run)(const Params&)>
 void backward_with(Variant variant, const BackwardArgs& args, const Options& options) {
   Run(describe_backward(variant, args, options));
 }

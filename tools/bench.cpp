@@ -365,7 +365,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
   const Options options = w.options(o, threads), one_thread = w.options(o, 1);
   const ForwardArgs fa = w.forward_args();
   const BackwardArgs ba = w.backward_args();
-  const AdditiveParams fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
+  const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
   const int baseline_repeats = report.baseline_repeats;
 
   auto fused = [&](const std::string& what, int repeats, const std::function<void()>& run) {

@@ -10,13 +10,13 @@ namespace flat::baseline {
 // The step-by-step recurrence in fp32, one token at a time, as CPU inference engines run it
 // (llama.cpp's ggml ops): H <- Diag(a_t) H + k_t v_t^T, y_t = scale H^T q_t. The backward walks
 // the tokens in reverse from fp32 checkpoints of the state.
-void recurrent_forward(const AdditiveParams& p);
-void recurrent_backward(const AdditiveParams& p);
+void recurrent_forward(const Params& p);
+void recurrent_backward(const Params& p);
 
 // The same chunkwise algorithm as the fused kernels, left unfused the way a framework runs it:
 // the state-passing pass writes every chunk-start state to memory, then a separate pass reads
 // them back to compute the outputs (backward: the dH of every chunk likewise).
-void unfused_forward(const AdditiveParams& p);
-void unfused_backward(const AdditiveParams& p);
+void unfused_forward(const Params& p);
+void unfused_backward(const Params& p);
 
 }  // namespace flat::baseline

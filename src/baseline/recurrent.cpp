@@ -14,7 +14,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/additive.h"
+#include "cpu/recurrence.h"
 #include "cpu/isa.h"
 #include "cpu/parallel.h"
 #include "cpu/rows.h"
@@ -116,7 +116,7 @@ void l2norm_backward(const float* x_hat, float rstd, float* d, int K) {
 // channel (1 without a gate; a grouped gate spread over its channels), and the delta rule's
 // erase and write rows bt = b * k [K], vt = w * v [Vp] (b = w = beta but for gdn2).
 struct Tokens {
-  Tokens(const AdditiveParams& p, int capacity)
+  Tokens(const Params& p, int capacity)
       : K(p.K), V(p.V), Vp(padded(p.V)), W(p.gate == GateKind::channel ? p.K : 1) {
     q.resize(size_t(capacity) * K);
     k.resize(size_t(capacity) * K);
@@ -142,7 +142,7 @@ struct Tokens {
   float gate(int i, int c) const { return decay[size_t(i) * W + size_t(W == 1 ? 0 : c)]; }
 
   // What the state update needs: k, v, a.
-  void load_update(const AdditiveParams& p, int b, int n, int t, int i) {
+  void load_update(const Params& p, int b, int n, int t, int i) {
     k_rstd[size_t(i)] = load_normalised(p.k, b, t, n / p.group_k, p.l2norm_qk, row(k, i, K), K);
     cpu::load_row(p.v, b, t, n / p.group_v, row(v, i, Vp), V);
     if (p.delta != Delta::none) load_strengths(p, b, n, t, i);
@@ -152,7 +152,7 @@ struct Tokens {
     cpu::load_row(p.g, b, t, n / p.group_g, a, W / G);
     for (int c = W - 1; c >= 0; --c) a[c] = std::exp(a[c / G]);
   }
-  void load_strengths(const AdditiveParams& p, int b, int n, int t, int i) {
+  void load_strengths(const Params& p, int b, int n, int t, int i) {
     float *e = row(erase, i, K), *w = row(write, i, Vp);
     if (p.delta == Delta::beta) {
       cpu::load_row(p.beta, b, t, n / p.group_b, &beta[size_t(i)], 1);
@@ -167,10 +167,10 @@ struct Tokens {
     for (int c = 0; c < K; ++c) bti[c] = e[c] * kk[c];
     for (int j = 0; j < Vp; ++j) vti[j] = w[j] * vv[j];
   }
-  void load_query(const AdditiveParams& p, int b, int n, int t, int i) {
+  void load_query(const Params& p, int b, int n, int t, int i) {
     q_rstd[size_t(i)] = load_normalised(p.q, b, t, n / p.group_q, p.l2norm_qk, row(q, i, K), K);
   }
-  void load_dy(const AdditiveParams& p, int b, int n, int t, int i) {
+  void load_dy(const Params& p, int b, int n, int t, int i) {
     cpu::load_row(p.dy, b, t, n, row(dy, i, Vp), V);
   }
 };
@@ -188,7 +188,7 @@ void store_state(const RowView& view, int b, int n, const float* H, int K, int V
 
 // The per-channel gate gradient row [W] of one token in the gate's own width: summed per group
 // of channels for grouped gates (a scalar gate's is already one value).
-void store_gate_gradient(const AdditiveParams& p, const cpu::GradSinks& grads, int b, int t, int n, float* dg) {
+void store_gate_gradient(const Params& p, const cpu::GradSinks& grads, int b, int t, int n, float* dg) {
   const int G = p.gate == GateKind::channel ? p.gate_group : 1;
   if (G > 1) {
     for (int x = 0; x < p.K / G; ++x) {
@@ -202,14 +202,14 @@ void store_gate_gradient(const AdditiveParams& p, const cpu::GradSinks& grads, i
 
 // fp32 buffers of one thread, reused across its (batch, head) items.
 struct Scratch {
-  Scratch(const AdditiveParams& p, int tokens, int states)
+  Scratch(const Params& p, int tokens, int states)
       : in(p, tokens), H(size_t(states) * p.K * padded(p.V)), y(size_t(padded(p.V))) {}
   Tokens in;
   std::vector<float> H;  // [states, K, Vp]
   std::vector<float> y;  // [Vp]
 };
 
-[[gnu::always_inline]] inline void forward_sequence(const AdditiveParams& p, int b, int n, Scratch& w) {
+[[gnu::always_inline]] inline void forward_sequence(const Params& p, int b, int n, Scratch& w) {
   Tokens& in = w.in;
   const int K = p.K, V = p.V, Vp = in.Vp;
   float* H = w.H.data();
@@ -229,7 +229,7 @@ struct Scratch {
 // Per (batch, head): a forward pass keeping the state before every kSegment-th token, then the
 // segments in reverse: replay the segment's states from its checkpoint (computing dq on the
 // way, dq_t = scale H_t dy_t), then walk its tokens backwards carrying dH.
-[[gnu::always_inline]] inline void backward_sequence(const AdditiveParams& p, int b, int n,
+[[gnu::always_inline]] inline void backward_sequence(const Params& p, int b, int n,
                                                      Scratch& w, const cpu::GradSinks& grads) {
   Tokens& in = w.in;
   const int K = p.K, V = p.V, Vp = in.Vp, W = in.W;
@@ -320,7 +320,7 @@ struct Scratch {
   }
 }
 
-[[gnu::always_inline]] inline void delta_forward_sequence(const AdditiveParams& p, int b, int n, Scratch& w) {
+[[gnu::always_inline]] inline void delta_forward_sequence(const Params& p, int b, int n, Scratch& w) {
   Tokens& in = w.in;
   const int K = p.K, V = p.V, Vp = in.Vp;
   float* H = w.H.data();
@@ -340,7 +340,7 @@ struct Scratch {
 // with dH the gradient wrt H_t (after scale q dy^T):
 //   dk = dH r,  dr = dH^T k,  dH' = dH - bt dr^T,  dbt = -H' dr,  dlog a_c = <dH'_c, H'_c>,
 //   dH_{t-1} = a dH';  then dvt = dr, and through bt = b k, vt = w v.
-[[gnu::always_inline]] inline void delta_backward_sequence(const AdditiveParams& p, int b, int n, Scratch& w,
+[[gnu::always_inline]] inline void delta_backward_sequence(const Params& p, int b, int n, Scratch& w,
                                                            const cpu::GradSinks& grads) {
   Tokens& in = w.in;
   const int K = p.K, V = p.V, Vp = in.Vp, W = in.W;
@@ -449,22 +449,22 @@ struct Scratch {
 
 // The walks compiled twice: for the baseline target, and for AVX-512 where the kernels run on
 // it (FLAT_ISA=generic forces the portable walks too).
-void forward_portable(const AdditiveParams& p, int b, int n, Scratch& w) {
+void forward_portable(const Params& p, int b, int n, Scratch& w) {
   if (p.delta == Delta::none) forward_sequence(p, b, n, w);
   else delta_forward_sequence(p, b, n, w);
 }
-void backward_portable(const AdditiveParams& p, int b, int n, Scratch& w, const cpu::GradSinks& g) {
+void backward_portable(const Params& p, int b, int n, Scratch& w, const cpu::GradSinks& g) {
   if (p.delta == Delta::none) backward_sequence(p, b, n, w, g);
   else delta_backward_sequence(p, b, n, w, g);
 }
 
 #if defined(__x86_64__)
-[[gnu::target("avx512f,avx512vl,avx512bw,fma")]] void forward_avx512(const AdditiveParams& p, int b, int n,
+[[gnu::target("avx512f,avx512vl,avx512bw,fma")]] void forward_avx512(const Params& p, int b, int n,
                                                                       Scratch& w) {
   if (p.delta == Delta::none) forward_sequence(p, b, n, w);
   else delta_forward_sequence(p, b, n, w);
 }
-[[gnu::target("avx512f,avx512vl,avx512bw,fma")]] void backward_avx512(const AdditiveParams& p, int b, int n,
+[[gnu::target("avx512f,avx512vl,avx512bw,fma")]] void backward_avx512(const Params& p, int b, int n,
                                                                        Scratch& w, const cpu::GradSinks& g) {
   if (p.delta == Delta::none) backward_sequence(p, b, n, w, g);
   else delta_backward_sequence(p, b, n, w, g);
@@ -482,7 +482,7 @@ bool use_avx512() {
 
 }  // namespace
 
-void recurrent_forward(const AdditiveParams& p) {
+void recurrent_forward(const Params& p) {
   auto walk = forward_portable;
 #if defined(__x86_64__)
   if (use_avx512()) walk = forward_avx512;
@@ -493,13 +493,13 @@ void recurrent_forward(const AdditiveParams& p) {
   });
 }
 
-void recurrent_backward(const AdditiveParams& p) {
+void recurrent_backward(const Params& p) {
   auto walk = backward_portable;
 #if defined(__x86_64__)
   if (use_avx512()) walk = backward_avx512;
 #endif
   // One item per head: the gradient rows are those of heads, not of packs of heads.
-  AdditiveParams per_head = p;
+  Params per_head = p;
   per_head.pack = 1;
   const cpu::Gradients grads(per_head);
   const int segments = (p.S + kSegment - 1) / kSegment;

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "baseline/baselines.h"
-#include "cpu/additive.h"
+#include "cpu/recurrence.h"
 #include "cpu/buffer.h"
 #include "cpu/parallel.h"
 #include "cpu/rows.h"
@@ -17,7 +17,7 @@ using cpu::AlignedBuffer;
 
 // [items, chunks + 1, K, pack * V]: the state before every chunk and after the last.
 struct StateSequence {
-  explicit StateSequence(const AdditiveParams& p)
+  explicit StateSequence(const Params& p)
       : per_item(cpu::state_bytes(p) / sizeof(float) * size_t(cpu::chunk_count(p) + 1)),
         memory(sizeof(float) * per_item * size_t(cpu::item_count(p))) {}
   float* item(int64_t index) const { return memory.floats() + size_t(index) * per_item; }
@@ -27,7 +27,7 @@ struct StateSequence {
 
 // Runs body(b, m, item) over every item, each thread with its own workspace.
 template <class Body>
-void over_items(const AdditiveParams& p, const cpu::SequenceKernels& kernels, Body&& body) {
+void over_items(const Params& p, const cpu::SequenceKernels& kernels, Body&& body) {
   const int items = p.N / p.pack;
   cpu::parallel_ranges(cpu::item_count(p), p.threads, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), state(cpu::state_bytes(p));
@@ -38,7 +38,7 @@ void over_items(const AdditiveParams& p, const cpu::SequenceKernels& kernels, Bo
 
 // Runs body(b, m, c, item, workspace) over every (item, chunk).
 template <class Body>
-void over_chunks(const AdditiveParams& p, const cpu::SequenceKernels& kernels, Body&& body) {
+void over_chunks(const Params& p, const cpu::SequenceKernels& kernels, Body&& body) {
   const int chunks = cpu::chunk_count(p), items = p.N / p.pack;
   cpu::parallel_ranges(cpu::item_count(p) * chunks, p.threads, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p));
@@ -50,7 +50,7 @@ void over_chunks(const AdditiveParams& p, const cpu::SequenceKernels& kernels, B
 }
 
 // Pass 1, state passing: the chunk-start states of every item to memory (and ht when asked).
-void pass_states(const AdditiveParams& p, const cpu::SequenceKernels& kernels, const StateSequence& states) {
+void pass_states(const Params& p, const cpu::SequenceKernels& kernels, const StateSequence& states) {
   over_items(p, kernels, [&](int b, int m, int64_t item, void* workspace, float* H) {
     kernels.forward(p, b, m, workspace, H, states.item(item), false);
   });
@@ -58,7 +58,7 @@ void pass_states(const AdditiveParams& p, const cpu::SequenceKernels& kernels, c
 
 }  // namespace
 
-void unfused_forward(const AdditiveParams& p) {
+void unfused_forward(const Params& p) {
   const cpu::SequenceKernels& kernels = cpu::sequence_kernels(cpu::active_isa());
   const size_t state = cpu::state_bytes(p) / sizeof(float);
   const StateSequence states(p);
@@ -69,7 +69,7 @@ void unfused_forward(const AdditiveParams& p) {
   });
 }
 
-void unfused_backward(const AdditiveParams& p) {
+void unfused_backward(const Params& p) {
   const cpu::SequenceKernels& kernels = cpu::sequence_kernels(cpu::active_isa());
   const size_t state = cpu::state_bytes(p) / sizeof(float);
   const int chunks = cpu::chunk_count(p);

@@ -1,5 +1,5 @@
-// The per-(batch, head) stages of the additive family, compiled once per instruction set
-// (src/cpu/stages.inc included by stages_<isa>.cpp). The drivers in additive.cpp own threads
+// The per-item stages of every variant (additive and delta rule), compiled once per instruction set
+// (src/cpu/stages.inc included by stages_<isa>.cpp). The drivers in recurrence.cpp own threads
 // and memory; a stage never allocates and works in the workspace it is given.
 #pragma once
 
@@ -24,31 +24,31 @@ struct GradSinks {
 
 struct SequenceKernels {
   // Bytes of workspace one thread needs (64-byte aligned by the caller).
-  size_t (*workspace_bytes)(const AdditiveParams& p);
+  size_t (*workspace_bytes)(const Params& p);
 
   // Items are (batch b, pack m of p.pack heads n = m * pack ...). H is the item's [K, pack * V]
   // state.
   // The fused forward of (b, m): H starts from h0 and ends as the final state (written to ht when
   // asked), staying in cache for the whole sequence. With `states`, also keeps the chunk-start
   // states and the final one ([chunks + 1, K, pack * V]); with `write_y`, computes and writes y.
-  void (*forward)(const AdditiveParams& p, int b, int m, void* workspace, float* H, float* states,
+  void (*forward)(const Params& p, int b, int m, void* workspace, float* H, float* states,
                   bool write_y);
 
   // The gradient pass of (b, m): chunks in reverse, carrying dH [K, V] (from dht; ends as dh0),
   // given the chunk-start states.
-  void (*backward)(const AdditiveParams& p, int b, int m, void* workspace, const float* states,
+  void (*backward)(const Params& p, int b, int m, void* workspace, const float* states,
                    float* dH, const GradSinks& sinks);
 
   // Single-chunk stages, for the unfused baseline that keeps per-chunk states in memory:
   // dH from dht (or 0), and dh0 written from dH when asked;
-  void (*initial_state_gradient)(const AdditiveParams& p, int b, int m, float* dH);
-  void (*final_state_gradient)(const AdditiveParams& p, int b, int m, const float* dH);
+  void (*initial_state_gradient)(const Params& p, int b, int m, float* dH);
+  void (*final_state_gradient)(const Params& p, int b, int m, const float* dH);
   // y of chunk c from its start state H0;
-  void (*chunk_output)(const AdditiveParams& p, int b, int m, int c, void* workspace, const float* H0);
+  void (*chunk_output)(const Params& p, int b, int m, int c, void* workspace, const float* H0);
   // dH at the chunk's end -> dH at its start, in place;
-  void (*chunk_state_gradient)(const AdditiveParams& p, int b, int m, int c, void* workspace, float* dH);
+  void (*chunk_state_gradient)(const Params& p, int b, int m, int c, void* workspace, float* dH);
   // dq, dk, dv, dg of chunk c from its start state and the gradient wrt its end state.
-  void (*chunk_gradients)(const AdditiveParams& p, int b, int m, int c, void* workspace, const float* H0,
+  void (*chunk_gradients)(const Params& p, int b, int m, int c, void* workspace, const float* H0,
                           const float* dH_end, const GradSinks& sinks);
 };
 

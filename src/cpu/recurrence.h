@@ -1,4 +1,4 @@
-// Fused chunkwise CPU kernels for the additive family (la, retnet, mamba2, gla).
+// Fused chunkwise CPU kernels for every variant: the additive family and the delta rule.
 #pragma once
 
 #include <deque>
@@ -9,25 +9,26 @@
 
 namespace flat::cpu {
 
-// y (and ht) from q, k, v, g, h0: one pass per (batch, head) with the state kept in cache.
-void additive_forward(const AdditiveParams& p);
+// y (and ht) from the inputs: one pass per item (batch, pack of heads) with the state kept in
+// cache.
+void recurrence_forward(const Params& p);
 
-// dq, dk, dv, dg, dh0 from dy, dht: per (batch, head) a state-passing pass that keeps the
-// chunk-start states, then a gradient pass over the chunks in reverse carrying dH.
-void additive_backward(const AdditiveParams& p);
+// Every input's gradient from dy, dht: per item a state-passing pass that keeps the chunk-start
+// states, then a gradient pass over the chunks in reverse carrying dH.
+void recurrence_backward(const Params& p);
 
 // Shared by the fused drivers and the baselines built from the same stages. Work items are
 // (batch, pack of p.pack heads): item_count of them, each with a [K, pack * V] state.
-size_t state_bytes(const AdditiveParams& p);
-int chunk_count(const AdditiveParams& p);
-int64_t item_count(const AdditiveParams& p);
+size_t state_bytes(const Params& p);
+int chunk_count(const Params& p);
+int64_t item_count(const Params& p);
 
 // Where each item's gradients go: straight to the outputs, or, for an input several items share,
 // to fp32 scratch that finish() reduces over them in a fixed order (and, for retnet's
 // per-sequence gate, over batch and tokens, in float64).
 class Gradients {
  public:
-  explicit Gradients(const AdditiveParams& p);
+  explicit Gradients(const Params& p);
   void finish() const;
 
   GradSinks sinks;
@@ -42,7 +43,7 @@ class Gradients {
   };
   void add(RowView& sink, const RowView& out, int rows, int group, int width, bool over_sequence);
 
-  const AdditiveParams& p_;
+  const Params& p_;
   std::deque<Reduction> reductions_;  // stable addresses: the sinks point into the scratch
 };
 

@@ -1,7 +1,7 @@
-// Drivers of the additive family: thread partition over (batch, head), per-thread workspaces,
-// and the fixed-order reductions over heads that share an input. The math of one (batch, head)
-// lives in the stages (stages.inc), compiled per instruction set and picked at run time.
-#include "cpu/additive.h"
+// Drivers of the recurrences: thread partition over items (batch, pack of heads), per-thread
+// workspaces, and the fixed-order reductions over items that share an input. The math of one
+// item lives in the stages (stages.inc), compiled per instruction set and picked at run time.
+#include "cpu/recurrence.h"
 
 #include <algorithm>
 #include <vector>
@@ -17,15 +17,15 @@ const SequenceKernels& sequence_kernels(Isa isa) {
   return isa == Isa::avx512 ? avx512::sequence_kernels() : generic::sequence_kernels();
 }
 
-size_t state_bytes(const AdditiveParams& p) { return sizeof(float) * size_t(p.K) * p.V * p.pack; }
-int chunk_count(const AdditiveParams& p) { return (p.S + p.chunk - 1) / p.chunk; }
-int64_t item_count(const AdditiveParams& p) { return int64_t(p.B) * (p.N / p.pack); }
+size_t state_bytes(const Params& p) { return sizeof(float) * size_t(p.K) * p.V * p.pack; }
+int chunk_count(const Params& p) { return (p.S + p.chunk - 1) / p.chunk; }
+int64_t item_count(const Params& p) { return int64_t(p.B) * (p.N / p.pack); }
 
 namespace {
 
 // out(b, s, x) = sum over the scratch rows x*group .. x*group+group-1 of scratch(b, s, .), in that
 // order. With over_sequence (retnet's per-head gate) out(x) also sums over b, then s.
-void reduce_heads(const AdditiveParams& p, const RowView& scratch, const RowView& out, int rows, int group,
+void reduce_heads(const Params& p, const RowView& scratch, const RowView& out, int rows, int group,
                   int width, bool over_sequence) {
   const int Nx = rows / group;
   std::vector<float> row(static_cast<size_t>(width));
@@ -69,7 +69,7 @@ void reduce_heads(const AdditiveParams& p, const RowView& scratch, const RowView
 // Per-item gradients (inputs the packed heads share: q, k, g, beta, b) are rows of item m; per-head
 // ones (v, w) rows of head n. Either goes straight to its output when exactly one row feeds each
 // output row, else to scratch that finish() reduces.
-Gradients::Gradients(const AdditiveParams& p) : p_(p) {
+Gradients::Gradients(const Params& p) : p_(p) {
   const int items = p.N / p.pack;
   const int gate_width = p.gate == GateKind::channel ? p.K / p.gate_group : 1;
   add(sinks.dq, p.dq, items, p.group_q / p.pack, p.K, false);
@@ -103,7 +103,7 @@ void Gradients::finish() const {
   for (const Reduction& r : reductions_) reduce_heads(p_, r.view, r.out, r.rows, r.group, r.width, r.over_sequence);
 }
 
-void additive_forward(const AdditiveParams& p) {
+void recurrence_forward(const Params& p) {
   const SequenceKernels& kernels = sequence_kernels(active_isa());
   parallel_ranges(item_count(p), p.threads, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p));
@@ -113,7 +113,7 @@ void additive_forward(const AdditiveParams& p) {
   });
 }
 
-void additive_backward(const AdditiveParams& p) {
+void recurrence_backward(const Params& p) {
   const SequenceKernels& kernels = sequence_kernels(active_isa());
   Gradients grads(p);
   parallel_ranges(item_count(p), p.threads, [&](int64_t begin, int64_t end) {
