@@ -14,9 +14,7 @@
 
 namespace flat {
 
-std::string_view activation_name(Activation activation) {
-  return activation == Activation::silu ? "silu" : "none";
-}
+std::string_view activation_name(Activation activation) { return activation == Activation::silu ? "silu" : "none"; }
 
 Activation parse_activation(std::string_view name) {
   for (Activation a : {Activation::none, Activation::silu})
@@ -74,14 +72,13 @@ void check_tensor(const std::string& name, const Tensor& t, const std::vector<Ax
     if (t.stride[d] < 0) fail(name, std::string("negative stride on axis ") + axes[d].name);
   }
   if (t.stride[axes.size() - 1] != 1)
-    fail(name, "the last axis must be contiguous (stride 1), got stride " +
-                   std::to_string(t.stride[axes.size() - 1]));
+    fail(name, "the last axis must be contiguous (stride 1), got stride " + std::to_string(t.stride[axes.size() - 1]));
 }
 
 void check_dtype(const std::string& name, const Tensor& t, DType expected, const std::string& why) {
   if (t.dtype != expected)
-    fail(name, "expected dtype " + std::string(dtype_name(expected)) + why + ", got " +
-                   std::string(dtype_name(t.dtype)));
+    fail(name,
+         "expected dtype " + std::string(dtype_name(expected)) + why + ", got " + std::string(dtype_name(t.dtype)));
 }
 
 void check_f32(const std::string& name, const Tensor& t, const std::vector<Axis>& axes, const char* why) {
@@ -103,8 +100,7 @@ RowView rows3(const Tensor& t) {
 
 // The state tensors: [B, C, W-1] fp32 when W > 1; with W = 1 there is no state to pass.
 void check_state(const std::string& name, const Tensor& t, const ConvParams& p) {
-  if (p.W == 1)
-    fail(name, "W = 1 keeps no state (W-1 = 0 inputs), expected no tensor, got shape " + shape_string(t));
+  if (p.W == 1) fail(name, "W = 1 keeps no state (W-1 = 0 inputs), expected no tensor, got shape " + shape_string(t));
   check_f32(name, t, {{"B", p.B}, {"C", p.C}, {"W-1", p.W - 1}}, " (states are fp32)");
 }
 
@@ -122,8 +118,7 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options) {
   p.W = int(in.weight.shape[1]);
   if (in.bias.present()) check_f32("bias", in.bias, {{"C", p.C}}, " (the bias is fp32)");
   if (in.state0.present()) check_state("state0", in.state0, p);
-  if (options.threads < 0)
-    fail("options.threads", "expected 0 (all) or more, got " + std::to_string(options.threads));
+  if (options.threads < 0) fail("options.threads", "expected 0 (all) or more, got " + std::to_string(options.threads));
   if (options.activation != Activation::none && options.activation != Activation::silu)
     fail("options.activation", "expected none or silu");
 

@@ -186,6 +186,61 @@ TEST_P(ConvKernels, MatchOracle) {
 INSTANTIATE_TEST_SUITE_P(Sweep, ConvKernels, ::testing::ValuesIn(sweep()),
                          [](const ::testing::TestParamInfo<ConvCase>& info) { return info.param.name(); });
 
+// W = 5, 6 and 7 (fewer positions per group than W <= 4) over two sequence blocks.
+TEST(Conv, OtherTapCounts) {
+  for (int W : {5, 6, 7})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      ConvCase c;
+      c.x_dtype = c.y_dtype = dtype;
+      c.B = 2;
+      c.S = cpu::kConvSeqBlock + 45;
+      c.C = 35;
+      c.W = W;
+      c.state0 = c.state = c.dstate = c.dstate0 = true;
+      SCOPED_TRACE(c.name());
+      const ConvData d(c);
+      const ref::ConvOutputs want = ref::conv_forward(d.problem, d.in);
+      const ref::ConvGradients dwant = ref::conv_backward(d.problem, d.in, d.dy, d.dstate);
+      const Tolerances tol = tolerances(c);
+      for (const cpu::ConvKernels* kernels : cpu::conv_kernels_supported()) {
+        SCOPED_TRACE(kernels->name);
+        const ConvResults got = run_conv(d, true, 2, kernels);
+        expect_close("y", got.y, want.y, tol.outputs);
+        expect_close("state", got.state, want.state, tol.outputs);
+        expect_close("dx", got.dx, dwant.dx, tol.gradients);
+        expect_close("dweight", got.dweight, dwant.dweight, tol.gradients);
+        expect_close("dbias", got.dbias, dwant.dbias, tol.gradients);
+        expect_close("dstate0", got.dstate0, dwant.dstate0, tol.gradients);
+      }
+    }
+}
+
+// Pre-activations in the hundreds: the SiLU's tails (sigmoid 0 or 1 to fp32 precision, its
+// exponential clamped) stay finite and accurate.
+TEST(Conv, LargeActivations) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    ConvCase c;
+    c.x_dtype = c.y_dtype = dtype;
+    c.B = 1;
+    c.S = 200;
+    c.C = 40;
+    c.x_scale = 300.0;
+    SCOPED_TRACE(c.name());
+    const ConvData d(c);
+    const ref::ConvOutputs want = ref::conv_forward(d.problem, d.in);
+    const ref::ConvGradients dwant = ref::conv_backward(d.problem, d.in, d.dy, d.dstate);
+    const Tolerances tol = tolerances(c);
+    for (const cpu::ConvKernels* kernels : cpu::conv_kernels_supported()) {
+      SCOPED_TRACE(kernels->name);
+      const ConvResults got = run_conv(d, true, 2, kernels);
+      expect_close("y", got.y, want.y, tol.outputs);
+      expect_close("dx", got.dx, dwant.dx, tol.gradients);
+      expect_close("dweight", got.dweight, dwant.dweight, tol.gradients);
+      expect_close("dbias", got.dbias, dwant.dbias, tol.gradients);
+    }
+  }
+}
+
 // The final state is exactly the last W-1 inputs, as stored (no rounding).
 TEST(Conv, FinalStateIsTheLastInputs) {
   ConvCase c;
@@ -267,8 +322,8 @@ constexpr int64_t kB = 2, kS = 6, kC = 20, kW = 4;
 
 struct Buffers {
   std::vector<float> x = std::vector<float>(kB * kS * kC, 0.5f), weight = std::vector<float>(kC * kW, 0.25f),
-                     bias = std::vector<float>(kC, 0.1f), state0 = std::vector<float>(kB * kC * (kW - 1), 0.f),
-                     dy = x, dstate = state0;
+                     bias = std::vector<float>(kC, 0.1f), state0 = std::vector<float>(kB * kC * (kW - 1), 0.f), dy = x,
+                     dstate = state0;
   std::vector<uint16_t> half = std::vector<uint16_t>(kB * kS * kC, 0);
   // Outputs, poisoned.
   std::vector<float> y = nan(x.size()), state = nan(state0.size()), dx = nan(x.size()), dweight = nan(weight.size()),
@@ -343,28 +398,50 @@ std::vector<Break> breaks() {
   using G = ConvBackwardArgs;
   return {
       {"x missing", [](Buffers&, F& f, G& g) { f.x = g.x = Tensor{}; }, "flat: x: required tensor is missing"},
-      {"x rank", [](Buffers& b, F& f, G& g) { f.x = g.x = f32(b.x, {kB, kS, kC, 1}); },
+      {"x rank",
+       [](Buffers& b, F& f, G& g) {
+         f.x = g.x = f32(b.x, {kB, kS, kC, 1});
+       },
        "flat: x: expected rank 3 [B, S, C], got rank 4 [2, 6, 20, 1]"},
-      {"S = 0", [](Buffers& b, F& f, G& g) { f.x = g.x = f32(b.x, {kB, 0, kC}); },
+      {"S = 0",
+       [](Buffers& b, F& f, G& g) {
+         f.x = g.x = f32(b.x, {kB, 0, kC});
+       },
        "flat: x: axis S must be at least 1, got 0"},
       {"x null", [](Buffers&, F& f, G& g) { f.x.data = g.x.data = nullptr; }, "flat: x: null data pointer"},
       {"x channel stride",
-       [](Buffers& b, F& f, G& g) { f.x = g.x = Tensor::strided(b.x.data(), DType::f32, {kB, kS, kC / 2}, {kS * kC, kC, 2}); },
+       [](Buffers& b, F& f, G& g) {
+         f.x = g.x = Tensor::strided(b.x.data(), DType::f32, {kB, kS, kC / 2}, {kS * kC, kC, 2});
+       },
        "flat: x: the last axis must be contiguous"},
       {"weight missing", [](Buffers&, F& f, G& g) { f.weight = g.weight = Tensor{}; },
        "flat: weight: required tensor is missing"},
-      {"weight C", [](Buffers& b, F& f, G& g) { f.weight = g.weight = f32(b.weight, {kC - 1, kW}); },
+      {"weight C",
+       [](Buffers& b, F& f, G& g) {
+         f.weight = g.weight = f32(b.weight, {kC - 1, kW});
+       },
        "flat: weight: expected shape [C=20, W], got [19, 4]"},
-      {"W = 9", [](Buffers& b, F& f, G& g) { f.weight = g.weight = f32(b.weight, {kC / 5, 9}); },
+      {"W = 9",
+       [](Buffers& b, F& f, G& g) {
+         f.weight = g.weight = f32(b.weight, {kC / 5, 9});
+       },
        "flat: weight: W = 9 taps is not supported (1 to 8)"},
-      {"W = 0", [](Buffers& b, F& f, G& g) { f.weight = g.weight = f32(b.weight, {kC, 0}); },
+      {"W = 0",
+       [](Buffers& b, F& f, G& g) {
+         f.weight = g.weight = f32(b.weight, {kC, 0});
+       },
        "flat: weight: axis W must be at least 1, got 0"},
       {"weight bf16",
-       [](Buffers& b, F& f, G& g) { f.weight = g.weight = Tensor::contiguous(b.half.data(), DType::bf16, {kC, kW}); },
+       [](Buffers& b, F& f, G& g) {
+         f.weight = g.weight = Tensor::contiguous(b.half.data(), DType::bf16, {kC, kW});
+       },
        "flat: weight: expected dtype f32 (weights are fp32), got bf16"},
       {"bias shape", [](Buffers& b, F& f, G& g) { f.bias = g.bias = f32(b.bias, {kC - 2}); },
        "flat: bias: expected shape [C=20], got [18]"},
-      {"state0 shape", [](Buffers& b, F& f, G& g) { f.state0 = g.state0 = f32(b.state0, {kB, kC, kW}); },
+      {"state0 shape",
+       [](Buffers& b, F& f, G& g) {
+         f.state0 = g.state0 = f32(b.state0, {kB, kC, kW});
+       },
        "flat: state0: expected shape [B=2, C=20, W-1=3], got [2, 20, 4]"},
       {"state0 with W = 1",
        [](Buffers& b, F& f, G& g) {
@@ -398,23 +475,41 @@ TEST(ConvErrors, BadOutputsNamedAndNothingWritten) {
     bool forward;
   };
   const std::vector<OutBreak> cases = {
-      {"y missing", [](Buffers&, ConvArgs& f, ConvBackwardArgs&) { f.y = Tensor{}; }, "flat: y: required tensor is missing", true},
-      {"y shape", [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) { f.y = f32(b.y, {kB, kS - 1, kC}); },
+      {"y missing", [](Buffers&, ConvArgs& f, ConvBackwardArgs&) { f.y = Tensor{}; },
+       "flat: y: required tensor is missing", true},
+      {"y shape",
+       [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) {
+         f.y = f32(b.y, {kB, kS - 1, kC});
+       },
        "flat: y: expected shape [B=2, S=6, C=20], got [2, 5, 20]", true},
       {"state bf16",
-       [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) { f.state = Tensor::contiguous(b.half.data(), DType::bf16, {kB, kC, kW - 1}); },
+       [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) {
+         f.state = Tensor::contiguous(b.half.data(), DType::bf16, {kB, kC, kW - 1});
+       },
        "flat: state: expected dtype f32 (states are fp32), got bf16", true},
-      {"dy shape", [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) { g.dy = f32(b.dy, {kB, kS, kC - 1}); },
+      {"dy shape",
+       [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) {
+         g.dy = f32(b.dy, {kB, kS, kC - 1});
+       },
        "flat: dy: expected shape [B=2, S=6, C=20], got [2, 6, 19]", false},
-      {"dstate shape", [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) { g.dstate = f32(b.dstate, {kB, kC}); },
+      {"dstate shape",
+       [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) {
+         g.dstate = f32(b.dstate, {kB, kC});
+       },
        "flat: dstate: expected rank 3", false},
       {"dx dtype",
-       [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) { g.dx = Tensor::contiguous(b.half.data(), DType::bf16, {kB, kS, kC}); },
+       [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) {
+         g.dx = Tensor::contiguous(b.half.data(), DType::bf16, {kB, kS, kC});
+       },
        "flat: dx: expected dtype f32 (the dtype of x), got bf16", false},
-      {"dx missing", [](Buffers&, ConvArgs&, ConvBackwardArgs& g) { g.dx = Tensor{}; }, "flat: dx: required tensor is missing", false},
+      {"dx missing", [](Buffers&, ConvArgs&, ConvBackwardArgs& g) { g.dx = Tensor{}; },
+       "flat: dx: required tensor is missing", false},
       {"dweight missing", [](Buffers&, ConvArgs&, ConvBackwardArgs& g) { g.dweight = Tensor{}; },
        "flat: dweight: required tensor is missing", false},
-      {"dweight shape", [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) { g.dweight = f32(b.dweight, {kW, kC}); },
+      {"dweight shape",
+       [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) {
+         g.dweight = f32(b.dweight, {kW, kC});
+       },
        "flat: dweight: expected shape [C=20, W=4], got [4, 20]", false},
       {"dweight null", [](Buffers&, ConvArgs&, ConvBackwardArgs& g) { g.dweight.data = nullptr; },
        "flat: dweight: null data pointer", false},
@@ -422,7 +517,10 @@ TEST(ConvErrors, BadOutputsNamedAndNothingWritten) {
        "flat: dbias: required tensor is missing", false},
       {"dbias without bias", [](Buffers&, ConvArgs&, ConvBackwardArgs& g) { g.bias = Tensor{}; },
        "flat: dbias: given, but there is no bias", false},
-      {"dstate0 shape", [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) { g.dstate0 = f32(b.dstate0, {kB, kC - 1, kW - 1}); },
+      {"dstate0 shape",
+       [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) {
+         g.dstate0 = f32(b.dstate0, {kB, kC - 1, kW - 1});
+       },
        "flat: dstate0: expected shape [B=2, C=20, W-1=3], got [2, 19, 3]", false},
   };
   for (const OutBreak& brk : cases) {

@@ -15,7 +15,7 @@ std::string ConvCase::name() const {
   s << "x" << dtype_name(x_dtype) << "_y" << dtype_name(y_dtype) << "_B" << B << "_S" << S << "_C" << C << "_W" << W
     << "_" << activation_name(activation) << (bias ? "_bias" : "") << (state0 ? "_state0" : "")
     << (state ? "_state" : "") << (dstate ? "_dstate" : "") << (dstate0 ? "_dstate0" : "")
-    << (strided ? "_strided" : "") << "_T" << threads;
+    << (strided ? "_strided" : "") << "_T" << threads << (x_scale != 1.0 ? "_scaled" : "");
   return s.str();
 }
 
@@ -112,7 +112,7 @@ ConvData::ConvData(const ConvCase& c_) : c(c_) {
   problem.activation = c.activation;
   std::mt19937_64 rng(c.seed * 7919 + uint64_t(c.W) * 131 + uint64_t(c.S));
   const size_t BSC = size_t(c.B) * c.S * c.C, state = size_t(c.B) * c.C * (c.W - 1);
-  in.x = normal(rng, BSC, c.x_dtype, 1.0);
+  in.x = normal(rng, BSC, c.x_dtype, c.x_scale);
   in.weight = normal(rng, size_t(c.C) * c.W, DType::f32, 0.6);
   if (c.bias) in.bias = normal(rng, size_t(c.C), DType::f32, 0.5);
   if (c.state0) in.state0 = normal(rng, state, DType::f32, 1.0);
@@ -130,8 +130,8 @@ ConvResults run_conv(const ConvData& d, bool backward, int threads, const cpu::C
   std::vector<float> weight(d.in.weight.begin(), d.in.weight.end()), bias(d.in.bias.begin(), d.in.bias.end()),
       state0(d.in.state0.begin(), d.in.state0.end()), dstate(d.dstate.begin(), d.dstate.end());
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> state(size_t(c.B) * c.C * std::max(K, 0), nan), dstate0 = state,
-      dweight(size_t(c.C) * c.W, nan), dbias(size_t(c.C), nan);
+  std::vector<float> state(size_t(c.B) * c.C * std::max(K, 0), nan), dstate0 = state, dweight(size_t(c.C) * c.W, nan),
+                                                                     dbias(size_t(c.C), nan);
 
   ConvInputs in;
   in.x = x.view();

@@ -24,6 +24,7 @@ struct ConvCase {
   bool strided = false;  // x, y, dy, dx as column blocks of wider rows, batches apart
   int threads = 2;
   uint64_t seed = 1;
+  double x_scale = 1.0;  // of the inputs: large values drive the SiLU far into its tails
 
   std::string name() const;
 };

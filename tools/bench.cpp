@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "baseline/baselines.h"
+#include "bench_conv.h"
 #include "ceilings.h"
 #include "cpu/isa.h"
 #include "flat/flat.h"
@@ -41,6 +42,7 @@ struct BenchOptions {
   Solve solve = Solve::automatic;
   // sla's own shape (SLA-R4): keys this wide, shared by this many value heads (N / R key heads).
   int64_t sla_K = 256, sla_R = 4;
+  bool conv = true;  // the short convolution at its own shape (tools/bench_conv.h)
   std::string json, plot;       // output files, empty for none
   bool quick_ceilings = false;  // milliseconds of ceiling measurement instead of seconds (tests)
 };
@@ -316,7 +318,10 @@ BenchOptions parse(const std::vector<std::string>& args) {
       if (dims.size() != 5) throw Error("flat bench: --shape expects B,S,N,K,V, got '" + text + "'");
       o.B = dims[0], o.S = dims[1], o.N = dims[2], o.K = dims[3], o.V = dims[4];
     } else if (a == "--variant") {
-      o.variants = {parse_variant(value())};
+      const std::string& name = value();
+      o.conv = name == "conv";
+      o.variants.clear();
+      if (!o.conv) o.variants.push_back(parse_variant(name));
     } else if (a == "--threads") {
       o.threads = int(parse_integer(a, value(), 0));
     } else if (a == "--dtype") {
@@ -449,6 +454,8 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   }
 
   BenchReport report;
+  ConvBenchOptions conv;
+  std::vector<ConvBenchResult> conv_results;
   report.B = o.B, report.S = o.S, report.N = o.N, report.K = o.K, report.V = o.V;
   report.dtype = dtype_name(o.dtype);
   report.chunk = o.chunk;
@@ -465,12 +472,23 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     const double ceiling_seconds = seconds([&] { report.ceilings = measure_ceilings(threads, o.quick_ceilings); });
     progress.finish(ceiling_seconds);
     for (Variant variant : o.variants) bench_variant(variant, o, threads, progress, report);
+    if (o.conv) {
+      conv.threads = threads;
+      conv.dtype = o.dtype;
+      conv.repeats = o.repeats;
+      conv.baseline_repeats = report.baseline_repeats;
+      conv_results = bench_conv(conv, &err);
+    }
   } catch (const std::exception& e) {
     err << "\nflat bench: " << e.what() << "\n";
     return 1;
   }
 
   write_markdown(report, out);
+  if (o.conv) {
+    out << "\n";
+    write_conv_markdown(conv, conv_results, report.ceilings.copy_gbs.all, out);
+  }
   const std::pair<std::ofstream*, void (*)(const BenchReport&, std::ostream&)> files[] = {{&json, write_json},
                                                                                           {&plot, write_roofline_svg}};
   for (const auto& [file, write] : files) {

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <new>
 #include <ostream>
 #include <thread>
 
@@ -41,27 +43,37 @@ std::vector<float> values(size_t n, uint64_t seed, float scale) {
   return out;
 }
 
+// 64-byte aligned storage, as a framework's allocator gives.
+template <class T>
+struct Aligned {
+  explicit Aligned(size_t n) : count(n), data(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64))) {
+    if (!data) throw std::bad_alloc();
+  }
+  ~Aligned() { std::free(data); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  size_t count;
+  T* data;
+};
+
 // A [B, S, C] tensor in the bench's dtype.
 struct Sequence {
   DType dtype;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  Sequence(DType d, const std::vector<float>& v) : dtype(d) {
-    if (d == DType::bf16) {
-      bf16.resize(v.size());
-      std::transform(v.begin(), v.end(), bf16.begin(), to_bf16);
-    } else {
-      f32 = v;
-    }
+  Aligned<uint16_t> bf16;
+  Aligned<float> f32;
+  Sequence(DType d, const std::vector<float>& v)
+      : dtype(d), bf16(d == DType::bf16 ? v.size() : 0), f32(d == DType::f32 ? v.size() : 0) {
+    if (d == DType::bf16) std::transform(v.begin(), v.end(), bf16.data, to_bf16);
+    else std::copy(v.begin(), v.end(), f32.data);
   }
   Tensor view(const ConvBenchOptions& o) {
-    void* data = dtype == DType::bf16 ? static_cast<void*>(bf16.data()) : f32.data();
+    void* data = dtype == DType::bf16 ? static_cast<void*>(bf16.data) : f32.data;
     return Tensor::contiguous(data, dtype, {o.B, o.S, o.C});
   }
   std::vector<float> widened() const {
-    if (dtype == DType::f32) return f32;
-    std::vector<float> out(bf16.size());
-    std::transform(bf16.begin(), bf16.end(), out.begin(), from_bf16);
+    if (dtype == DType::f32) return {f32.data, f32.data + f32.count};
+    std::vector<float> out(bf16.count);
+    std::transform(bf16.data, bf16.data + bf16.count, out.begin(), from_bf16);
     return out;
   }
 };

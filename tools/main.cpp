@@ -1,5 +1,6 @@
 // flat: command-line tool.
 //   flat run VARIANT --in DIR --out DIR [options]   run the kernels on .npy files
+//   flat run conv --in DIR --out DIR [options]      the short convolution on .npy files
 //   flat bench [options]                            time kernels and baselines
 #include <iostream>
 #include <string>
@@ -13,7 +14,9 @@ namespace {
 constexpr const char* kUsage =
     "usage: flat run VARIANT --in DIR --out DIR [--dtype f32|bf16] [--chunk N] [--scale X]\n"
     "                [--l2norm] [--threads N] [--solve subst|blocked|doubling] [--gate-group G]\n"
-    "       flat bench [--shape B,S,N,K,V] [--variant NAME] [--threads N] [--dtype f32|bf16]\n"
+    "       flat run conv --in DIR --out DIR [--dtype f32|bf16] [--activation silu|none] [--threads N]\n"
+    "       flat bench [--shape B,S,N,K,V] [--variant NAME|conv] [--threads N] [--dtype f32|bf16] [--chunk N]\n"
+    "                  [--repeats N] [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
     "VARIANT: la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla\n";
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "flat/flat.h"
 #include "npy.h"
+#include "run_conv.h"
 
 namespace flat::tool {
 namespace {
@@ -349,6 +350,7 @@ std::string one_line(std::string_view message) {
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (is_conv_command(args)) return run_conv_command(args, out, err);
   try {
     const Config config = parse_args(args);
     const std::vector<Output> outputs = compute(config);

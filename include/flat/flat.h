@@ -159,7 +159,9 @@ void backward(Variant variant, const BackwardArgs& args, const Options& options 
 //                       or the zero state when state0 is absent)
 // Every output is written in full. dweight and dbias are reduced in a fixed order (fp32 partial
 // sums per block of 256 positions, float64 across blocks), so results are bitwise identical
-// for any thread count.
+// for any thread count. Precision: fp32 accumulation; the SiLU is evaluated to within 2e-6
+// relative, or 6.1e-5 when the call's inputs and outputs are all bf16 (30 times below bf16's own
+// rounding).
 enum class Activation { none, silu };
 
 std::string_view activation_name(Activation activation);

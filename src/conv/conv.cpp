@@ -27,23 +27,21 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
-// Tap w of channel c at w[w * ld + c], then the bias row; ld = C rounded up to 16, zero padding.
+// The taps and the bias in the leaves' layout (ConvTaps).
 class PackedTaps {
  public:
-  explicit PackedTaps(const ConvParams& p)
-      : W_(p.W), ld_(round16(p.C)), buffer_(sizeof(float) * size_t(p.W + 1) * size_t(round16(p.C))) {
-    float* w = buffer_.floats();
-    std::memset(w, 0, sizeof(float) * size_t(W_ + 1) * size_t(ld_));
+  explicit PackedTaps(const ConvParams& p) : buffer_(sizeof(float) * packed_size(p.C, p.W + 1)) {
+    float* packed = buffer_.floats();
+    std::memset(packed, 0, sizeof(float) * packed_size(p.C, p.W + 1));
     for (int c = 0; c < p.C; ++c) {
       const float* row = p.weight + int64_t(c) * p.weight_stride;
-      for (int tap = 0; tap < W_; ++tap) w[size_t(tap) * ld_ + c] = row[tap];
-      if (p.bias) w[size_t(W_) * ld_ + c] = p.bias[c];
+      for (int w = 0; w < p.W; ++w) packed[packed_index(c, w, p.W + 1)] = row[w];
+      if (p.bias) packed[packed_index(c, p.W, p.W + 1)] = p.bias[c];
     }
   }
-  ConvTaps view() const { return {buffer_.floats(), buffer_.floats() + size_t(W_) * ld_, ld_}; }
+  ConvTaps view() const { return {buffer_.floats()}; }
 
  private:
-  int W_, ld_;
   AlignedBuffer buffer_;
 };
 
@@ -97,13 +95,12 @@ ConvPartition conv_partition(int B, int S, int C) {
   ConvPartition part;
   part.seq_block = kConvSeqBlock;
   part.seq_blocks = int(ceil_div(S, kConvSeqBlock));
-  // Whole rows of up to 512 channels; narrower blocks (down to 16 channels) where batch and
-  // sequence alone give fewer than 8 blocks, so that threads have work at any shape.
+  // Whole rows (up to kConvMaxChannelBlock channels); narrower blocks (down to 16 channels) where
+  // batch and sequence alone give fewer than 8 blocks, so that threads have work at any shape.
   constexpr int64_t kMinItems = 8;
   int64_t channel_blocks = ceil_div(C, kConvMaxChannelBlock);
   const int64_t rows = int64_t(B) * part.seq_blocks;
-  if (rows * channel_blocks < kMinItems)
-    channel_blocks = std::min<int64_t>(ceil_div(C, 16), ceil_div(kMinItems, rows));
+  if (rows * channel_blocks < kMinItems) channel_blocks = std::min<int64_t>(ceil_div(C, 16), ceil_div(kMinItems, rows));
   part.channel_block = round16(int(ceil_div(C, channel_blocks)));
   part.channel_blocks = int(ceil_div(C, part.channel_block));
   return part;
@@ -111,7 +108,8 @@ ConvPartition conv_partition(int B, int S, int C) {
 
 const ConvKernels& conv_kernels() {
   static const ConvKernels* const best = [] {
-    if (active_isa() == Isa::avx512) return cpu_has_avx512_bf16() ? &avx512_bf16::conv_kernels() : &avx512::conv_kernels();
+    if (active_isa() == Isa::avx512)
+      return cpu_has_avx512_bf16() ? &avx512_bf16::conv_kernels() : &avx512::conv_kernels();
     return &generic::conv_kernels();
   }();
   return *best;
@@ -144,8 +142,7 @@ void conv_backward(const ConvParams& p, const ConvKernels& kernels) {
   const ConvPartition part = conv_partition(p.B, p.S, p.C);
   const PackedTaps taps(p);
   const int64_t items = part.items(p.B);
-  const int ldp = round16(part.channel_block);
-  const size_t per_item = size_t(p.W + 1) * size_t(ldp);
+  const size_t per_item = packed_size(part.channel_block, p.W + 1);
   AlignedBuffer partials(sizeof(float) * per_item * size_t(items));
   parallel_ranges(items, p.threads, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(sizeof(float) * kernels.workspace_floats(p.W, part.channel_block));
@@ -158,9 +155,8 @@ void conv_backward(const ConvParams& p, const ConvKernels& kernels) {
   // and block by block in sequence order, whatever the thread count.
   std::vector<double> acc(per_item);
   for (int cb = 0; cb < part.channel_blocks; ++cb) {
-    // The block's rows are its own width rounded up to 16 (the last block may be narrower).
     const int c0 = cb * part.channel_block, n = std::min(p.C, c0 + part.channel_block) - c0;
-    const size_t ld = size_t(round16(n)), used = size_t(p.W + 1) * ld;
+    const size_t used = packed_size(n, p.W + 1);
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int b = 0; b < p.B; ++b)
       for (int sb = 0; sb < part.seq_blocks; ++sb) {
@@ -170,8 +166,8 @@ void conv_backward(const ConvParams& p, const ConvKernels& kernels) {
       }
     for (int i = 0; i < n; ++i) {
       float* row = p.dweight + int64_t(c0 + i) * p.dweight_stride;
-      for (int w = 0; w < p.W; ++w) row[w] = float(acc[size_t(w) * ld + size_t(i)]);
-      if (p.dbias) p.dbias[c0 + i] = float(acc[size_t(p.W) * ld + size_t(i)]);
+      for (int w = 0; w < p.W; ++w) row[w] = float(acc[packed_index(i, w, p.W + 1)]);
+      if (p.dbias) p.dbias[c0 + i] = float(acc[packed_index(i, p.W, p.W + 1)]);
     }
   }
 }

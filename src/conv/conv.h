@@ -21,8 +21,12 @@ struct ConvPartition {
   int64_t items(int B) const { return int64_t(B) * seq_blocks * channel_blocks; }
 };
 
-constexpr int kConvSeqBlock = 256;       // positions per sequence block
-constexpr int kConvMaxChannelBlock = 4096;  // channels per block at most
+// Positions per sequence block: the halo the backward recomputes (W-1 positions) is 1% of it.
+constexpr int kConvSeqBlock = 256;
+// Channels per block at most: whole rows, so a block's reads and writes are long contiguous
+// runs. Narrower blocks (runs of 512 channels out of rows of 2048) measured 15% slower: each run
+// of a row is too short for the hardware prefetchers.
+constexpr int kConvMaxChannelBlock = 4096;
 ConvPartition conv_partition(int B, int S, int C);
 
 // The fastest leaves this CPU runs (FLAT_ISA=generic forces the portable ones), and every set

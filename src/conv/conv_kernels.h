@@ -10,12 +10,21 @@
 
 namespace flat::cpu {
 
-// The taps packed once per call: tap w of channel c at w_packed[w * ld + c], bias[c] (zero when
-// the call has none); ld is C rounded up to 16, the padding zero.
+// Per-channel tables (taps, partial sums, the leaves' rings) are laid out by groups of 16
+// channels, the K values of a group one vector after the other: value k of channel c at
+// packed_index(c, k, K). A vector kernel then reaches all of a group's values from one pointer.
+// Internal linkage: the ISA translation units include this too, each with its own flags.
+namespace {
+inline size_t packed_index(int c, int k, int K) {
+  return (size_t(c / 16) * size_t(K) + size_t(k)) * 16 + size_t(c % 16);
+}
+inline size_t packed_size(int channels, int K) { return size_t((channels + 15) / 16) * size_t(K) * 16; }
+}  // namespace
+
+// The taps packed once per call: tap w of channel c at packed_index(c, w, W + 1), the bias at
+// packed_index(c, W, W + 1) (zero when the call has none); channels past C are zero.
 struct ConvTaps {
-  const float* w = nullptr;
-  const float* bias = nullptr;
-  int ld = 0;
+  const float* packed = nullptr;
 };
 
 struct ConvBlock {
@@ -29,10 +38,9 @@ struct ConvKernels {
   // y (rows t0..t1-1 of the block's channels).
   void (*forward)(const ConvParams& p, const ConvTaps& taps, const ConvBlock& block, float* workspace);
   // dx (rows t0..t1-1), dstate0 (when t0 = 0 and it is wanted), and the block's partial sums
-  // over its positions: partial[w * ldp + i] = sum_t dz_t x_{t-W+1+w} for channel c0 + i and
-  // partial[W * ldp + i] = sum_t dz_t, with ldp = (c1 - c0) rounded up to 16.
-  void (*backward)(const ConvParams& p, const ConvTaps& taps, const ConvBlock& block, float* workspace,
-                   float* partial);
+  // over its positions, for channel c0 + i: partial[packed_index(i, w, W + 1)] =
+  // sum_t dz_t x_{t-W+1+w} (w < W) and partial[packed_index(i, W, W + 1)] = sum_t dz_t.
+  void (*backward)(const ConvParams& p, const ConvTaps& taps, const ConvBlock& block, float* workspace, float* partial);
 };
 
 namespace generic {

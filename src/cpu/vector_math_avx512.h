@@ -28,24 +28,41 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
-// 2^t for t <= 125 (NaN for NaN, 0 below the fp32 range): t = floor(t) + f with f in [0, 1)
-// by vreduceps, 2^f by a degree-5 polynomial (Chebyshev interpolant, within 1.2e-7), and
-// 2^floor(t) applied by vscalefps. 9 instructions, 1 uop each.
-inline __m512 exp2_ps(__m512 t) {
-  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(1.893754001e-03f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.949590847e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.586033687e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.401418239e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931545138e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999998808e-01f));
-  return _mm512_scalef_ps(p, t);
+// 2^t for N vectors t <= 125 (NaN for NaN, 0 below the fp32 range): t = floor(t) + f with f in
+// [0, 1) by vreduceps, 2^f by a polynomial (Chebyshev interpolants: degree 5 within 1.2e-7,
+// degree 4 within 3.5e-6), and 2^floor(t) applied by vscalefps; Degree + 2 instructions of one
+// uop each. Stage by stage across the N vectors: one vector is a chain of dependent instructions
+// (about 40 cycles), N of them interleaved keep both vector ports busy.
+template <int N, int Degree = 5>
+inline void exp2_ps(const __m512* t, __m512* out) {
+  static_assert(Degree == 4 || Degree == 5, "degree 4 or 5");
+  static constexpr float kPoly5[6] = {1.893754001e-03f, 8.949590847e-03f, 5.586033687e-02f,
+                                      2.401418239e-01f, 6.931545138e-01f, 9.999998808e-01f};
+  static constexpr float kPoly4[5] = {1.367030945e-02f, 5.174499750e-02f, 2.416043580e-01f, 6.929728985e-01f,
+                                      1.000003457e+00f};
+  const float* poly = Degree == 5 ? kPoly5 : kPoly4;
+  __m512 f[N];
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) f[i] = _mm512_reduce_ps(t[i], _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) out[i] = _mm512_fmadd_ps(_mm512_set1_ps(poly[0]), f[i], _mm512_set1_ps(poly[1]));
+#pragma GCC unroll 8
+  for (int k = 2; k <= Degree; ++k)
+#pragma GCC unroll 16
+    for (int i = 0; i < N; ++i) out[i] = _mm512_fmadd_ps(out[i], f[i], _mm512_set1_ps(poly[k]));
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) out[i] = _mm512_scalef_ps(out[i], t[i]);
 }
 
-// 1 / d for d in [1, 2^126): vrcp14ps and one Newton step, within about 1 ulp.
-inline __m512 reciprocal_ps(__m512 d) {
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+// 1 / d for N vectors d in [1, 2^126): vrcp14ps (within 2^-14), and with Newton one Newton step
+// (within about 1 ulp).
+template <int N, bool Newton = true>
+inline void reciprocal_ps(const __m512* d, __m512* out) {
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) out[i] = _mm512_rcp14_ps(d[i]);
+  if (!Newton) return;
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) out[i] = _mm512_mul_ps(out[i], _mm512_fnmadd_ps(d[i], out[i], _mm512_set1_ps(2.0f)));
 }
 
 }  // namespace
