@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the whole test suite twice: optimised, then under ASan + UBSan.
+# Builds and runs the whole test suite: optimised (on the CPU's best code path and on the portable
+# one), then under ASan + UBSan.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh"
@@ -10,6 +11,7 @@ bash "$root/scripts/build.sh" "$root/build-test" -DCMAKE_BUILD_TYPE=Release
 ctest --test-dir "$root/build-test" --output-on-failure -j "$jobs"
 
 echo "== ASan + UBSan build and tests"
-bash "$root/scripts/build.sh" "$root/build-sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLAT_SANITIZE=ON
+bash "$root/scripts/build.sh" "$root/build-sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLAT_SANITIZE=ON \
+  -DFLAT_TEST_PORTABLE=OFF
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build-sanitize" --output-on-failure -j "$jobs"
