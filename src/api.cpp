@@ -12,6 +12,7 @@
 #include "cpu/bf16.h"
 #include "flat/flat.h"
 #include "params.h"
+#include "validate.h"
 
 namespace flat {
 
@@ -71,63 +72,13 @@ float from_bf16(uint16_t x) { return cpu::bf16_to_f32(x); }
 
 namespace {
 
+using validate::Axis;
+using validate::check_dtype;
+using validate::check_tensor;
+using validate::fail;
+using validate::shape_string;
+
 constexpr int kMaxHeadDim = 256;
-
-[[noreturn]] void fail(const std::string& tensor, const std::string& what) {
-  throw Error("flat: " + tensor + ": " + what);
-}
-
-std::string shape_string(const Tensor& t) {
-  std::ostringstream s;
-  s << "[";
-  for (int d = 0; d < t.rank; ++d) s << (d ? ", " : "") << t.shape[size_t(d)];
-  s << "]";
-  return s.str();
-}
-
-// One expected axis: its name and its size, or -1 where any size is accepted.
-struct Axis {
-  const char* name;
-  int64_t size;
-};
-
-std::string expected_string(const std::vector<Axis>& axes) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t d = 0; d < axes.size(); ++d) {
-    s << (d ? ", " : "") << axes[d].name;
-    if (axes[d].size >= 0) s << "=" << axes[d].size;
-  }
-  s << "]";
-  return s.str();
-}
-
-// Checks that a present tensor is a usable view of the expected shape.
-void check_tensor(const std::string& name, const Tensor& t, const std::vector<Axis>& axes) {
-  if (!t.present()) fail(name, "required tensor is missing");
-  if (t.rank != int(axes.size()))
-    fail(name, "expected rank " + std::to_string(axes.size()) + " " + expected_string(axes) +
-                   ", got rank " + std::to_string(t.rank) + " " + shape_string(t));
-  if (t.data == nullptr) fail(name, "null data pointer");
-  for (size_t d = 0; d < axes.size(); ++d) {
-    if (t.shape[d] < 1)
-      fail(name, std::string("axis ") + axes[d].name + " must be at least 1, got " +
-                     std::to_string(t.shape[d]) + " in shape " + shape_string(t));
-    if (axes[d].size >= 0 && t.shape[d] != axes[d].size)
-      fail(name, "expected shape " + expected_string(axes) + ", got " + shape_string(t));
-    if (t.stride[d] < 0)
-      fail(name, std::string("negative stride on axis ") + axes[d].name);
-  }
-  if (t.stride[axes.size() - 1] != 1)
-    fail(name, "the last axis must be contiguous (stride 1), got stride " +
-                   std::to_string(t.stride[axes.size() - 1]));
-}
-
-void check_dtype(const std::string& name, const Tensor& t, DType expected, const std::string& why) {
-  if (t.dtype != expected)
-    fail(name, "expected dtype " + std::string(dtype_name(expected)) + why + ", got " +
-                   std::string(dtype_name(t.dtype)));
-}
 
 void check_head_dim(const std::string& name, const char* axis, int64_t size) {
   if (size > kMaxHeadDim)
