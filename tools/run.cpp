@@ -18,18 +18,13 @@
 
 #include "flat/flat.h"
 #include "npy.h"
+#include "run_io.h"
 #include "run_conv.h"
 
 namespace flat::tool {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Bad arguments, or input files whose shapes do not fit together.
-class RunError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct Config {
   Variant variant = Variant::la;
@@ -111,38 +106,6 @@ Config parse_args(const std::vector<std::string>& args) {
   return config;
 }
 
-// One expected axis of an input file: its name, and its size where it is already known.
-struct Axis {
-  std::string name;
-  int64_t size = -1;  // -1: any size from 1
-};
-
-std::string format_axes(const std::vector<Axis>& axes) {
-  std::string s = "(";
-  for (size_t d = 0; d < axes.size(); ++d)
-    s += (d ? ", " : "") + axes[d].name + (axes[d].size >= 0 ? "=" + std::to_string(axes[d].size) : "");
-  return s + ")";
-}
-
-// Reads dir/name and checks its shape.
-NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<Axis>& axes) {
-  NpyArray array = read_npy(dir / name);
-  bool fits = array.shape.size() == axes.size();
-  for (size_t d = 0; fits && d < axes.size(); ++d)
-    fits = axes[d].size < 0 || array.shape[d] == axes[d].size;
-  if (!fits)
-    throw RunError(name + ": expected shape " + format_axes(axes) + ", got " + format_shape(array.shape));
-  for (size_t d = 0; d < axes.size(); ++d)
-    if (array.shape[d] < 1)
-      throw RunError(name + ": axis " + axes[d].name + " is empty in shape " + format_shape(array.shape));
-  return array;
-}
-
-std::optional<NpyArray> read_optional(const fs::path& dir, const std::string& name, const std::vector<Axis>& axes) {
-  if (!fs::exists(dir / name)) return std::nullopt;
-  return read_input(dir, name, axes);
-}
-
 // g.npy in the variant's layout. la and deltanet have no gate and ignore a g.npy that is there.
 std::optional<NpyArray> read_gate(const fs::path& dir, Variant variant, const Options& options, int64_t B,
                                   int64_t S, int64_t K) {
@@ -196,64 +159,6 @@ Strengths read_strengths(const fs::path& dir, Variant variant, int64_t B, int64_
   return strengths;
 }
 
-// A tensor as the kernels see it: float32 as read, or rounded to bf16.
-struct Buffer {
-  std::vector<int64_t> shape;
-  DType dtype = DType::f32;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-
-  Buffer(std::vector<int64_t> shape_, DType dtype_) : shape(std::move(shape_)), dtype(dtype_) {
-    const size_t count = elements();
-    if (dtype == DType::bf16) bf16.assign(count, 0);
-    else f32.assign(count, 0.0f);
-  }
-  Buffer(NpyArray array, DType dtype_) : shape(std::move(array.shape)), dtype(dtype_) {
-    if (dtype == DType::bf16) {
-      bf16.resize(array.data.size());
-      std::ranges::transform(array.data, bf16.begin(), to_bf16);
-    } else {
-      f32 = std::move(array.data);
-    }
-  }
-
-  size_t elements() const {
-    size_t count = 1;
-    for (int64_t size : shape) count *= size_t(size);
-    return count;
-  }
-
-  // A contiguous view; shapes here have been checked to have at most 4 axes.
-  Tensor view() {
-    return Tensor::contiguous(dtype == DType::bf16 ? static_cast<void*>(bf16.data()) : f32.data(), dtype, shape);
-  }
-
-  void write(const fs::path& path) const {
-    if (dtype == DType::f32) return write_npy(path, shape, f32.data());
-    std::vector<float> wide(bf16.size());
-    std::ranges::transform(bf16, wide.begin(), from_bf16);
-    write_npy(path, shape, wide.data());
-  }
-};
-
-std::optional<Buffer> buffer(std::optional<NpyArray> array, DType dtype) {
-  if (!array) return std::nullopt;
-  return Buffer(std::move(*array), dtype);
-}
-
-Tensor view(std::optional<Buffer>& buffer) { return buffer ? buffer->view() : Tensor{}; }
-
-// The gradient of an optional input: its shape and dtype, absent with it.
-std::optional<Buffer> gradient_of(const std::optional<Buffer>& input) {
-  if (!input) return std::nullopt;
-  return Buffer(input->shape, input->dtype);
-}
-
-struct Output {
-  std::string name;
-  Buffer buffer;
-};
-
 // Reads and checks the inputs, runs the kernels and returns the outputs, writing nothing.
 std::vector<Output> compute(const Config& config) {
   const fs::path& dir = config.in;
@@ -282,7 +187,7 @@ std::vector<Output> compute(const Config& config) {
       throw RunError(std::string(file) + ": head count " + axis + " = " + std::to_string(count) +
                      " does not divide N = " + std::to_string(N) + ", the largest head count");
 
-  const std::vector<Axis> state{{"B", B}, {"N", N}, {"K", K}, {"V", V}};
+  const std::vector<FileAxis> state{{"B", B}, {"N", N}, {"K", K}, {"V", V}};
   std::optional<NpyArray> h0 = read_optional(dir, "h0.npy", state);
   std::optional<NpyArray> dy = read_optional(dir, "dy.npy", {{"B", B}, {"S", S}, {"N", N}, {"V", V}});
   std::optional<NpyArray> dht = dy ? read_optional(dir, "dht.npy", state) : std::nullopt;
@@ -340,35 +245,16 @@ std::vector<Output> compute(const Config& config) {
   return outputs;
 }
 
-// The promise of run.h is one line, and messages quote what the user gave.
-std::string one_line(std::string_view message) {
-  std::string line(message);
-  std::ranges::replace_if(line, [](char c) { return c == '\n' || c == '\r'; }, ' ');
-  return line;
-}
-
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   if (is_conv_command(args)) return run_conv_command(args, out, err);
-  try {
-    const Config config = parse_args(args);
-    const std::vector<Output> outputs = compute(config);
-    fs::create_directories(config.out);
-    for (const Output& output : outputs) output.buffer.write(config.out / output.name);
-    out << "flat run: wrote";
-    for (const Output& output : outputs) out << " " << output.name;
-    out << " to " << config.out.string() << "\n";
-    return 0;
-  } catch (const Error& e) {
-    // The library's messages start with "flat: " and go on with the tensor or option they name.
-    std::string_view message = e.what();
-    if (message.starts_with("flat: ")) message.remove_prefix(6);
-    err << "flat run: " << one_line(message) << "\n";
-  } catch (const std::exception& e) {
-    err << "flat run: " << one_line(e.what()) << "\n";
-  }
-  return 2;
+  return run_and_write(
+      [&] {
+        const Config config = parse_args(args);
+        return RunResult{config.out, compute(config)};
+      },
+      out, err);
 }
 
 }  // namespace flat::tool

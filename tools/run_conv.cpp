@@ -18,16 +18,12 @@
 
 #include "flat/flat.h"
 #include "npy.h"
+#include "run_io.h"
 
 namespace flat::tool {
 namespace {
 
 namespace fs = std::filesystem;
-
-class RunError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 constexpr int kMaxTaps = 8;
 
@@ -92,78 +88,6 @@ Config parse_args(const std::vector<std::string>& args) {
   return config;
 }
 
-struct Axis {
-  std::string name;
-  int64_t size = -1;  // -1: any size from 1
-};
-
-std::string format_axes(const std::vector<Axis>& axes) {
-  std::string s = "(";
-  for (size_t d = 0; d < axes.size(); ++d)
-    s += (d ? ", " : "") + axes[d].name + (axes[d].size >= 0 ? "=" + std::to_string(axes[d].size) : "");
-  return s + ")";
-}
-
-NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<Axis>& axes) {
-  NpyArray array = read_npy(dir / name);
-  bool fits = array.shape.size() == axes.size();
-  for (size_t d = 0; fits && d < axes.size(); ++d) fits = axes[d].size < 0 || array.shape[d] == axes[d].size;
-  if (!fits) throw RunError(name + ": expected shape " + format_axes(axes) + ", got " + format_shape(array.shape));
-  for (size_t d = 0; d < axes.size(); ++d)
-    if (array.shape[d] < 1)
-      throw RunError(name + ": axis " + axes[d].name + " is empty in shape " + format_shape(array.shape));
-  return array;
-}
-
-std::optional<NpyArray> read_optional(const fs::path& dir, const std::string& name, const std::vector<Axis>& axes) {
-  if (!fs::exists(dir / name)) return std::nullopt;
-  return read_input(dir, name, axes);
-}
-
-// A tensor as the kernels see it: float32 as read, or rounded to bf16.
-struct Buffer {
-  std::vector<int64_t> shape;
-  DType dtype = DType::f32;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-
-  Buffer(std::vector<int64_t> shape_, DType dtype_) : shape(std::move(shape_)), dtype(dtype_) {
-    size_t count = 1;
-    for (int64_t size : shape) count *= size_t(size);
-    if (dtype == DType::bf16) bf16.assign(count, 0);
-    else f32.assign(count, 0.0f);
-  }
-  Buffer(NpyArray array, DType dtype_) : shape(std::move(array.shape)), dtype(dtype_) {
-    if (dtype == DType::bf16) {
-      bf16.resize(array.data.size());
-      std::ranges::transform(array.data, bf16.begin(), to_bf16);
-    } else {
-      f32 = std::move(array.data);
-    }
-  }
-  Tensor view() {
-    return Tensor::contiguous(dtype == DType::bf16 ? static_cast<void*>(bf16.data()) : f32.data(), dtype, shape);
-  }
-  void write(const fs::path& path) const {
-    if (dtype == DType::f32) return write_npy(path, shape, f32.data());
-    std::vector<float> wide(bf16.size());
-    std::ranges::transform(bf16, wide.begin(), from_bf16);
-    write_npy(path, shape, wide.data());
-  }
-};
-
-std::optional<Buffer> buffer(std::optional<NpyArray> array, DType dtype) {
-  if (!array) return std::nullopt;
-  return Buffer(std::move(*array), dtype);
-}
-
-Tensor view(std::optional<Buffer>& b) { return b ? b->view() : Tensor{}; }
-
-struct Output {
-  std::string name;
-  Buffer buffer;
-};
-
 std::vector<Output> compute(const Config& config) {
   const fs::path& dir = config.in;
   NpyArray x = read_input(dir, "x.npy", {{"B"}, {"S"}, {"C"}});
@@ -174,7 +98,7 @@ std::vector<Output> compute(const Config& config) {
     throw RunError("weight.npy: W = " + std::to_string(W) + " taps is not supported (1 to " + std::to_string(kMaxTaps) +
                    ")");
   std::optional<NpyArray> bias = read_optional(dir, "bias.npy", {{"C", C}});
-  const std::vector<Axis> state_axes{{"B", B}, {"C", C}, {"W-1", W - 1}};
+  const std::vector<FileAxis> state_axes{{"B", B}, {"C", C}, {"W-1", W - 1}};
   if (W == 1)
     for (const char* name : {"state0.npy", "dstate.npy"})
       if (fs::exists(dir / name)) throw RunError(std::string(name) + ": W = 1 keeps no state, remove the file");
@@ -225,13 +149,6 @@ std::vector<Output> compute(const Config& config) {
   return outputs;
 }
 
-std::string one_line(std::string_view message) {
-  std::string line(message);
-  std::ranges::replace_if(
-      line, [](char c) { return c == '\n' || c == '\r'; }, ' ');
-  return line;
-}
-
 }  // namespace
 
 bool is_conv_command(const std::vector<std::string>& args) {
@@ -246,23 +163,12 @@ bool is_conv_command(const std::vector<std::string>& args) {
 }
 
 int run_conv_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  try {
-    const Config config = parse_args(args);
-    const std::vector<Output> outputs = compute(config);
-    fs::create_directories(config.out);
-    for (const Output& output : outputs) output.buffer.write(config.out / output.name);
-    out << "flat run: wrote";
-    for (const Output& output : outputs) out << " " << output.name;
-    out << " to " << config.out.string() << "\n";
-    return 0;
-  } catch (const Error& e) {
-    std::string_view message = e.what();
-    if (message.starts_with("flat: ")) message.remove_prefix(6);
-    err << "flat run: " << one_line(message) << "\n";
-  } catch (const std::exception& e) {
-    err << "flat run: " << one_line(e.what()) << "\n";
-  }
-  return 2;
+  return run_and_write(
+      [&] {
+        const Config config = parse_args(args);
+        return RunResult{config.out, compute(config)};
+      },
+      out, err);
 }
 
 }  // namespace flat::tool

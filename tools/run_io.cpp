@@ -1,0 +1,111 @@
+#include "run_io.h"
+
+#include <algorithm>
+#include <ostream>
+#include <string_view>
+#include <utility>
+
+namespace flat::tool {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string format_axes(const std::vector<FileAxis>& axes) {
+  std::string s = "(";
+  for (size_t d = 0; d < axes.size(); ++d) {
+    if (d) s += ", ";
+    s += axes[d].name;
+    if (axes[d].size >= 0) s += "=" + std::to_string(axes[d].size);
+  }
+  return s + ")";
+}
+
+// The promise of run.h is one line, and messages quote what the user gave.
+std::string one_line(std::string_view message) {
+  std::string line(message);
+  std::ranges::replace_if(line, [](char c) { return c == '\n' || c == '\r'; }, ' ');
+  return line;
+}
+
+}  // namespace
+
+NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<FileAxis>& axes) {
+  NpyArray array = read_npy(dir / name);
+  bool fits = array.shape.size() == axes.size();
+  for (size_t d = 0; fits && d < axes.size(); ++d) fits = axes[d].size < 0 || array.shape[d] == axes[d].size;
+  if (!fits) throw RunError(name + ": expected shape " + format_axes(axes) + ", got " + format_shape(array.shape));
+  for (size_t d = 0; d < axes.size(); ++d)
+    if (array.shape[d] < 1)
+      throw RunError(name + ": axis " + axes[d].name + " is empty in shape " + format_shape(array.shape));
+  return array;
+}
+
+std::optional<NpyArray> read_optional(const fs::path& dir, const std::string& name, const std::vector<FileAxis>& axes) {
+  if (!fs::exists(dir / name)) return std::nullopt;
+  return read_input(dir, name, axes);
+}
+
+Buffer::Buffer(std::vector<int64_t> shape_, DType dtype_) : shape(std::move(shape_)), dtype(dtype_) {
+  if (dtype == DType::bf16) bf16.assign(elements(), 0);
+  else f32.assign(elements(), 0.0f);
+}
+
+Buffer::Buffer(NpyArray array, DType dtype_) : shape(std::move(array.shape)), dtype(dtype_) {
+  if (dtype == DType::bf16) {
+    bf16.resize(array.data.size());
+    std::ranges::transform(array.data, bf16.begin(), to_bf16);
+  } else {
+    f32 = std::move(array.data);
+  }
+}
+
+size_t Buffer::elements() const {
+  size_t count = 1;
+  for (int64_t size : shape) count *= size_t(size);
+  return count;
+}
+
+Tensor Buffer::view() {
+  return Tensor::contiguous(dtype == DType::bf16 ? static_cast<void*>(bf16.data()) : f32.data(), dtype, shape);
+}
+
+void Buffer::write(const fs::path& path) const {
+  if (dtype == DType::f32) return write_npy(path, shape, f32.data());
+  std::vector<float> wide(bf16.size());
+  std::ranges::transform(bf16, wide.begin(), from_bf16);
+  write_npy(path, shape, wide.data());
+}
+
+std::optional<Buffer> buffer(std::optional<NpyArray> array, DType dtype) {
+  if (!array) return std::nullopt;
+  return Buffer(std::move(*array), dtype);
+}
+
+Tensor view(std::optional<Buffer>& buffer) { return buffer ? buffer->view() : Tensor{}; }
+
+std::optional<Buffer> gradient_of(const std::optional<Buffer>& input) {
+  if (!input) return std::nullopt;
+  return Buffer(input->shape, input->dtype);
+}
+
+int run_and_write(const std::function<RunResult()>& job, std::ostream& out, std::ostream& err) {
+  try {
+    const RunResult result = job();
+    fs::create_directories(result.out);
+    for (const Output& output : result.outputs) output.buffer.write(result.out / output.name);
+    out << "flat run: wrote";
+    for (const Output& output : result.outputs) out << " " << output.name;
+    out << " to " << result.out.string() << "\n";
+    return 0;
+  } catch (const Error& e) {
+    // The library's messages start with "flat: " and go on with the tensor or option they name.
+    std::string_view message = e.what();
+    if (message.starts_with("flat: ")) message.remove_prefix(6);
+    err << "flat run: " << one_line(message) << "\n";
+  } catch (const std::exception& e) {
+    err << "flat run: " << one_line(e.what()) << "\n";
+  }
+  return 2;
+}
+
+}  // namespace flat::tool

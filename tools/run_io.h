@@ -1,0 +1,74 @@
+// What every `flat run` command shares: reading and checking .npy inputs, holding tensors as the
+// kernels see them, and writing the outputs only after everything has succeeded, with one-line
+// errors and exit status 2 otherwise.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "flat/flat.h"
+#include "npy.h"
+
+namespace flat::tool {
+
+// Bad arguments, or input files whose shapes do not fit together.
+class RunError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One expected axis of an input file: its name, and its size where it is already known.
+struct FileAxis {
+  std::string name;
+  int64_t size = -1;  // -1: any size from 1
+};
+
+// Reads dir/name and checks its shape; read_optional is empty when the file is not there.
+NpyArray read_input(const std::filesystem::path& dir, const std::string& name, const std::vector<FileAxis>& axes);
+std::optional<NpyArray> read_optional(const std::filesystem::path& dir, const std::string& name,
+                                      const std::vector<FileAxis>& axes);
+
+// A tensor as the kernels see it: float32 as read, or rounded to bf16.
+struct Buffer {
+  Buffer(std::vector<int64_t> shape, DType dtype);
+  Buffer(NpyArray array, DType dtype);
+
+  size_t elements() const;
+  // A contiguous view; shapes here have been checked to have at most 4 axes.
+  Tensor view();
+  void write(const std::filesystem::path& path) const;
+
+  std::vector<int64_t> shape;
+  DType dtype = DType::f32;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+};
+
+std::optional<Buffer> buffer(std::optional<NpyArray> array, DType dtype);
+Tensor view(std::optional<Buffer>& buffer);
+// The gradient of an optional input: its shape and dtype, absent with it.
+std::optional<Buffer> gradient_of(const std::optional<Buffer>& input);
+
+struct Output {
+  std::string name;
+  Buffer buffer;
+};
+
+// What a command computed: the outputs and the directory they go to.
+struct RunResult {
+  std::filesystem::path out;
+  std::vector<Output> outputs;
+};
+
+// Runs `job` (which parses, reads, checks and runs the kernels, writing nothing), then creates the
+// output directory and writes the outputs there. Any error becomes one line on `err` naming the
+// file, option or tensor, and exit status 2, with nothing written.
+int run_and_write(const std::function<RunResult()>& job, std::ostream& out, std::ostream& err);
+
+}  // namespace flat::tool
