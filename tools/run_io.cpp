@@ -15,9 +15,13 @@ std::string format_axes(const std::vector<FileAxis>& axes) {
   for (size_t d = 0; d < axes.size(); ++d) {
     if (d) s += ", ";
     s += axes[d].name;
-    if (axes[d].size >= 0) s += "=" + std::to_string(axes[d].size);
+    if (axes[d].size >= 0) {
+      s += '=';
+      s += std::to_string(axes[d].size);
+    }
   }
-  return s + ")";
+  s += ')';
+  return s;
 }
 
 // The promise of run.h is one line, and messages quote what the user gave.
