@@ -22,6 +22,7 @@
 #include "flat/flat.h"
 #include "params.h"
 #include "report.h"
+#include "timing.h"
 
 namespace flat::tool {
 namespace {
@@ -252,21 +253,6 @@ struct Workload {
     return opt;
   }
 };
-
-double seconds(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// One warm-up run, then the median of `repeats` timed runs.
-double median_seconds(int repeats, const std::function<void()>& f) {
-  f();
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) times.push_back(seconds(f));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 // "[3/32] gla backward, fused ... 412.3 ms" on the error stream, one line per measurement.
 class Progress {

@@ -13,24 +13,10 @@
 #include <thread>
 
 #include "cpu/parallel.h"
+#include "timing.h"
 
 namespace flat::tool {
 namespace {
-
-double seconds(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// One warm-up run, then the median of `repeats` timed runs.
-double median_seconds(int repeats, const std::function<void()>& f) {
-  f();
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) times.push_back(seconds(f));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 // Deterministic values in [-scale, scale).
 std::vector<float> values(size_t n, uint64_t seed, float scale) {

@@ -33,23 +33,6 @@ struct Config {
   Options options;
 };
 
-template <class T>
-T parse_number(const std::string& option, const std::string& text) {
-  T value{};
-  const char* end = text.data() + text.size();
-  const auto [next, error] = std::from_chars(text.data(), end, value);
-  if (text.empty() || error != std::errc() || next != end)
-    throw RunError(option + ": expected " + (std::is_integral_v<T> ? "an integer" : "a number") + ", got '" +
-                   text + "'");
-  return value;
-}
-
-DType parse_dtype(const std::string& text) {
-  for (DType dtype : {DType::f32, DType::bf16})
-    if (dtype_name(dtype) == text) return dtype;
-  throw RunError("--dtype: expected f32 or bf16, got '" + text + "'");
-}
-
 Solve parse_solve(const std::string& text) {
   for (const auto& [name, solve] : {std::pair{"subst", Solve::substitution}, std::pair{"blocked", Solve::blocked},
                                     std::pair{"doubling", Solve::doubling}})
@@ -100,9 +83,7 @@ Config parse_args(const std::vector<std::string>& args) {
     throw RunError("missing VARIANT (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2 or sla)");
   if (!has_in) throw RunError("missing --in DIR");
   if (!has_out) throw RunError("missing --out DIR");
-  if (!fs::is_directory(config.in)) throw RunError("--in " + config.in.string() + ": not a directory");
-  if (fs::exists(config.out) && !fs::is_directory(config.out))
-    throw RunError("--out " + config.out.string() + ": exists and is not a directory");
+  check_directories(config.in, config.out);
   return config;
 }
 

@@ -36,15 +36,6 @@ struct Config {
 // Options that take a value; anything else starting with "-" is a flag.
 bool takes_value(std::string_view option) { return option != "--l2norm"; }
 
-int parse_int(const std::string& option, const std::string& text) {
-  int value = 0;
-  const char* end = text.data() + text.size();
-  const auto [next, error] = std::from_chars(text.data(), end, value);
-  if (text.empty() || error != std::errc() || next != end)
-    throw RunError(option + ": expected an integer, got '" + text + "'");
-  return value;
-}
-
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
   bool has_conv = false, has_in = false, has_out = false;
@@ -61,17 +52,14 @@ Config parse_args(const std::vector<std::string>& args) {
       config.out = value();
       has_out = true;
     } else if (arg == "--dtype") {
-      const std::string& text = value();
-      if (text == "f32") config.dtype = DType::f32;
-      else if (text == "bf16") config.dtype = DType::bf16;
-      else throw RunError("--dtype: expected f32 or bf16, got '" + text + "'");
+      config.dtype = parse_dtype(value());
     } else if (arg == "--activation") {
       const std::string& text = value();
       if (text == "silu") config.options.activation = Activation::silu;
       else if (text == "none") config.options.activation = Activation::none;
       else throw RunError("--activation: expected silu or none, got '" + text + "'");
     } else if (arg == "--threads") {
-      config.options.threads = parse_int(arg, value());
+      config.options.threads = parse_number<int>(arg, value());
     } else if (arg.starts_with("-")) {
       throw RunError("unknown option '" + arg + "' for conv");
     } else if (arg != "conv" || has_conv) {
@@ -82,9 +70,7 @@ Config parse_args(const std::vector<std::string>& args) {
   }
   if (!has_in) throw RunError("missing --in DIR");
   if (!has_out) throw RunError("missing --out DIR");
-  if (!fs::is_directory(config.in)) throw RunError("--in " + config.in.string() + ": not a directory");
-  if (fs::exists(config.out) && !fs::is_directory(config.out))
-    throw RunError("--out " + config.out.string() + ": exists and is not a directory");
+  check_directories(config.in, config.out);
   return config;
 }
 

@@ -1,6 +1,8 @@
 #include "run_io.h"
 
 #include <algorithm>
+#include <charconv>
+#include <type_traits>
 #include <ostream>
 #include <string_view>
 #include <utility>
@@ -32,6 +34,31 @@ std::string one_line(std::string_view message) {
 }
 
 }  // namespace
+
+template <class T>
+T parse_number(const std::string& option, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [next, error] = std::from_chars(text.data(), end, value);
+  if (text.empty() || error != std::errc() || next != end)
+    throw RunError(option + ": expected " + (std::is_integral_v<T> ? "an integer" : "a number") + ", got '" +
+                   text + "'");
+  return value;
+}
+template int parse_number<int>(const std::string&, const std::string&);
+template float parse_number<float>(const std::string&, const std::string&);
+
+DType parse_dtype(const std::string& text) {
+  for (DType dtype : {DType::f32, DType::bf16})
+    if (dtype_name(dtype) == text) return dtype;
+  throw RunError("--dtype: expected f32 or bf16, got '" + text + "'");
+}
+
+void check_directories(const fs::path& in, const fs::path& out) {
+  if (!fs::is_directory(in)) throw RunError("--in " + in.string() + ": not a directory");
+  if (fs::exists(out) && !fs::is_directory(out))
+    throw RunError("--out " + out.string() + ": exists and is not a directory");
+}
 
 NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<FileAxis>& axes) {
   NpyArray array = read_npy(dir / name);

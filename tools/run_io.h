@@ -23,6 +23,18 @@ class RunError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An option's value as an integer or a number; RunError naming the option otherwise.
+template <class T>
+T parse_number(const std::string& option, const std::string& text);
+extern template int parse_number<int>(const std::string&, const std::string&);
+extern template float parse_number<float>(const std::string&, const std::string&);
+
+// --dtype's value: f32 or bf16.
+DType parse_dtype(const std::string& text);
+
+// --in must be a directory; --out must be one or not exist yet.
+void check_directories(const std::filesystem::path& in, const std::filesystem::path& out);
+
 // One expected axis of an input file: its name, and its size where it is already known.
 struct FileAxis {
   std::string name;
