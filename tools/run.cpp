@@ -4,7 +4,6 @@
 #include "run.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -12,7 +11,6 @@
 #include <stdexcept>
 #include <string_view>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 

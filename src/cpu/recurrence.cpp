@@ -28,36 +28,33 @@ namespace {
 void reduce_heads(const Params& p, const RowView& scratch, const RowView& out, int rows, int group,
                   int width, bool over_sequence) {
   const int Nx = rows / group;
-  std::vector<float> row(static_cast<size_t>(width));
-  auto sum_group = [&](int b, int s, int x, auto* acc) {
+  // acc += the group's rows at (b, s), through `row` ([width] scratch of the calling thread).
+  auto sum_group = [&](int b, int s, int x, float* row, auto* acc) {
     for (int r = 0; r < group; ++r) {
-      load_row(scratch, b, s, x * group + r, row.data(), width);
-      for (int c = 0; c < width; ++c) acc[c] += row[size_t(c)];
+      load_row(scratch, b, s, x * group + r, row, width);
+      for (int c = 0; c < width; ++c) acc[c] += row[c];
     }
   };
   if (over_sequence) {
     // Thousands of terms of both signs: summed in float64, rounded once.
     std::vector<double> acc(static_cast<size_t>(width));
-    std::vector<float> result(static_cast<size_t>(width));
+    std::vector<float> row(static_cast<size_t>(width));
     for (int x = 0; x < Nx; ++x) {
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int b = 0; b < p.B; ++b)
-        for (int s = 0; s < p.S; ++s) sum_group(b, s, x, acc.data());
-      for (int c = 0; c < width; ++c) result[size_t(c)] = float(acc[size_t(c)]);
-      store_row(out, 0, 0, x, result.data(), width);
+        for (int s = 0; s < p.S; ++s) sum_group(b, s, x, row.data(), acc.data());
+      for (int c = 0; c < width; ++c) row[size_t(c)] = float(acc[size_t(c)]);
+      store_row(out, 0, 0, x, row.data(), width);
     }
     return;
   }
   parallel_ranges(int64_t(p.B) * p.S, p.threads, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(static_cast<size_t>(width)), own(static_cast<size_t>(width));
+    std::vector<float> acc(static_cast<size_t>(width)), row(static_cast<size_t>(width));
     for (int64_t bs = begin; bs < end; ++bs) {
       const int b = int(bs / p.S), s = int(bs % p.S);
       for (int x = 0; x < Nx; ++x) {
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int r = 0; r < group; ++r) {
-          load_row(scratch, b, s, x * group + r, own.data(), width);
-          for (int c = 0; c < width; ++c) acc[size_t(c)] += own[size_t(c)];
-        }
+        sum_group(b, s, x, row.data(), acc.data());
         store_row(out, b, s, x, acc.data(), width);
       }
     }
