@@ -18,20 +18,19 @@ void parallel_ranges(int64_t items, int threads, Body&& body) {
     body(int64_t{0}, items);
     return;
   }
-  std::vector<std::thread> pool;
   std::exception_ptr failure;
   std::mutex failure_mutex;
-  for (int64_t w = 0; w < workers; ++w) {
-    const int64_t begin = items * w / workers, end = items * (w + 1) / workers;
-    pool.emplace_back([&, begin, end] {
-      try {
-        body(begin, end);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-      }
-    });
-  }
+  const auto run = [&](int64_t w) {
+    try {
+      body(items * w / workers, items * (w + 1) / workers);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(run, w);
+  run(0);
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
 }
