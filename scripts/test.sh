@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the whole test suite: optimised (on the CPU's best code path and on the portable
-# one), then under ASan + UBSan.
+# Builds and runs the whole test suite: optimised (on the CPU's best code path, on the portable one
+# and on the bf16 dot-product one where the CPU has it), then under ASan + UBSan.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh"
@@ -12,6 +12,6 @@ ctest --test-dir "$root/build-test" --output-on-failure -j "$jobs"
 
 echo "== ASan + UBSan build and tests"
 bash "$root/scripts/build.sh" "$root/build-sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLAT_SANITIZE=ON \
-  -DFLAT_TEST_PORTABLE=OFF
+  -DFLAT_TEST_PORTABLE=OFF -DFLAT_TEST_BF16_DOT=OFF
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build-sanitize" --output-on-failure -j "$jobs"

@@ -8,9 +8,23 @@
 #include <random>
 #include <sstream>
 
+#include "cpu/isa.h"
+
 namespace flat::test {
 
 namespace {
+
+// A run asked (FLAT_ISA) for an instruction set this CPU lacks would only repeat the default one:
+// its tests are skipped instead.
+class RequestedIsa : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    cpu::Isa isa;
+    if (cpu::isa_requested(&isa) && !cpu::isa_supported(isa))
+      GTEST_SKIP() << "FLAT_ISA=" << cpu::isa_name(isa) << ": not on this CPU";
+  }
+};
+[[maybe_unused]] const auto* const kRequestedIsa = ::testing::AddGlobalTestEnvironment(new RequestedIsa);
 
 bool is_delta(Variant variant) {
   switch (variant) {

@@ -108,7 +108,7 @@ ConvPartition conv_partition(int B, int S, int C) {
 
 const ConvKernels& conv_kernels() {
   static const ConvKernels* const best = [] {
-    if (active_isa() == Isa::avx512)
+    if (active_isa() != Isa::generic)
       return cpu_has_avx512_bf16() ? &avx512_bf16::conv_kernels() : &avx512::conv_kernels();
     return &generic::conv_kernels();
   }();
@@ -117,7 +117,7 @@ const ConvKernels& conv_kernels() {
 
 std::vector<const ConvKernels*> conv_kernels_supported() {
   std::vector<const ConvKernels*> all{&generic::conv_kernels()};
-  if (active_isa() == Isa::avx512) {
+  if (active_isa() != Isa::generic) {
     all.push_back(&avx512::conv_kernels());
     if (cpu_has_avx512_bf16()) all.push_back(&avx512_bf16::conv_kernels());
   }

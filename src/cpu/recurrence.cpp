@@ -14,7 +14,12 @@
 namespace flat::cpu {
 
 const SequenceKernels& sequence_kernels(Isa isa) {
-  return isa == Isa::avx512 ? avx512::sequence_kernels() : generic::sequence_kernels();
+  switch (isa) {
+    case Isa::generic: return generic::sequence_kernels();
+    case Isa::avx512: return avx512::sequence_kernels();
+    case Isa::avx512_bf16: return avx512_bf16::sequence_kernels();
+  }
+  return generic::sequence_kernels();
 }
 
 size_t state_bytes(const Params& p) { return sizeof(float) * size_t(p.K) * p.V * p.pack; }

@@ -50,6 +50,12 @@ struct SequenceKernels {
   // dq, dk, dv, dg of chunk c from its start state and the gradient wrt its end state.
   void (*chunk_gradients)(const Params& p, int b, int m, int c, void* workspace, const float* H0,
                           const float* dH_end, const GradSinks& sinks);
+
+  // The product the stages use when every operand is a bf16 value (on the bf16 dot-product units
+  // where the instruction set has them), exposed for the microkernel tests:
+  // C[m, n] (+)= A B, A(i, p) = a[i*a_rs + p*a_cs] with a_rs = 1 or a_cs = 1, B row-major [k, n].
+  void (*product_of_bf16_values)(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb,
+                                 float* c, int ldc, bool accumulate, Triangle tri);
 };
 
 const SequenceKernels& sequence_kernels(Isa isa);
@@ -58,6 +64,9 @@ namespace generic {
 const SequenceKernels& sequence_kernels();
 }
 namespace avx512 {
+const SequenceKernels& sequence_kernels();
+}
+namespace avx512_bf16 {
 const SequenceKernels& sequence_kernels();
 }
 

@@ -29,6 +29,10 @@ void matmul(int m, int n, int k, const float* a, int a_rs, int a_cs, const float
   }
 }
 
+// A product whose operands are all bf16 values. On CPUs with bf16 dot-product units that is a
+// product they compute exactly (to fp32 accumulation); here the same as any other.
+constexpr auto& matmul_bf16_values = matmul;
+
 // dst[c, r] = src[r, c] for r < rows, c < cols.
 void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {
   for (int r = 0; r < rows; ++r)
