@@ -449,7 +449,6 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.repeats = o.repeats;
   report.baseline_repeats = std::min(o.repeats, kMaxBaselineRepeats);
   report.isa = cpu::isa_name(cpu::active_isa());
-  report.bf16_unit = cpu::matmul_unit(cpu::active_isa()) == cpu::MatmulUnit::bf16_dot;
 
   const int per_variant = threads > 1 ? 8 : 6;
   Progress progress(err, 1 + per_variant * int(o.variants.size()));

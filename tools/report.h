@@ -39,14 +39,13 @@ struct BenchReport {
   int64_t B = 0, S = 0, N = 0, K = 0, V = 0;
   std::string dtype;
   int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0;
-  std::string isa;        // what the fused kernels run on
-  bool bf16_unit = false;  // their chunk products run on bf16 dot products, else on fp32 FMA
+  std::string isa;  // what the fused kernels run on (cpu::isa_name)
   Ceilings ceilings;
   std::vector<KernelResult> kernels;
 };
 
 // Where a timing stands under the all-thread ceilings: it is compute bound when its FLOPs at
-// the compute peak (the unit the chunk products run on) take longer than its bytes at the copy
+// the fp32 FMA peak (where most chunk products run) take longer than its bytes at the copy
 // bandwidth, memory bound otherwise; `percent_of_bound` is its rate against that binding ceiling.
 struct Standing {
   bool compute_bound = false;

@@ -78,6 +78,4 @@ const char* isa_name(Isa isa) {
   return "?";
 }
 
-MatmulUnit matmul_unit(Isa isa) { return isa == Isa::avx512_bf16 ? MatmulUnit::bf16_dot : MatmulUnit::fp32_fma; }
-
 }  // namespace flat::cpu

@@ -22,8 +22,4 @@ bool isa_requested(Isa* isa);
 bool isa_supported(Isa isa);
 const char* isa_name(Isa isa);
 
-// What bounds the chunk products' arithmetic of bf16 calls: fp32 FMA or bf16 dot products.
-enum class MatmulUnit { fp32_fma, bf16_dot };
-MatmulUnit matmul_unit(Isa isa);
-
 }  // namespace flat::cpu
