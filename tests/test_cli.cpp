@@ -10,13 +10,13 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
-#include <random>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "harness.h"
+#include "cli_files.h"
 #include "npy.h"
 #include "run.h"
 
@@ -28,33 +28,6 @@ using tool::NpyArray;
 using tool::NpyError;
 using tool::read_npy;
 using tool::write_npy;
-
-// A fresh directory under the system's temporary directory, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device entropy;
-    do path_ = fs::temp_directory_path() / ("flat_cli_" + std::to_string(entropy()) + std::to_string(entropy()));
-    while (!fs::create_directory(path_));
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void write(const fs::path& path, const std::vector<int64_t>& shape, const std::vector<double>& values) {
-  const std::vector<float> data(values.begin(), values.end());
-  write_npy(path, shape, data.data());
-}
 
 std::vector<int64_t> state_shape(const Problem& p) { return {p.c.B, p.N, p.c.K, p.c.V}; }
 
@@ -198,7 +171,7 @@ TEST_P(CliRun, MatchesOracle) {
   const Case& c = run.c;
   Problem p(c);
   if (run.scale) p.ref.scale = *run.scale;
-  TempDir in, scratch;
+  TempDir in{"flat_cli_"}, scratch{"flat_cli_"};
   const fs::path out = scratch / "out";  // created by the command
   write_inputs(in.path(), p, run.backward);
 
@@ -298,7 +271,7 @@ class CliErrors : public ::testing::Test {
     else EXPECT_FALSE(fs::exists(out));
   }
 
-  TempDir in, scratch;
+  TempDir in{"flat_cli_"}, scratch{"flat_cli_"};
   fs::path out = scratch / "out";
 };
 
@@ -464,7 +437,7 @@ TEST_F(CliErrors, ExistingOutputDirStaysEmpty) {
 }
 
 TEST(Npy, RoundTrip) {
-  TempDir dir;
+  TempDir dir("flat_cli_");
   const std::vector<std::vector<int64_t>> shapes{{}, {5}, {0}, {2, 3}, {1, 2, 3, 4}};
   for (const std::vector<int64_t>& shape : shapes) {
     size_t count = 1;
@@ -479,7 +452,7 @@ TEST(Npy, RoundTrip) {
 }
 
 TEST(Npy, WritesNumpyLayout) {
-  TempDir dir;
+  TempDir dir("flat_cli_");
   const float data[3] = {1, 2, 3};
   write_npy(dir / "a.npy", {3}, data);
   std::ifstream file(dir / "a.npy", std::ios::binary);
@@ -496,7 +469,7 @@ TEST(Npy, WritesNumpyLayout) {
 }
 
 TEST(Npy, ReadsHeaderVariants) {
-  TempDir dir;
+  TempDir dir("flat_cli_");
   const std::vector<float> data{1, 2, 3, 4, 5, 6};
   const std::pair<int, std::string> files[] = {
       {2, "{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4'}"},
@@ -512,7 +485,7 @@ TEST(Npy, ReadsHeaderVariants) {
 }
 
 TEST(Npy, RejectsMalformedFiles) {
-  TempDir dir;
+  TempDir dir("flat_cli_");
   const std::vector<float> data{1, 2, 3};
   const auto rejects = [&](const std::string& why, auto&& make) {
     make(dir / "bad.npy");

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -12,6 +11,7 @@
 
 #include "bench_conv.h"
 #include "harness.h"
+#include "cli_files.h"
 #include "npy.h"
 #include "run.h"
 #include "run_conv.h"
@@ -21,32 +21,6 @@ namespace flat::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under the system's temporary directory, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device entropy;
-    do path_ = fs::temp_directory_path() / ("flat_conv_cli_" + std::to_string(entropy()) + std::to_string(entropy()));
-    while (!fs::create_directory(path_));
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void write(const fs::path& path, const std::vector<int64_t>& shape, const std::vector<double>& values) {
-  const std::vector<float> data(values.begin(), values.end());
-  tool::write_npy(path, shape, data.data());
-}
 
 std::vector<double> read_output(const fs::path& path, const std::vector<int64_t>& shape) {
   const tool::NpyArray array = tool::read_npy(path);
@@ -82,7 +56,7 @@ TEST_P(ConvCli, MatchesOracle) {
   const CliCase& run = GetParam();
   const ConvCase& c = run.c;
   const ConvData d(c);
-  TempDir in, scratch;
+  TempDir in{"flat_conv_cli_"}, scratch{"flat_conv_cli_"};
   const fs::path out = scratch / "out";
   write_inputs(in.path(), d, run.backward);
   std::ostringstream stdout_text, stderr_text;
@@ -191,7 +165,7 @@ TEST(ConvCli, BadInputsNamedAndNothingWritten) {
   };
   for (const Bad& bad : cases) {
     SCOPED_TRACE(bad.what);
-    TempDir in, scratch;
+    TempDir in{"flat_conv_cli_"}, scratch{"flat_conv_cli_"};
     const fs::path out = scratch / "out";
     for (const auto& [name, shape] : bad.files) {
       size_t count = 1;

@@ -24,10 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Config {
+// dtype: of q, k, v, beta, b, w, dy and of y and their gradients; gates and states stay fp32.
+struct Config : RunArgs {
   Variant variant = Variant::la;
-  fs::path in, out;
-  DType dtype = DType::f32;  // of q, k, v, beta, b, w, dy and of y and their gradients; gates and states stay fp32
   Options options;
 };
 
@@ -40,22 +39,9 @@ Solve parse_solve(const std::string& text) {
 
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
-  bool has_variant = false, has_in = false, has_out = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    const auto value = [&]() -> const std::string& {
-      if (i + 1 == args.size()) throw RunError(arg + ": missing value");
-      return args[++i];
-    };
-    if (arg == "--in") {
-      config.in = value();
-      has_in = true;
-    } else if (arg == "--out") {
-      config.out = value();
-      has_out = true;
-    } else if (arg == "--dtype") {
-      config.dtype = parse_dtype(value());
-    } else if (arg == "--chunk") {
+  bool has_variant = false;
+  const auto option = [&](const std::string& arg, const OptionValue& value) {
+    if (arg == "--chunk") {
       config.options.chunk = parse_number<int>(arg, value());
     } else if (arg == "--scale") {
       config.options.scale = parse_number<float>(arg, value());
@@ -68,20 +54,19 @@ Config parse_args(const std::vector<std::string>& args) {
     } else if (arg == "--gate-group") {
       config.options.gate_group = parse_number<int>(arg, value());
       if (config.options.gate_group < 1) throw RunError(arg + ": expected a positive integer");
-    } else if (arg.starts_with("-")) {
-      throw RunError("unknown option '" + arg + "'");
-    } else if (has_variant) {
-      throw RunError("unexpected argument '" + arg + "'");
     } else {
-      config.variant = parse_variant(arg);
-      has_variant = true;
+      return false;
     }
-  }
+    return true;
+  };
+  const auto positional = [&](const std::string& arg) {
+    if (has_variant) throw RunError("unexpected argument '" + arg + "'");
+    config.variant = parse_variant(arg);
+    has_variant = true;
+  };
+  static_cast<RunArgs&>(config) = parse_run_args(args, option, positional);
   if (!has_variant)
     throw RunError("missing VARIANT (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2 or sla)");
-  if (!has_in) throw RunError("missing --in DIR");
-  if (!has_out) throw RunError("missing --out DIR");
-  check_directories(config.in, config.out);
   return config;
 }
 

@@ -27,9 +27,8 @@ namespace fs = std::filesystem;
 
 constexpr int kMaxTaps = 8;
 
-struct Config {
-  fs::path in, out;
-  DType dtype = DType::f32;  // of x, y, dy, dx; weights, bias and states stay fp32
+// dtype: of x, y, dy, dx; weights, bias and states stay fp32.
+struct Config : RunArgs {
   ConvOptions options;
 };
 
@@ -38,39 +37,25 @@ bool takes_value(std::string_view option) { return option != "--l2norm"; }
 
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
-  bool has_conv = false, has_in = false, has_out = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    const auto value = [&]() -> const std::string& {
-      if (i + 1 == args.size()) throw RunError(arg + ": missing value");
-      return args[++i];
-    };
-    if (arg == "--in") {
-      config.in = value();
-      has_in = true;
-    } else if (arg == "--out") {
-      config.out = value();
-      has_out = true;
-    } else if (arg == "--dtype") {
-      config.dtype = parse_dtype(value());
-    } else if (arg == "--activation") {
+  bool has_conv = false;
+  const auto option = [&](const std::string& arg, const OptionValue& value) {
+    if (arg == "--activation") {
       const std::string& text = value();
       if (text == "silu") config.options.activation = Activation::silu;
       else if (text == "none") config.options.activation = Activation::none;
       else throw RunError("--activation: expected silu or none, got '" + text + "'");
     } else if (arg == "--threads") {
       config.options.threads = parse_number<int>(arg, value());
-    } else if (arg.starts_with("-")) {
-      throw RunError("unknown option '" + arg + "' for conv");
-    } else if (arg != "conv" || has_conv) {
-      throw RunError("unexpected argument '" + arg + "'");
     } else {
-      has_conv = true;
+      throw RunError("unknown option '" + arg + "' for conv");
     }
-  }
-  if (!has_in) throw RunError("missing --in DIR");
-  if (!has_out) throw RunError("missing --out DIR");
-  check_directories(config.in, config.out);
+    return true;
+  };
+  const auto positional = [&](const std::string& arg) {
+    if (arg != "conv" || has_conv) throw RunError("unexpected argument '" + arg + "'");
+    has_conv = true;
+  };
+  static_cast<RunArgs&>(config) = parse_run_args(args, option, positional);
   return config;
 }
 

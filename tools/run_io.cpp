@@ -54,10 +54,37 @@ DType parse_dtype(const std::string& text) {
   throw RunError("--dtype: expected f32 or bf16, got '" + text + "'");
 }
 
-void check_directories(const fs::path& in, const fs::path& out) {
-  if (!fs::is_directory(in)) throw RunError("--in " + in.string() + ": not a directory");
-  if (fs::exists(out) && !fs::is_directory(out))
-    throw RunError("--out " + out.string() + ": exists and is not a directory");
+RunArgs parse_run_args(const std::vector<std::string>& args,
+                       const std::function<bool(const std::string& name, const OptionValue& value)>& option,
+                       const std::function<void(const std::string& text)>& positional) {
+  RunArgs run;
+  bool has_in = false, has_out = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const OptionValue value = [&]() -> const std::string& {
+      if (i + 1 == args.size()) throw RunError(arg + ": missing value");
+      return args[++i];
+    };
+    if (arg == "--in") {
+      run.in = value();
+      has_in = true;
+    } else if (arg == "--out") {
+      run.out = value();
+      has_out = true;
+    } else if (arg == "--dtype") {
+      run.dtype = parse_dtype(value());
+    } else if (arg.starts_with("-")) {
+      if (!option(arg, value)) throw RunError("unknown option '" + arg + "'");
+    } else {
+      positional(arg);
+    }
+  }
+  if (!has_in) throw RunError("missing --in DIR");
+  if (!has_out) throw RunError("missing --out DIR");
+  if (!fs::is_directory(run.in)) throw RunError("--in " + run.in.string() + ": not a directory");
+  if (fs::exists(run.out) && !fs::is_directory(run.out))
+    throw RunError("--out " + run.out.string() + ": exists and is not a directory");
+  return run;
 }
 
 NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<FileAxis>& axes) {

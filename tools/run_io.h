@@ -32,8 +32,20 @@ extern template float parse_number<float>(const std::string&, const std::string&
 // --dtype's value: f32 or bf16.
 DType parse_dtype(const std::string& text);
 
-// --in must be a directory; --out must be one or not exist yet.
-void check_directories(const std::filesystem::path& in, const std::filesystem::path& out);
+// The arguments every `flat run` command takes.
+struct RunArgs {
+  std::filesystem::path in, out;  // --in (a directory), --out (one, or not there yet)
+  DType dtype = DType::f32;       // --dtype
+};
+
+// Walks a command's arguments: --in, --out and --dtype are read here; any other option goes to
+// `option(name, value)`, which takes its value by calling value() and returns false for an option
+// it does not know; any other argument goes to `positional`, which throws if it is not wanted.
+// Throws RunError for a missing --in or --out and for directories that do not fit.
+using OptionValue = std::function<const std::string&()>;
+RunArgs parse_run_args(const std::vector<std::string>& args,
+                       const std::function<bool(const std::string& name, const OptionValue& value)>& option,
+                       const std::function<void(const std::string& text)>& positional);
 
 // One expected axis of an input file: its name, and its size where it is already known.
 struct FileAxis {

@@ -18,15 +18,6 @@ namespace {
 int round16(int n) { return (n + 15) & ~15; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-
 // The taps and the bias in the leaves' layout (ConvTaps).
 class PackedTaps {
  public:
@@ -109,7 +100,7 @@ ConvPartition conv_partition(int B, int S, int C) {
 const ConvKernels& conv_kernels() {
   static const ConvKernels* const best = [] {
     if (active_isa() != Isa::generic)
-      return cpu_has_avx512_bf16() ? &avx512_bf16::conv_kernels() : &avx512::conv_kernels();
+      return isa_supported(Isa::avx512_bf16) ? &avx512_bf16::conv_kernels() : &avx512::conv_kernels();
     return &generic::conv_kernels();
   }();
   return *best;
@@ -119,7 +110,7 @@ std::vector<const ConvKernels*> conv_kernels_supported() {
   std::vector<const ConvKernels*> all{&generic::conv_kernels()};
   if (active_isa() != Isa::generic) {
     all.push_back(&avx512::conv_kernels());
-    if (cpu_has_avx512_bf16()) all.push_back(&avx512_bf16::conv_kernels());
+    if (isa_supported(Isa::avx512_bf16)) all.push_back(&avx512_bf16::conv_kernels());
   }
   return all;
 }
