@@ -13,10 +13,11 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "harness.h"
 #include "cli_files.h"
+#include "harness.h"
 #include "npy.h"
 #include "run.h"
 
@@ -387,47 +388,24 @@ TEST_F(CliErrors, GateGroupDoesNotDivideK) {
   expect_rejected(args("sla"), "--gate-group: G = 64 (sla's default) does not divide K = 16");
 }
 
-TEST_F(CliErrors, BadGateGroupValue) {
-  std::vector<std::string> command = args("kda");
-  command.insert(command.end(), {"--gate-group", "0"});
-  expect_rejected(command, "--gate-group");
-}
-
-TEST_F(CliErrors, BadSolve) {
+// Options refused one at a time: the variant, the extra arguments, what the error names.
+TEST_F(CliErrors, BadOptions) {
   write_problem(Variant::kda);
-  std::vector<std::string> command = args("kda");
-  command.insert(command.end(), {"--solve", "neumann"});
-  expect_rejected(command, "--solve: expected subst, blocked or doubling, got 'neumann'");
-}
-
-TEST_F(CliErrors, UnknownOption) {
-  std::vector<std::string> command = args();
-  command.push_back("--fast");
-  expect_rejected(command, "--fast");
-}
-
-TEST_F(CliErrors, BadDtype) {
-  std::vector<std::string> command = args();
-  command.insert(command.end(), {"--dtype", "f16"});
-  expect_rejected(command, "--dtype");
-}
-
-TEST_F(CliErrors, BadChunkValue) {
-  std::vector<std::string> command = args();
-  command.insert(command.end(), {"--chunk", "64x"});
-  expect_rejected(command, "--chunk");
-}
-
-TEST_F(CliErrors, MissingOptionValue) {
-  std::vector<std::string> command = args();
-  command.push_back("--threads");
-  expect_rejected(command, "--threads");
-}
-
-TEST_F(CliErrors, ChunkRejectedByLibrary) {
-  std::vector<std::string> command = args();
-  command.insert(command.end(), {"--chunk", "20"});
-  expect_rejected(command, "chunk");
+  const std::vector<std::tuple<std::string, std::vector<std::string>, std::string>> cases{
+      {"kda", {"--gate-group", "0"}, "--gate-group"},
+      {"kda", {"--solve", "neumann"}, "--solve: expected subst, blocked or doubling, got 'neumann'"},
+      {"la", {"--fast"}, "--fast"},
+      {"la", {"--dtype", "f16"}, "--dtype"},
+      {"la", {"--chunk", "64x"}, "--chunk"},
+      {"la", {"--threads"}, "--threads"},
+      {"la", {"--chunk", "20"}, "chunk"},  // refused by the library, not the parser
+  };
+  for (const auto& [variant, extra, culprit] : cases) {
+    SCOPED_TRACE(culprit);
+    std::vector<std::string> command = args(variant);
+    command.insert(command.end(), extra.begin(), extra.end());
+    expect_rejected(command, culprit);
+  }
 }
 
 TEST_F(CliErrors, ExistingOutputDirStaysEmpty) {

@@ -160,10 +160,8 @@ std::vector<ConvCase> sweep() {
   return cases;
 }
 
-class ConvKernels : public ::testing::TestWithParam<ConvCase> {};
-
-TEST_P(ConvKernels, MatchOracle) {
-  const ConvCase& c = GetParam();
+// The public API and every kernel set this CPU has, against the oracle.
+void expect_matches_oracle(const ConvCase& c) {
   const ConvData d(c);
   const ref::ConvOutputs want = ref::conv_forward(d.problem, d.in);
   const ref::ConvGradients dwant = ref::conv_backward(d.problem, d.in, d.dy, d.dstate);
@@ -183,6 +181,10 @@ TEST_P(ConvKernels, MatchOracle) {
   }
 }
 
+class ConvKernels : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(ConvKernels, MatchOracle) { expect_matches_oracle(GetParam()); }
+
 INSTANTIATE_TEST_SUITE_P(Sweep, ConvKernels, ::testing::ValuesIn(sweep()),
                          [](const ::testing::TestParamInfo<ConvCase>& info) { return info.param.name(); });
 
@@ -198,20 +200,7 @@ TEST(Conv, OtherTapCounts) {
       c.W = W;
       c.state0 = c.state = c.dstate = c.dstate0 = true;
       SCOPED_TRACE(c.name());
-      const ConvData d(c);
-      const ref::ConvOutputs want = ref::conv_forward(d.problem, d.in);
-      const ref::ConvGradients dwant = ref::conv_backward(d.problem, d.in, d.dy, d.dstate);
-      const Tolerances tol = tolerances(c);
-      for (const cpu::ConvKernels* kernels : cpu::conv_kernels_supported()) {
-        SCOPED_TRACE(kernels->name);
-        const ConvResults got = run_conv(d, true, 2, kernels);
-        expect_close("y", got.y, want.y, tol.outputs);
-        expect_close("state", got.state, want.state, tol.outputs);
-        expect_close("dx", got.dx, dwant.dx, tol.gradients);
-        expect_close("dweight", got.dweight, dwant.dweight, tol.gradients);
-        expect_close("dbias", got.dbias, dwant.dbias, tol.gradients);
-        expect_close("dstate0", got.dstate0, dwant.dstate0, tol.gradients);
-      }
+      expect_matches_oracle(c);
     }
 }
 
@@ -226,18 +215,7 @@ TEST(Conv, LargeActivations) {
     c.C = 40;
     c.x_scale = 300.0;
     SCOPED_TRACE(c.name());
-    const ConvData d(c);
-    const ref::ConvOutputs want = ref::conv_forward(d.problem, d.in);
-    const ref::ConvGradients dwant = ref::conv_backward(d.problem, d.in, d.dy, d.dstate);
-    const Tolerances tol = tolerances(c);
-    for (const cpu::ConvKernels* kernels : cpu::conv_kernels_supported()) {
-      SCOPED_TRACE(kernels->name);
-      const ConvResults got = run_conv(d, true, 2, kernels);
-      expect_close("y", got.y, want.y, tol.outputs);
-      expect_close("dx", got.dx, dwant.dx, tol.gradients);
-      expect_close("dweight", got.dweight, dwant.dweight, tol.gradients);
-      expect_close("dbias", got.dbias, dwant.dbias, tol.gradients);
-    }
+    expect_matches_oracle(c);
   }
 }
 

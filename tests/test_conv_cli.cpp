@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "bench_conv.h"
-#include "harness.h"
 #include "cli_files.h"
+#include "harness.h"
 #include "npy.h"
 #include "run.h"
 #include "run_conv.h"
