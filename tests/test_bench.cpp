@@ -231,6 +231,38 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_NE(svg.find("fp32 FMA peak"), std::string::npos);
 }
 
+// The convolution alone, at a shape of its own: its table and its JSON section.
+TEST(Bench, ConvolutionTableAndJson) {
+  const OutputFiles files;
+  std::ostringstream out, err;
+  const int status = tool::bench_command({"--variant", "conv", "--conv-shape", "1,300,40,3", "--repeats", "1",
+                                          "--threads", "2", "--quick-ceilings", "--json", files.json.string()},
+                                         out, err);
+  ASSERT_EQ(status, 0) << err.str();
+  const std::string table = out.str();
+  EXPECT_NE(table.find("Short convolution: B=1 S=300 C=40 W=3, bias, silu, bf16"), std::string::npos) << table;
+  EXPECT_EQ(count(table, "| forward |"), 1u) << table;
+  EXPECT_EQ(count(table, "| backward |"), 1u) << table;
+
+  const Json json = JsonParser(read_file(files.json)).document();
+  EXPECT_EQ(json["kernels"].items.size(), 0u);
+  const Json& conv = json["conv"];
+  EXPECT_EQ(conv["shape"]["S"].number, 300);
+  EXPECT_EQ(conv["shape"]["C"].number, 40);
+  EXPECT_EQ(conv["shape"]["W"].number, 3);
+  EXPECT_EQ(conv["activation"].text, "silu");
+  EXPECT_EQ(conv["dtype"].text, "bf16");
+  ASSERT_EQ(conv["passes"].items.size(), 2u);
+  const char* passes[] = {"forward", "backward"};
+  for (size_t i = 0; i < 2; ++i) {
+    const Json& p = conv["passes"][i];
+    EXPECT_EQ(p["pass"].text, passes[i]);
+    for (const char* number :
+         {"ms", "bytes", "flops", "gb_per_s", "percent_of_copy", "gflop_per_s", "naive_ms", "speedup_over_naive"})
+      expect_positive(p[number], std::string(passes[i]) + " " + number);
+  }
+}
+
 // Rejected before anything is measured: exit status 2, one line naming the problem, no output.
 TEST(Bench, BadOptionsFailWithOneLine) {
   const std::vector<std::vector<std::string>> cases = {
@@ -246,6 +278,8 @@ TEST(Bench, BadOptionsFailWithOneLine) {
       {"--shape", "1,64,2,16,16", "--chunk", "24"},
       {"--shape", "1,64,2,300,16"},
       {"--shape", "1,64,2,16,16", "--json", "/nonexistent-dir/out.json"},
+      {"--conv-shape", "1,64,16"},
+      {"--conv-shape", "1,64,16,9"},
   };
   for (const auto& args : cases) {
     std::string joined;

@@ -43,7 +43,8 @@ struct BenchOptions {
   Solve solve = Solve::automatic;
   // sla's own shape (SLA-R4): keys this wide, shared by this many value heads (N / R key heads).
   int64_t sla_K = 256, sla_R = 4;
-  bool conv = true;  // the short convolution at its own shape (tools/bench_conv.h)
+  bool conv = true;                // the short convolution,
+  ConvBenchOptions conv_shape;     // at this shape (--conv-shape B,S,C,W; tools/bench_conv.h)
   std::string json, plot;       // output files, empty for none
   bool quick_ceilings = false;  // milliseconds of ceiling measurement instead of seconds (tests)
 };
@@ -303,6 +304,14 @@ BenchOptions parse(const std::vector<std::string>& args) {
       for (std::string item; std::getline(s, item, ',');) dims.push_back(parse_integer("--shape", item, 1));
       if (dims.size() != 5) throw Error("flat bench: --shape expects B,S,N,K,V, got '" + text + "'");
       o.B = dims[0], o.S = dims[1], o.N = dims[2], o.K = dims[3], o.V = dims[4];
+    } else if (a == "--conv-shape") {
+      const std::string& text = value();
+      std::vector<int64_t> dims;
+      std::stringstream s(text);
+      for (std::string item; std::getline(s, item, ',');) dims.push_back(parse_integer("--conv-shape", item, 1));
+      if (dims.size() != 4 || dims[3] > 8)
+        throw Error("flat bench: --conv-shape expects B,S,C,W with W from 1 to 8, got '" + text + "'");
+      o.conv_shape.B = dims[0], o.conv_shape.S = dims[1], o.conv_shape.C = dims[2], o.conv_shape.W = int(dims[3]);
     } else if (a == "--variant") {
       const std::string& name = value();
       o.conv = name == "conv";
@@ -440,8 +449,6 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   }
 
   BenchReport report;
-  ConvBenchOptions conv;
-  std::vector<ConvBenchResult> conv_results;
   report.B = o.B, report.S = o.S, report.N = o.N, report.K = o.K, report.V = o.V;
   report.dtype = dtype_name(o.dtype);
   report.chunk = o.chunk;
@@ -458,11 +465,12 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     progress.finish(ceiling_seconds);
     for (Variant variant : o.variants) bench_variant(variant, o, threads, progress, report);
     if (o.conv) {
+      ConvBenchOptions conv = o.conv_shape;
       conv.threads = threads;
       conv.dtype = o.dtype;
       conv.repeats = o.repeats;
       conv.baseline_repeats = report.baseline_repeats;
-      conv_results = bench_conv(conv, &err);
+      report.conv = BenchReport::Conv{conv, bench_conv(conv, &err)};
     }
   } catch (const std::exception& e) {
     err << "\nflat bench: " << e.what() << "\n";
@@ -470,10 +478,6 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   }
 
   write_markdown(report, out);
-  if (o.conv) {
-    out << "\n";
-    write_conv_markdown(conv, conv_results, report.ceilings.copy_gbs.all, out);
-  }
   const std::pair<std::ofstream*, void (*)(const BenchReport&, std::ostream&)> files[] = {{&json, write_json},
                                                                                           {&plot, write_roofline_svg}};
   for (const auto& [file, write] : files) {

@@ -102,6 +102,10 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
                   cell(speedup(k.recurrent, k.fused), "x%.2f").c_str(),
                   cell(milliseconds(k.fused_1thread), "%8.2f").c_str(), cell(scaling, "x%.2f").c_str());
   }
+  if (r.conv) {
+    out << "\n";
+    write_conv_markdown(r.conv->options, r.conv->results, c.copy_gbs.all, out);
+  }
 }
 
 namespace {
@@ -167,7 +171,29 @@ void write_json(const BenchReport& r, std::ostream& out) {
     out << "     \"recurrent_fp32\": " << json_timing(k.recurrent)
         << ", \"speedup_over_recurrent\": " << json_number(speedup(k.recurrent, k.fused)) << "}";
   }
-  out << "\n  ]\n}\n";
+  out << "\n  ]";
+  if (r.conv) {
+    const ConvBenchOptions& o = r.conv->options;
+    out << ",\n  \"conv\": {\n";
+    out << format("    \"shape\": {\"B\": %lld, \"S\": %lld, \"C\": %lld, \"W\": %d},\n", (long long)o.B,
+                  (long long)o.S, (long long)o.C, o.W);
+    out << "    \"bias\": " << (o.bias ? "true" : "false") << ", \"activation\": "
+        << json_string(std::string(activation_name(o.activation))) << ", \"dtype\": "
+        << json_string(std::string(dtype_name(o.dtype))) << ",\n";
+    out << "    \"passes\": [";
+    for (size_t i = 0; i < r.conv->results.size(); ++i) {
+      const ConvBenchResult& p = r.conv->results[i];
+      out << (i ? "," : "") << "\n      {\"pass\": " << json_string(p.pass) << ", \"ms\": " << json_number(p.seconds * 1e3)
+          << ", \"bytes\": " << json_number(p.bytes) << ", \"flops\": " << json_number(p.flops)
+          << ", \"gb_per_s\": " << json_number(p.gbs())
+          << ", \"percent_of_copy\": " << json_number(100.0 * p.gbs() / c.copy_gbs.all)
+          << ", \"gflop_per_s\": " << json_number(p.gflops()) << ",\n       \"naive_ms\": "
+          << json_number(p.baseline_seconds ? std::optional<double>(*p.baseline_seconds * 1e3) : std::nullopt)
+          << ", \"speedup_over_naive\": " << json_number(p.speedup()) << "}";
+    }
+    out << "\n    ]\n  }";
+  }
+  out << "\n}\n";
 }
 
 namespace {

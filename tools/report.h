@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_conv.h"
 #include "ceilings.h"
 
 namespace flat::tool {
@@ -42,6 +43,12 @@ struct BenchReport {
   std::string isa;  // what the fused kernels run on (cpu::isa_name)
   Ceilings ceilings;
   std::vector<KernelResult> kernels;
+  // The short convolution at its own shape, when it was measured.
+  struct Conv {
+    ConvBenchOptions options;
+    std::vector<ConvBenchResult> results;
+  };
+  std::optional<Conv> conv;
 };
 
 // Where a timing stands under the all-thread ceilings: it is compute bound when its FLOPs at
