@@ -51,8 +51,8 @@ void over_chunks(const Params& p, const cpu::SequenceKernels& kernels, Body&& bo
 
 // Pass 1, state passing: the chunk-start states of every item to memory (and ht when asked).
 void pass_states(const Params& p, const cpu::SequenceKernels& kernels, const StateSequence& states) {
-  over_items(p, kernels, [&](int b, int m, int64_t item, void* workspace, float* H) {
-    kernels.forward(p, b, m, workspace, H, states.item(item), false);
+  over_items(p, kernels, [&](int, int, int64_t item, void* workspace, float* H) {
+    kernels.forward(p, item, 1, workspace, H, states.item(item), false);
   });
 }
 

@@ -10,7 +10,7 @@
 namespace flat::cpu {
 
 // y (and ht) from the inputs: one pass per item (batch, pack of heads) with the state kept in
-// cache.
+// cache, neighbouring items in lockstep.
 void recurrence_forward(const Params& p);
 
 // Every input's gradient from dy, dht: per item a state-passing pass that keeps the chunk-start

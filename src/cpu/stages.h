@@ -26,18 +26,22 @@ struct SequenceKernels {
   // Bytes of workspace one thread needs (64-byte aligned by the caller).
   size_t (*workspace_bytes)(const Params& p);
 
-  // Items are (batch b, pack m of p.pack heads n = m * pack ...). H is the item's [K, pack * V]
-  // state.
-  // The fused forward of (b, m): H starts from h0 and ends as the final state (written to ht when
-  // asked), staying in cache for the whole sequence. With `states`, also keeps the chunk-start
-  // states and the final one ([chunks + 1, K, pack * V]); with `write_y`, computes and writes y.
-  void (*forward)(const Params& p, int b, int m, void* workspace, float* H, float* states,
+  // Items are (batch b, pack m of p.pack heads n = m * pack ...), numbered b * (N / pack) + m;
+  // each has a [K, pack * V] state.
+  // The fused forward of `count` consecutive items from `first`, in lockstep, chunk by chunk:
+  // items next to each other are neighbouring heads, whose rows of a token share a page and its
+  // cache lines, where one item alone reads a new page per row (rows of a head sit N heads
+  // apart). H [count, K, pack * V] starts from h0 and ends as the final states (written to ht
+  // when asked), staying in cache for the whole sequence. With `states`, also keeps the
+  // chunk-start states and the final one ([count, chunks + 1, K, pack * V]); with `write_y`,
+  // computes and writes y.
+  void (*forward)(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
                   bool write_y);
 
-  // The gradient pass of (b, m): chunks in reverse, carrying dH [K, V] (from dht; ends as dh0),
-  // given the chunk-start states.
-  void (*backward)(const Params& p, int b, int m, void* workspace, const float* states,
-                   float* dH, const GradSinks& sinks);
+  // The gradient pass of item `index`: chunks in reverse, carrying dH [K, pack * V] (from dht;
+  // ends as dh0), given its chunk-start states.
+  void (*backward)(const Params& p, int64_t index, void* workspace, const float* states, float* dH,
+                   const GradSinks& sinks);
 
   // Single-chunk stages, for the unfused baseline that keeps per-chunk states in memory:
   // dH from dht (or 0), and dh0 written from dH when asked;
