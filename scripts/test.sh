@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the whole test suite: optimised (on the CPU's best code path, on the portable one
-# and on the bf16 dot-product one where the CPU has it), then under ASan + UBSan.
+# and on the bf16 dot-product one where the CPU has it; the worker threads also under TSan), then
+# under ASan + UBSan.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh"
