@@ -177,8 +177,8 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   ASSERT_EQ(status, 0) << err.str();
 
   // Progress on the error stream, tables on the output.
-  EXPECT_NE(err.str().find("[1/9] ceilings (quick) ... "), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("[9/9] gla backward, fp32 recurrent baseline ... "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[1/13] ceilings (quick) ... "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[13/13] gla decode, fp32 recurrent baseline ... "), std::string::npos) << err.str();
   EXPECT_EQ(count(err.str(), "not measured"), 0u) << err.str();
   const std::string table = out.str();
   EXPECT_NE(table.find("| copy bandwidth GB/s"), std::string::npos) << table;
@@ -186,6 +186,7 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_EQ(count(table, "| gla    | forward  |"), 2u) << table;
   EXPECT_EQ(count(table, "| gla    | backward |"), 2u) << table;
   EXPECT_EQ(count(table, "| gla    | fwd+bwd  |"), 2u) << table;
+  EXPECT_EQ(count(table, "| gla    | decode   |"), 2u) << table;
 
   const Json json = JsonParser(read_file(files.json)).document();
   EXPECT_EQ(json["shape"]["S"].number, 64);
@@ -202,9 +203,9 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
     expect_positive(ceilings["bf16_dot_gflop_per_s"]["all_threads"], "bf16_dot_gflop_per_s");
 
   const Json& kernels = json["kernels"];
-  ASSERT_EQ(kernels.items.size(), 3u);
-  const char* passes[] = {"forward", "backward", "fwd+bwd"};
-  for (size_t i = 0; i < 3; ++i) {
+  ASSERT_EQ(kernels.items.size(), 4u);
+  const char* passes[] = {"forward", "backward", "fwd+bwd", "decode"};
+  for (size_t i = 0; i < 4; ++i) {
     const Json& k = kernels[i];
     const std::string what = std::string("gla ") + passes[i];
     EXPECT_EQ(k["variant"].text, "gla");
@@ -224,10 +225,11 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
   EXPECT_EQ(count(svg, "<g"), count(svg, "</g>"));
-  EXPECT_EQ(count(svg, "<circle"), 3u);
-  EXPECT_EQ(count(svg, "<polygon"), 3u);
+  EXPECT_EQ(count(svg, "<circle"), 4u);
+  EXPECT_EQ(count(svg, "<polygon"), 4u);
   EXPECT_EQ(count(svg, ">gla fwd</text>"), 3u);
   EXPECT_EQ(count(svg, ">gla bwd</text>"), 3u);
+  EXPECT_EQ(count(svg, ">gla dec</text>"), 3u);
   EXPECT_NE(svg.find("fp32 FMA peak"), std::string::npos);
 }
 

@@ -30,6 +30,7 @@ namespace {
 // The baselines and the 1-thread runs take the median of at most this many runs: the fp32
 // recurrence is slow, and the fused kernels are timed `repeats` times on all threads.
 constexpr int kMaxBaselineRepeats = 3;
+constexpr int kDecodeRepeats = 101;  // one-token steps: fast and noisy, so many
 
 struct BenchOptions {
   int64_t B = 2, S = 4096, N = 16, K = 128, V = 128;
@@ -177,6 +178,7 @@ struct Workload {
   const Shape sh;
   std::mt19937 rng{7};
   Array q, k, v, g, beta, b, w, dy, y, dq, dk, dv, dg, dbeta, db, dw;
+  Array h0, ht;  // [B, N, K, V] fp32, read and written by the decode steps
 
   Workload(const BenchOptions& o, Variant variant)
       : sh(o, variant),
@@ -195,7 +197,9 @@ struct Workload {
         dg(DType::f32, n(sh.key_heads(), std::max<int64_t>(1, sh.gate_width())), rng, 0, 0),
         dbeta(o.dtype, n(sh.key_heads(), 1), rng, 0, 0),
         db(o.dtype, n(sh.N, sh.K), rng, 0, 0),
-        dw(o.dtype, n(sh.N, sh.V), rng, 0, 0) {}
+        dw(o.dtype, n(sh.N, sh.V), rng, 0, 0),
+        h0(DType::f32, size_t(sh.B * sh.N * sh.K * sh.V), rng, -0.1f, 0.1f),
+        ht(DType::f32, size_t(sh.B * sh.N * sh.K * sh.V), rng, 0, 0) {}
 
   size_t n(int64_t heads, int64_t width) const { return size_t(sh.B * sh.S * heads * width); }
   Tensor view(Array& a, int64_t heads, int64_t width) {
@@ -231,6 +235,14 @@ struct Workload {
     a.y = view(y, sh.N, sh.V);
     return a;
   }
+  // The forward with the state read from h0 and written to ht, as a decode step runs it.
+  ForwardArgs step_args() {
+    ForwardArgs a = forward_args();
+    a.h0 = Tensor::contiguous(h0.data(), DType::f32, {sh.B, sh.N, sh.K, sh.V});
+    a.ht = Tensor::contiguous(ht.data(), DType::f32, {sh.B, sh.N, sh.K, sh.V});
+    return a;
+  }
+  double state_bytes() const { return double(sh.B * sh.N * sh.K * sh.V) * 4; }
   BackwardArgs backward_args() {
     BackwardArgs a{inputs()};
     a.dy = view(dy, sh.N, sh.V);
@@ -358,28 +370,24 @@ std::ofstream open_output(const std::string& path) {
 
 // Times every pass of one variant: the fused kernels on all threads and on 1, and the
 // baselines. A baseline that throws is reported as not measured; the fused kernels must run.
+// Passes: forward and backward at the bench's shape; decode, one token (S = 1) with the state
+// read from h0 and written to ht, as inference runs it, kDecodeRepeats times.
 void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress& progress, BenchReport& report) {
-  Workload w(o, variant);
-  const Shape& sh = w.sh;
-  const std::string name = sh.label();
-  const Options options = w.options(o, threads), one_thread = w.options(o, 1);
-  const ForwardArgs fa = w.forward_args();
-  const BackwardArgs ba = w.backward_args();
-  const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
-  const int baseline_repeats = report.baseline_repeats;
+  BenchOptions one_token = o;
+  one_token.S = 1;
+  Workload w(o, variant), step(one_token, variant);
+  const std::string name = w.sh.label();
 
-  auto fused = [&](const std::string& what, int repeats, const std::function<void()>& run) {
+  auto measure = [&](const std::string& what, int repeats, const std::function<void()>& run) {
     progress.start(name + " " + what);
     const double s = median_seconds(repeats, run);
     progress.finish(s);
     return s;
   };
-  auto baseline = [&](const std::string& what, const std::function<void()>& run) -> std::optional<double> {
-    progress.start(name + " " + what);
+  // A baseline that throws is reported as not measured.
+  auto baseline = [&](const std::string& what, int repeats, const std::function<void()>& run) -> std::optional<double> {
     try {
-      const double s = median_seconds(baseline_repeats, run);
-      progress.finish(s);
-      return s;
+      return measure(what, repeats, run);
     } catch (const std::exception& e) {
       progress.fail(e.what());
       return std::nullopt;
@@ -390,33 +398,47 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
     return Timing{*s, flops, bytes};
   };
 
-  KernelResult pass[2];
-  for (bool backward : {false, true}) {
-    KernelResult& k = pass[backward];
-    const std::string label = backward ? "backward" : "forward";
-    const double flops = chunk_flops(o, sh, backward), bytes = io_bytes(o, sh, backward);
-    k.variant = name;
-    k.pass = label;
-    auto run_fused = [&](const Options& opt) {
+  enum class Pass { forward, backward, decode };
+  auto bench_pass = [&](Pass pass) {
+    const bool backward = pass == Pass::backward;
+    Workload& data = pass == Pass::decode ? step : w;
+    const BenchOptions& shape = pass == Pass::decode ? one_token : o;
+    const std::string label = pass == Pass::forward ? "forward" : backward ? "backward" : "decode";
+    const int repeats = pass == Pass::decode ? kDecodeRepeats : o.repeats;
+    const int baseline_repeats = pass == Pass::decode ? kDecodeRepeats : report.baseline_repeats;
+    const Options options = data.options(o, threads), one_thread = data.options(o, 1);
+    const ForwardArgs fa = pass == Pass::decode ? data.step_args() : data.forward_args();
+    const BackwardArgs ba = data.backward_args();
+    const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
+    const double flops = chunk_flops(shape, data.sh, backward),
+                 bytes = io_bytes(shape, data.sh, backward) + (pass == Pass::decode ? 2 * data.state_bytes() : 0);
+    auto run_fused = [&](const Options& opt) -> std::function<void()> {
       return [&, opt] { backward ? flat::backward(variant, ba, opt) : flat::forward(variant, fa, opt); };
     };
-    k.fused = {fused(label + ", fused", o.repeats, run_fused(options)), flops, bytes};
+    KernelResult k;
+    k.variant = name;
+    k.pass = label;
+    k.fused = {measure(label + ", fused", repeats, run_fused(options)), flops, bytes};
     if (threads > 1)
-      k.fused_1thread = timing(fused(label + ", fused on 1 thread", baseline_repeats, run_fused(one_thread)),
+      k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(one_thread)),
                                flops, bytes);
-    k.unfused = timing(baseline(label + ", unfused chunked baseline",
+    k.unfused = timing(baseline(label + ", unfused chunked baseline", baseline_repeats,
                                 [&] { backward ? baseline::unfused_backward(bp) : baseline::unfused_forward(fp); }),
-                       flops, bytes + state_round_trips(o, sh, backward));
+                       flops, bytes + state_round_trips(shape, data.sh, backward));
     k.recurrent =
-        timing(baseline(label + ", fp32 recurrent baseline",
+        timing(baseline(label + ", fp32 recurrent baseline", baseline_repeats,
                         [&] { backward ? baseline::recurrent_backward(bp) : baseline::recurrent_forward(fp); }),
-               recurrent_flops(sh, backward), bytes);
-  }
-  report.kernels.push_back(pass[0]);
-  report.kernels.push_back(pass[1]);
-  report.kernels.push_back({name, "fwd+bwd", pass[0].fused + pass[1].fused,
-                            pass[0].fused_1thread + pass[1].fused_1thread, pass[0].unfused + pass[1].unfused,
-                            pass[0].recurrent + pass[1].recurrent});
+               recurrent_flops(data.sh, backward), bytes);
+    return k;
+  };
+
+  const KernelResult forward = bench_pass(Pass::forward), backward = bench_pass(Pass::backward);
+  report.kernels.push_back(forward);
+  report.kernels.push_back(backward);
+  report.kernels.push_back({name, "fwd+bwd", forward.fused + backward.fused,
+                            forward.fused_1thread + backward.fused_1thread, forward.unfused + backward.unfused,
+                            forward.recurrent + backward.recurrent});
+  report.kernels.push_back(bench_pass(Pass::decode));
 }
 
 }  // namespace
@@ -455,9 +477,10 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.threads = threads;
   report.repeats = o.repeats;
   report.baseline_repeats = std::min(o.repeats, kMaxBaselineRepeats);
+  report.decode_repeats = kDecodeRepeats;
   report.isa = cpu::isa_name(cpu::active_isa());
 
-  const int per_variant = threads > 1 ? 8 : 6;
+  const int per_variant = threads > 1 ? 12 : 9;
   Progress progress(err, 1 + per_variant * int(o.variants.size()));
   try {
     progress.start(o.quick_ceilings ? "ceilings (quick)" : "ceilings");

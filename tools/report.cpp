@@ -34,12 +34,18 @@ std::optional<double> speedup(const std::optional<Timing>& baseline, const Timin
   return baseline->seconds / fused.seconds;
 }
 
-std::optional<double> milliseconds(const std::optional<Timing>& t) {
+std::optional<double> seconds(const std::optional<Timing>& t) {
   if (!t) return std::nullopt;
-  return t->seconds * 1e3;
+  return t->seconds;
 }
 
 std::string cell(const std::optional<double>& x, const char* pattern) { return x ? format(pattern, *x) : "n/a"; }
+
+// Milliseconds with three decimals below 1 ms (decode steps), two above.
+std::string ms(const std::optional<double>& seconds) {
+  if (!seconds) return "n/a";
+  return format(*seconds < 1e-3 ? "%8.3f" : "%8.2f", *seconds * 1e3);
+}
 
 std::string shape_line(const BenchReport& r) {
   return format("B=%lld S=%lld N=%lld K=%lld V=%lld %s chunk=%d threads=%d", (long long)r.B, (long long)r.S,
@@ -76,31 +82,33 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
   else
     out << "| bf16 dot-product peak GFLOP/s | none on this CPU | none on this CPU |\n";
 
-  out << format("\nFused kernels on %d threads, median of %d runs after a warm-up (fwd+bwd: the sum of the two):\n\n",
-                r.threads, r.repeats);
+  out << format("\nFused kernels on %d threads, median of %d runs after a warm-up (fwd+bwd: the sum of the two; "
+                "decode: one token, the state read from h0 and written to ht, median of %d runs):\n\n",
+                r.threads, r.repeats, r.decode_repeats);
   out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | bound | % of bound | % of bf16 peak |\n"
          "|---|---|---:|---:|---:|---:|---|---:|---:|\n";
   for (const KernelResult& k : r.kernels) {
     const Timing& t = k.fused;
     const Standing s = standing(r, t);
-    out << format("| %-6s | %-8s | %8.2f | %7.1f | %6.1f | %6.1f | %-7s | %5.1f | %s |\n", k.variant.c_str(),
-                  k.pass.c_str(), t.seconds * 1e3, t.gflops(), t.gbs(), t.intensity(),
+    out << format("| %-6s | %-8s | %s | %7.1f | %6.1f | %6.1f | %-7s | %5.1f | %s |\n", k.variant.c_str(),
+                  k.pass.c_str(), ms(t.seconds).c_str(), t.gflops(), t.gbs(), t.intensity(),
                   s.compute_bound ? "compute" : "memory", s.percent_of_bound,
                   cell(s.percent_of_bf16_peak, "%5.1f").c_str());
   }
 
   out << format("\nBaselines on the same inputs in this run, median of %d runs after a warm-up; speedup = their "
-                "time / the fused time. The fused kernels on 1 thread, and their scaling to %d threads:\n\n",
-                r.baseline_repeats, r.threads);
+                "time / the fused time (decode: median of %d runs). The fused kernels on 1 thread, and their scaling "
+                "to %d threads:\n\n",
+                r.baseline_repeats, r.decode_repeats, r.threads);
   out << "| variant | pass | fused ms | unfused ms | speedup | recurrent fp32 ms | speedup | 1 thread ms | scaling |\n"
          "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const KernelResult& k : r.kernels) {
     const std::optional<double> scaling = speedup(k.fused_1thread, k.fused);
-    out << format("| %-6s | %-8s | %8.2f | %s | %s | %s | %s | %s | %s |\n", k.variant.c_str(), k.pass.c_str(),
-                  k.fused.seconds * 1e3, cell(milliseconds(k.unfused), "%8.2f").c_str(),
-                  cell(speedup(k.unfused, k.fused), "x%.2f").c_str(), cell(milliseconds(k.recurrent), "%8.2f").c_str(),
-                  cell(speedup(k.recurrent, k.fused), "x%.2f").c_str(),
-                  cell(milliseconds(k.fused_1thread), "%8.2f").c_str(), cell(scaling, "x%.2f").c_str());
+    out << format("| %-6s | %-8s | %s | %s | %s | %s | %s | %s | %s |\n", k.variant.c_str(), k.pass.c_str(),
+                  ms(k.fused.seconds).c_str(), ms(seconds(k.unfused)).c_str(),
+                  cell(speedup(k.unfused, k.fused), "x%.2f").c_str(), ms(seconds(k.recurrent)).c_str(),
+                  cell(speedup(k.recurrent, k.fused), "x%.2f").c_str(), ms(seconds(k.fused_1thread)).c_str(),
+                  cell(scaling, "x%.2f").c_str());
   }
   if (r.conv) {
     out << "\n";
@@ -144,8 +152,9 @@ void write_json(const BenchReport& r, std::ostream& out) {
   out << format("  \"shape\": {\"B\": %lld, \"S\": %lld, \"N\": %lld, \"K\": %lld, \"V\": %lld},\n", (long long)r.B,
                 (long long)r.S, (long long)r.N, (long long)r.K, (long long)r.V);
   out << "  \"dtype\": " << json_string(r.dtype) << ",\n";
-  out << format("  \"chunk\": %d,\n  \"threads\": %d,\n  \"repeats\": %d,\n  \"baseline_repeats\": %d,\n", r.chunk,
-                r.threads, r.repeats, r.baseline_repeats);
+  out << format("  \"chunk\": %d,\n  \"threads\": %d,\n  \"repeats\": %d,\n  \"baseline_repeats\": %d,\n"
+                "  \"decode_repeats\": %d,\n",
+                r.chunk, r.threads, r.repeats, r.baseline_repeats, r.decode_repeats);
   out << "  \"isa\": " << json_string(r.isa) << ",\n";
   out << "  \"ceilings\": {\n";
   out << format("    \"threads\": %d,\n    \"copy_buffer_bytes\": %lld,\n", c.threads, (long long)c.copy_bytes);
@@ -247,7 +256,7 @@ std::vector<Point> roofline_points(const BenchReport& r) {
   std::vector<Point> points;
   for (const KernelResult& k : r.kernels) {
     if (k.pass == "fwd+bwd") continue;  // the two passes are plotted on their own
-    const std::string label = k.variant + (k.pass == "forward" ? " fwd" : " bwd");
+    const std::string label = k.variant + (k.pass == "forward" ? " fwd" : k.pass == "backward" ? " bwd" : " dec");
     const std::optional<Timing> timings[] = {k.fused, k.unfused, k.recurrent};
     for (int kind = 0; kind < 3; ++kind) {
       const auto& t = timings[kind];

@@ -30,7 +30,7 @@ Timing operator+(const Timing& a, const Timing& b);
 
 struct KernelResult {
   std::string variant;
-  std::string pass;                          // "forward", "backward" or "fwd+bwd"
+  std::string pass;                          // "forward", "backward", "fwd+bwd" or "decode"
   Timing fused;                              // on the bench's threads
   std::optional<Timing> fused_1thread;       // absent when the bench runs on 1 thread
   std::optional<Timing> unfused, recurrent;  // absent when a baseline could not run
@@ -39,7 +39,7 @@ struct KernelResult {
 struct BenchReport {
   int64_t B = 0, S = 0, N = 0, K = 0, V = 0;
   std::string dtype;
-  int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0;
+  int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0, decode_repeats = 0;
   std::string isa;  // what the fused kernels run on (cpu::isa_name)
   Ceilings ceilings;
   std::vector<KernelResult> kernels;
