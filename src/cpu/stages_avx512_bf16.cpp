@@ -104,8 +104,8 @@ PackedA pack_a(int rows, int depth, const float* a, int a_rs, int a_cs, uint32_t
     const bool second = 2 * p + 1 < depth;
     for (int i = 0; i < rows; i += 16) {
       const __mmask16 m = first_lanes(rows - i);
-      const __m512 x0 = _mm512_maskz_loadu_ps(m, row0 + i * a_rs);
-      const __m512 x1 = second ? _mm512_maskz_loadu_ps(m, row0 + a_cs + i * a_rs) : _mm512_setzero_ps();
+      const __m512 x0 = _mm512_maskz_loadu_ps(m, row0 + i);
+      const __m512 x1 = second ? _mm512_maskz_loadu_ps(m, row0 + a_cs + i) : _mm512_setzero_ps();
       _mm512_mask_storeu_epi32(out + size_t(p) * kBlockRows + i, m, interleave_pairs(x0, x1));
     }
   }
