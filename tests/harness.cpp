@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "checks.h"
 #include "cpu/isa.h"
 
 namespace flat::test {
@@ -114,10 +115,6 @@ std::vector<int64_t> gate_shape(const Case& c) {
 
 namespace {
 
-double round_to(DType dtype, double x) {
-  return dtype == DType::bf16 ? double(from_bf16(to_bf16(float(x)))) : double(float(x));
-}
-
 std::vector<double> rounded(DType dtype, std::vector<double> x) {
   for (auto& e : x) e = round_to(dtype, e);
   return x;
@@ -170,26 +167,6 @@ std::vector<double> gates(std::mt19937_64& rng, size_t n, Decay decay) {
   }
   return out;
 }
-
-// A tensor stored as float or bf16 in a buffer that may hold several views side by side.
-struct Buffer {
-  DType dtype;
-  std::vector<uint16_t> half;
-  std::vector<float> full;
-
-  Buffer(DType d, size_t n) : dtype(d) {
-    if (d == DType::bf16) half.assign(n, 0x7fc0);  // NaN poison
-    else full.assign(n, std::numeric_limits<float>::quiet_NaN());
-  }
-  void* data() { return dtype == DType::bf16 ? static_cast<void*>(half.data()) : full.data(); }
-  size_t size() const { return dtype == DType::bf16 ? half.size() : full.size(); }
-  void set(size_t i, double x) {
-    if (dtype == DType::bf16) half[i] = to_bf16(float(x));
-    else full[i] = float(x);
-  }
-  double get(size_t i) const { return dtype == DType::bf16 ? from_bf16(half[i]) : full[i]; }
-  bool is_nan(size_t i) const { return std::isnan(get(i)); }
-};
 
 // A [B, S, H, D] tensor placed at column `offset` of rows `row` elements wide ([B, S, row]);
 // rank 3 views it as [B, S, H] (D = 1), the layout of beta.

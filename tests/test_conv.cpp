@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.h"
 #include "conv/conv.h"
 #include "harness.h"
 #include "test_conv_harness.h"
@@ -345,16 +346,6 @@ ConvBackwardArgs backward_args(Buffers& b) {
   a.dbias = f32(b.dbias, {kC});
   a.dstate0 = f32(b.dstate0, {kB, kC, kW - 1});
   return a;
-}
-
-void expect_error(const std::function<void()>& call, const std::string& fragment, const Buffers& b) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(b.outputs_untouched()) << fragment;
 }
 
 TEST(ConvErrors, ValidArgumentsRun) {

@@ -5,6 +5,7 @@
 #include <random>
 #include <sstream>
 
+#include "checks.h"
 #include "conv/conv.h"
 #include "conv/conv_params.h"
 
@@ -21,35 +22,12 @@ std::string ConvCase::name() const {
 
 namespace {
 
-double round_to(DType dtype, double x) {
-  return dtype == DType::bf16 ? double(from_bf16(to_bf16(float(x)))) : double(float(x));
-}
-
 std::vector<double> normal(std::mt19937_64& rng, size_t n, DType dtype, double sigma) {
   std::normal_distribution<double> dist(0.0, sigma);
   std::vector<double> out(n);
   for (auto& x : out) x = round_to(dtype, dist(rng));
   return out;
 }
-
-// Storage of one tensor, NaN-poisoned, in its dtype.
-struct Storage {
-  DType dtype;
-  std::vector<uint16_t> half;
-  std::vector<float> full;
-
-  Storage(DType d, size_t n) : dtype(d) {
-    if (d == DType::bf16) half.assign(n, 0x7fc0);
-    else full.assign(n, std::numeric_limits<float>::quiet_NaN());
-  }
-  void* data() { return dtype == DType::bf16 ? static_cast<void*>(half.data()) : full.data(); }
-  size_t size() const { return dtype == DType::bf16 ? half.size() : full.size(); }
-  void set(size_t i, double x) {
-    if (dtype == DType::bf16) half[i] = to_bf16(float(x));
-    else full[i] = float(x);
-  }
-  double get(size_t i) const { return dtype == DType::bf16 ? from_bf16(half[i]) : full[i]; }
-};
 
 // A [d0, d1, d2] tensor in a buffer: contiguous, or (strided) at column offset `offset` of rows
 // `row` wide, with `pad` more elements between the d0 slices.
@@ -63,16 +41,16 @@ struct Layout {
   }
   size_t elements() const { return size_t(d0 * slice); }
   size_t index(int64_t i, int64_t j, int64_t k) const { return size_t(i * slice + j * row + offset + k); }
-  Tensor view(Storage& s) const {
+  Tensor view(Buffer& s) const {
     char* base = static_cast<char*>(s.data()) + offset * (s.dtype == DType::bf16 ? 2 : 4);
     return Tensor::strided(base, s.dtype, {d0, d1, d2}, {slice, row, 1});
   }
-  void fill(Storage& s, const std::vector<double>& dense_values) const {
+  void fill(Buffer& s, const std::vector<double>& dense_values) const {
     for (int64_t i = 0; i < d0; ++i)
       for (int64_t j = 0; j < d1; ++j)
         for (int64_t k = 0; k < d2; ++k) s.set(index(i, j, k), dense_values[size_t((i * d1 + j) * d2 + k)]);
   }
-  std::vector<double> read(const Storage& s) const {
+  std::vector<double> read(const Buffer& s) const {
     std::vector<double> out(size_t(d0 * d1 * d2));
     for (int64_t i = 0; i < d0; ++i)
       for (int64_t j = 0; j < d1; ++j)
@@ -80,7 +58,7 @@ struct Layout {
     return out;
   }
   // Everything outside the view still holds its NaN poison.
-  bool outside_intact(const Storage& s) const {
+  bool outside_intact(const Buffer& s) const {
     std::vector<bool> inside(s.size(), false);
     for (int64_t i = 0; i < d0; ++i)
       for (int64_t j = 0; j < d1; ++j)
@@ -94,7 +72,7 @@ struct Layout {
 // A tensor with its storage and layout.
 struct Held {
   Layout layout;
-  Storage storage;
+  Buffer storage;
   Held(const Layout& l, DType dtype) : layout(l), storage(dtype, l.elements()) {}
   Tensor view() { return layout.view(storage); }
   std::vector<double> read() const { return layout.read(storage); }

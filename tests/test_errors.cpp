@@ -8,10 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "checks.h"
 #include "flat/flat.h"
 
 namespace flat {
 namespace {
+
+using test::expect_error;
 
 constexpr int64_t B = 1, S = 5, N = 2, K = 16, V = 16;
 
@@ -64,16 +67,6 @@ BackwardArgs backward_args(Buffers& b) {
   a.dg = view4(b.dg, B, S, N, K);
   a.dh0 = view4(b.dh0, B, N, K, V);
   return a;
-}
-
-void expect_error(const std::function<void()>& call, const std::string& fragment, const Buffers& b) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(b.outputs_untouched()) << fragment;
 }
 
 struct ForwardBreak {
