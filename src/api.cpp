@@ -70,6 +70,34 @@ Tensor Tensor::strided(void* data, DType dtype, std::initializer_list<int64_t> s
 uint16_t to_bf16(float x) { return cpu::f32_to_bf16(x); }
 float from_bf16(uint16_t x) { return cpu::bf16_to_f32(x); }
 
+GateKind gate_kind(Variant variant) {
+  switch (variant) {
+    case Variant::la:
+    case Variant::deltanet: return GateKind::none;
+    case Variant::retnet:
+    case Variant::mamba2:
+    case Variant::gated_deltanet: return GateKind::scalar;
+    case Variant::gla:
+    case Variant::kda:
+    case Variant::gdn2:
+    case Variant::sla: return GateKind::channel;
+  }
+  return GateKind::none;
+}
+
+Delta delta_kind(Variant variant) {
+  switch (variant) {
+    case Variant::deltanet:
+    case Variant::gated_deltanet:
+    case Variant::kda:
+    case Variant::sla: return Delta::beta;
+    case Variant::gdn2: return Delta::erase_write;
+    default: return Delta::none;
+  }
+}
+
+int default_gate_group(Variant variant) { return variant == Variant::sla ? 64 : 0; }
+
 namespace {
 
 using validate::Axis;
@@ -100,32 +128,6 @@ RowView rows(const Tensor& t) {
   r.stride1 = s[1];
   r.stride2 = s[2];
   return r;
-}
-
-GateKind gate_kind(Variant variant) {
-  switch (variant) {
-    case Variant::la:
-    case Variant::deltanet: return GateKind::none;
-    case Variant::retnet:
-    case Variant::mamba2:
-    case Variant::gated_deltanet: return GateKind::scalar;
-    case Variant::gla:
-    case Variant::kda:
-    case Variant::gdn2:
-    case Variant::sla: return GateKind::channel;
-  }
-  return GateKind::none;
-}
-
-Delta delta_kind(Variant variant) {
-  switch (variant) {
-    case Variant::deltanet:
-    case Variant::gated_deltanet:
-    case Variant::kda:
-    case Variant::sla: return Delta::beta;
-    case Variant::gdn2: return Delta::erase_write;
-    default: return Delta::none;
-  }
 }
 
 void check_absent(const std::string& name, const Tensor& t, Variant variant, const char* what) {
@@ -169,7 +171,7 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
     Ng = g.shape[2];
   } else if (p.gate == GateKind::channel) {
     // One value per group of G channels: from the option, or sla's 64, or g's last axis.
-    const int64_t group = options.gate_group > 0 ? options.gate_group : variant == Variant::sla ? 64 : 0;
+    const int64_t group = options.gate_group > 0 ? options.gate_group : default_gate_group(variant);
     if (group > 0 && K % group != 0)
       fail("options.gate_group", "G = " + std::to_string(group) + " does not divide K = " + std::to_string(K));
     check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K/G", group > 0 ? K / group : -1}});

@@ -57,6 +57,13 @@ struct Params {
   RowView dbeta, db, dw;
 };
 
+// What each variant is made of (docs: ../shared/spec/variants.md): its gate, its state update,
+// and the channels per gate value when Options::gate_group is 0 (64 for sla; 0 for the others:
+// g's last axis decides).
+GateKind gate_kind(Variant variant);
+Delta delta_kind(Variant variant);
+int default_gate_group(Variant variant);
+
 // Validates the arguments of forward / backward exactly as the public entry points do (throwing
 // flat::Error, writing nothing) and describes the problem. For internal callers such as the
 // benchmark's baselines, which run other implementations on the same arguments.

@@ -63,8 +63,7 @@ struct Shape {
         K(variant == Variant::sla ? o.sla_K : o.K),
         V(o.V),
         R(variant == Variant::sla && o.N % o.sla_R == 0 ? o.sla_R : 1),
-        delta(variant == Variant::deltanet || variant == Variant::gated_deltanet || variant == Variant::kda ||
-              variant == Variant::gdn2 || variant == Variant::sla) {}
+        delta(delta_kind(variant) != Delta::none) {}
 
   Variant variant;
   int64_t B, S, N, K, V, R;
@@ -75,17 +74,14 @@ struct Shape {
     if (variant != Variant::sla) return std::string(variant_name(variant));
     return std::string(variant_name(variant)) + " (K=" + std::to_string(K) + ", R=" + std::to_string(R) + ")";
   }
-  // Values per token and key head of the gate: 0, 1, K or K / 64 (sla).
+  // Values per token and key head of the gate: 0, 1, K, or K / G with the variant's default G.
   int64_t gate_width() const {
-    switch (variant) {
-      case Variant::la:
-      case Variant::deltanet: return 0;
-      case Variant::retnet:
-      case Variant::mamba2:
-      case Variant::gated_deltanet: return 1;
-      case Variant::sla: return K / 64;
-      default: return K;
+    switch (gate_kind(variant)) {
+      case GateKind::none: return 0;
+      case GateKind::scalar: return 1;
+      case GateKind::channel: return default_gate_group(variant) > 0 ? K / default_gate_group(variant) : K;
     }
+    return 0;
   }
   double gate_elements() const {
     return variant == Variant::retnet ? double(N) : double(B * S * key_heads() * gate_width());

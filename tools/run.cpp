@@ -16,6 +16,7 @@
 
 #include "flat/flat.h"
 #include "npy.h"
+#include "params.h"
 #include "run_io.h"
 #include "run_conv.h"
 
@@ -73,18 +74,15 @@ Config parse_args(const std::vector<std::string>& args) {
 // g.npy in the variant's layout. la and deltanet have no gate and ignore a g.npy that is there.
 std::optional<NpyArray> read_gate(const fs::path& dir, Variant variant, const Options& options, int64_t B,
                                   int64_t S, int64_t K) {
-  switch (variant) {
-    case Variant::la:
-    case Variant::deltanet: return std::nullopt;
-    case Variant::retnet: return read_input(dir, "g.npy", {{"Ng"}});
-    case Variant::mamba2:
-    case Variant::gated_deltanet: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}});
-    case Variant::gla: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K", K}});
-    case Variant::kda:
-    case Variant::gdn2:
-    case Variant::sla: {
+  switch (gate_kind(variant)) {
+    case GateKind::none: return std::nullopt;
+    case GateKind::scalar:
+      if (variant == Variant::retnet) return read_input(dir, "g.npy", {{"Ng"}});
+      return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}});
+    case GateKind::channel: {
+      if (variant == Variant::gla) return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K", K}});
       // One value per group of G channels: G from --gate-group, or sla's 64, or g.npy's last axis.
-      const int64_t group = options.gate_group > 0 ? options.gate_group : variant == Variant::sla ? 64 : 0;
+      const int64_t group = options.gate_group > 0 ? options.gate_group : default_gate_group(variant);
       if (group > 0 && K % group != 0)
         throw RunError("--gate-group: G = " + std::to_string(group) +
                        (options.gate_group > 0 ? "" : " (sla's default)") + " does not divide K = " + std::to_string(K));
@@ -106,16 +104,10 @@ struct Strengths {
 
 Strengths read_strengths(const fs::path& dir, Variant variant, int64_t B, int64_t S, int64_t K, int64_t V) {
   Strengths strengths;
-  switch (variant) {
-    case Variant::la:
-    case Variant::retnet:
-    case Variant::mamba2:
-    case Variant::gla: break;
-    case Variant::deltanet:
-    case Variant::gated_deltanet:
-    case Variant::kda:
-    case Variant::sla: strengths.beta = read_input(dir, "beta.npy", {{"B", B}, {"S", S}, {"Nb"}}); break;
-    case Variant::gdn2:
+  switch (delta_kind(variant)) {
+    case Delta::none: break;
+    case Delta::beta: strengths.beta = read_input(dir, "beta.npy", {{"B", B}, {"S", S}, {"Nb"}}); break;
+    case Delta::erase_write:
       strengths.b = read_input(dir, "b.npy", {{"B", B}, {"S", S}, {"Nb"}, {"K", K}});
       strengths.w = read_input(dir, "w.npy", {{"B", B}, {"S", S}, {"Nw"}, {"V", V}});
       break;
