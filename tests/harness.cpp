@@ -73,6 +73,27 @@ std::string Case::name() const {
   return s.str();
 }
 
+std::vector<Case> build_sweep(const std::vector<Variant>& variants,
+                              const std::function<void(Case& base, const std::function<void(const CaseEdit&)>& add)>& cases,
+                              const CaseEdit& finish) {
+  std::vector<Case> out;
+  for (Variant variant : variants)
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      Case base;
+      base.variant = variant;
+      base.dtype = dtype;
+      base.K = base.V = 64;
+      cases(base, [&](const CaseEdit& edit) {
+        Case c = base;
+        edit(c);
+        if (finish) finish(c);
+        c.seed = out.size() + 1;
+        out.push_back(c);
+      });
+    }
+  return out;
+}
+
 double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
   if (got.size() != want.size()) return std::numeric_limits<double>::quiet_NaN();
   double num = 0, den = 0;

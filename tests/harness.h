@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,14 @@ struct Case {
   int gate_group() const;  // G as the library resolves it
   std::string name() const;
 };
+
+// A sweep of cases, for every variant given and both dtypes: cases(base, add) gets the base case
+// of the pair (K = V = 64, the rest Case's defaults; it may change it) and calls add(edit) once per
+// case. Each case is the base edited, then finish(case) when given, seeded by its position.
+using CaseEdit = std::function<void(Case&)>;
+std::vector<Case> build_sweep(const std::vector<Variant>& variants,
+                              const std::function<void(Case& base, const std::function<void(const CaseEdit&)>& add)>& cases,
+                              const CaseEdit& finish = {});
 
 // Relative L2 errors per output; NaN where the output had a NaN. Zero for gradients of inputs
 // the variant does not take.

@@ -30,54 +30,45 @@ const Implementation kBaselines[] = {
 };
 
 std::vector<Case> cases() {
-  std::vector<Case> out;
-  for (Variant variant : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::deltanet,
-                          Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla})
-    for (DType dtype : {DType::f32, DType::bf16}) {
-      Case base;
-      base.variant = variant;
-      base.dtype = dtype;
-      base.K = variant == Variant::sla ? 64 : 32;
-      base.V = 24;
-      base.chunk = 32;
-      auto add = [&](auto&& edit) {
-        Case c = base;
-        edit(c);
-        c.seed = out.size() + 1;
-        out.push_back(c);
-      };
-      add([](Case& c) { c.S = 1; });
-      // Several checkpoint segments and chunks, the last ones partial; both states.
-      add([](Case& c) {
-        c.S = 150;
-        c.h0 = c.dht = true;
-      });
-      // Head sharing with two batches, K and V not multiples of a vector (sla: packed heads).
-      add([variant](Case& c) {
-        c.B = 2;
-        c.S = 70;
-        c.Nq = c.Nk = c.Nb = 2;
-        c.Nv = c.Ng = c.Nw = 4;
-        if (variant == Variant::sla) c.Ng = 2;
-        else c.K = 17;
-        c.V = 33;
-        c.h0 = c.dht = true;
-      });
-      // In-kernel L2 normalisation, with sharing.
-      add([](Case& c) {
-        c.S = 100;
-        c.Nq = 1;
-        c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
-        c.l2norm = true;
-        c.h0 = true;
-      });
-      add([](Case& c) {
-        c.S = 90;
-        c.dht = true;
-        c.decay = Decay::strong;
-      });
-    }
-  return out;
+  const auto per_variant = [](Case& base, const auto& add) {
+    const Variant variant = base.variant;
+    base.K = variant == Variant::sla ? 64 : 32;
+    base.V = 24;
+    base.chunk = 32;
+    add([](Case& c) { c.S = 1; });
+    // Several checkpoint segments and chunks, the last ones partial; both states.
+    add([](Case& c) {
+      c.S = 150;
+      c.h0 = c.dht = true;
+    });
+    // Head sharing with two batches, K and V not multiples of a vector (sla: packed heads).
+    add([variant](Case& c) {
+      c.B = 2;
+      c.S = 70;
+      c.Nq = c.Nk = c.Nb = 2;
+      c.Nv = c.Ng = c.Nw = 4;
+      if (variant == Variant::sla) c.Ng = 2;
+      else c.K = 17;
+      c.V = 33;
+      c.h0 = c.dht = true;
+    });
+    // In-kernel L2 normalisation, with sharing.
+    add([](Case& c) {
+      c.S = 100;
+      c.Nq = 1;
+      c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
+      c.l2norm = true;
+      c.h0 = true;
+    });
+    add([](Case& c) {
+      c.S = 90;
+      c.dht = true;
+      c.decay = Decay::strong;
+    });
+  };
+  return build_sweep({Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::deltanet,
+                      Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla},
+                     per_variant);
 }
 
 class BaselineVsOracle : public ::testing::TestWithParam<std::tuple<Implementation, Case>> {};

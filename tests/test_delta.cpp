@@ -15,8 +15,8 @@
 namespace flat::test {
 namespace {
 
-constexpr Variant kDeltaVariants[] = {Variant::deltanet, Variant::gated_deltanet, Variant::kda, Variant::gdn2,
-                                      Variant::sla};
+const std::vector<Variant> kDeltaVariants{Variant::deltanet, Variant::gated_deltanet, Variant::kda, Variant::gdn2,
+                                          Variant::sla};
 
 // SLA's default of 64 channels per gate value needs K a multiple of 64; other widths get the
 // largest power of two up to 64 that divides K.
@@ -25,116 +25,104 @@ void fit_gate_group(Case& c) {
 }
 
 std::vector<Case> sweep() {
-  std::vector<Case> cases;
-  for (Variant variant : kDeltaVariants)
-    for (DType dtype : {DType::f32, DType::bf16}) {
-      Case base;
-      base.variant = variant;
-      base.dtype = dtype;
-      base.K = base.V = 64;
-      auto add = [&](auto&& edit) {
-        Case c = base;
-        edit(c);
-        fit_gate_group(c);
-        c.seed = cases.size() + 1;
-        cases.push_back(c);
-      };
-      // Sequence lengths around the chunk, states alternating on and off; the long one narrow, as
-      // the oracle's cost grows with S K V.
-      int i = 0;
-      for (int S : {1, 63, 64, 65, 197, 1000})
-        add([&](Case& c) {
-          c.S = S;
-          if (S == 1000) c.K = c.V = 16;
-          c.h0 = i % 2 == 0;
-          c.dht = i++ % 3 != 1;
-        });
-      // Head widths, odd and unequal ones included.
-      for (auto [K, V] : std::vector<std::pair<int, int>>{
-               {16, 64}, {100, 100}, {128, 128}, {256, 256}, {64, 256}, {256, 16}})
-        add([&](Case& c) {
-          c.S = 2 * 64 + 5;
-          c.K = K;
-          c.V = V;
-          c.h0 = c.dht = true;
-        });
-      // SLA-R4's shape, for KDA too: K = 256 with q, k, g and beta shared by four value heads.
-      if (variant == Variant::sla || variant == Variant::kda)
-        add([&](Case& c) {
-          c.S = 133;
-          c.K = 256;
-          c.Nv = 4;
-          c.h0 = c.dht = true;
-        });
-      // Head sharing of every input, two batches.
+  const auto cases = [](Case& base, const auto& add) {
+    const Variant variant = base.variant;
+    // Sequence lengths around the chunk, states alternating on and off; the long one narrow, as
+    // the oracle's cost grows with S K V.
+    int i = 0;
+    for (int S : {1, 63, 64, 65, 197, 1000})
       add([&](Case& c) {
-        c.B = 2;
-        c.S = 100;
-        c.Nq = c.Nk = c.Nb = 2;
-        c.Nv = c.Nw = 4;
+        c.S = S;
+        if (S == 1000) c.K = c.V = 16;
+        c.h0 = i % 2 == 0;
+        c.dht = i++ % 3 != 1;
+      });
+    // Head widths, odd and unequal ones included.
+    for (auto [K, V] : std::vector<std::pair<int, int>>{
+             {16, 64}, {100, 100}, {128, 128}, {256, 256}, {64, 256}, {256, 16}})
+      add([&](Case& c) {
+        c.S = 2 * 64 + 5;
+        c.K = K;
+        c.V = V;
         c.h0 = c.dht = true;
       });
-      // One fused projection holding q, k, v and beta (b, w), and a strided y.
+    // SLA-R4's shape, for KDA too: K = 256 with q, k, g and beta shared by four value heads.
+    if (variant == Variant::sla || variant == Variant::kda)
       add([&](Case& c) {
-        c.B = 2;
-        c.S = 77;
-        c.Nq = c.Nv = c.Nb = 4;
-        c.Nk = c.Nw = 2;
-        c.strided = true;
+        c.S = 133;
+        c.K = 256;
+        c.Nv = 4;
         c.h0 = c.dht = true;
       });
-      // Decay strengths.
-      for (Decay decay : {Decay::mild, Decay::strong})
-        add([&](Case& c) {
-          c.S = 300;
-          c.decay = decay;
-          c.h0 = c.dht = true;
-        });
-      // beta up to 2, with raw (short) and with L2-normalised keys.
-      for (bool l2norm : {false, true})
-        add([&](Case& c) {
-          c.S = 200;
-          c.beta_max = 2.0;
-          c.l2norm = l2norm;
-          c.h0 = c.dht = true;
-        });
-      // In-kernel L2 normalisation with sharing.
+    // Head sharing of every input, two batches.
+    add([&](Case& c) {
+      c.B = 2;
+      c.S = 100;
+      c.Nq = c.Nk = c.Nb = 2;
+      c.Nv = c.Nw = 4;
+      c.h0 = c.dht = true;
+    });
+    // One fused projection holding q, k, v and beta (b, w), and a strided y.
+    add([&](Case& c) {
+      c.B = 2;
+      c.S = 77;
+      c.Nq = c.Nv = c.Nb = 4;
+      c.Nk = c.Nw = 2;
+      c.strided = true;
+      c.h0 = c.dht = true;
+    });
+    // Decay strengths.
+    for (Decay decay : {Decay::mild, Decay::strong})
+      add([&](Case& c) {
+        c.S = 300;
+        c.decay = decay;
+        c.h0 = c.dht = true;
+      });
+    // beta up to 2, with raw (short) and with L2-normalised keys.
+    for (bool l2norm : {false, true})
+      add([&](Case& c) {
+        c.S = 200;
+        c.beta_max = 2.0;
+        c.l2norm = l2norm;
+        c.h0 = c.dht = true;
+      });
+    // In-kernel L2 normalisation with sharing.
+    add([&](Case& c) {
+      c.S = 150;
+      c.Nq = 1;
+      c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
+      c.l2norm = true;
+      c.h0 = true;
+    });
+    // Grouped gates for the variants whose default is one value per channel.
+    if (variant == Variant::kda || variant == Variant::gdn2)
       add([&](Case& c) {
         c.S = 150;
-        c.Nq = 1;
-        c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
-        c.l2norm = true;
-        c.h0 = true;
+        c.G = 8;
+        c.decay = Decay::strong;
+        c.h0 = c.dht = true;
       });
-      // Grouped gates for the variants whose default is one value per channel.
-      if (variant == Variant::kda || variant == Variant::gdn2)
+    // Each solve at the smallest, the default and the largest chunk, on hard chunks.
+    for (Solve solve : {Solve::substitution, Solve::blocked, Solve::doubling})
+      for (auto [C, S] : std::vector<std::pair<int, int>>{{16, 40}, {64, 130}, {256, 300}})
         add([&](Case& c) {
-          c.S = 150;
-          c.G = 8;
-          c.decay = Decay::strong;
-          c.h0 = c.dht = true;
-        });
-      // Each solve at the smallest, the default and the largest chunk, on hard chunks.
-      for (Solve solve : {Solve::substitution, Solve::blocked, Solve::doubling})
-        for (auto [C, S] : std::vector<std::pair<int, int>>{{16, 40}, {64, 130}, {256, 300}})
-          add([&](Case& c) {
-            c.solve = solve;
-            c.chunk = C;
-            c.S = S;
-            c.Nq = c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
-            c.beta_max = 2.0;
-            c.decay = Decay::strong;
-            c.dht = true;
-          });
-      // The other chunk sizes at their edges.
-      for (auto [C, S] : std::vector<std::pair<int, int>>{{32, 31}, {128, 129}})
-        add([&](Case& c) {
+          c.solve = solve;
           c.chunk = C;
           c.S = S;
-          c.h0 = true;
+          c.Nq = c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
+          c.beta_max = 2.0;
+          c.decay = Decay::strong;
+          c.dht = true;
         });
-    }
-  return cases;
+    // The other chunk sizes at their edges.
+    for (auto [C, S] : std::vector<std::pair<int, int>>{{32, 31}, {128, 129}})
+      add([&](Case& c) {
+        c.chunk = C;
+        c.S = S;
+        c.h0 = true;
+      });
+  };
+  return build_sweep(kDeltaVariants, cases, fit_gate_group);
 }
 
 class DeltaVsOracle : public ::testing::TestWithParam<Case> {};

@@ -15,80 +15,67 @@ namespace flat::test {
 namespace {
 
 std::vector<Case> sweep() {
-  std::vector<Case> cases;
-  for (Variant variant : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla})
-    for (DType dtype : {DType::f32, DType::bf16}) {
-      Case base;
-      base.variant = variant;
-      base.dtype = dtype;
-      base.K = base.V = 64;
-      auto add = [&](auto&& edit) {
-        Case c = base;
-        edit(c);
-        c.seed = cases.size() + 1;
-        cases.push_back(c);
-      };
-      // Sequence lengths around the chunk, states alternating on and off.
-      int i = 0;
-      for (int S : {1, 63, 64, 65, 197, 1000})
-        add([&](Case& c) {
-          c.S = S;
-          c.h0 = i % 2 == 0;
-          c.dht = i++ % 3 != 1;
-        });
-      // Head widths.
-      for (auto [K, V] : std::vector<std::pair<int, int>>{
-               {16, 16}, {64, 64}, {100, 100}, {128, 128}, {256, 256}, {17, 33}, {256, 16}, {16, 256}})
-        add([&](Case& c) {
-          c.S = 3 * 64 + 5;
-          c.K = K;
-          c.V = V;
-          c.h0 = c.dht = true;
-        });
-      // Head sharing (GQA/GVA) with two batches, strided fused projection, states on.
+  return build_sweep({Variant::la, Variant::retnet, Variant::mamba2, Variant::gla}, [](Case&, const auto& add) {
+    // Sequence lengths around the chunk, states alternating on and off.
+    int i = 0;
+    for (int S : {1, 63, 64, 65, 197, 1000})
       add([&](Case& c) {
-        c.B = 2;
-        c.S = 100;
-        c.Nq = c.Nk = 2;
-        c.Nv = c.Ng = 8;
+        c.S = S;
+        c.h0 = i % 2 == 0;
+        c.dht = i++ % 3 != 1;
+      });
+    // Head widths.
+    for (auto [K, V] : std::vector<std::pair<int, int>>{
+             {16, 16}, {64, 64}, {100, 100}, {128, 128}, {256, 256}, {17, 33}, {256, 16}, {16, 256}})
+      add([&](Case& c) {
+        c.S = 3 * 64 + 5;
+        c.K = K;
+        c.V = V;
         c.h0 = c.dht = true;
       });
+    // Head sharing (GQA/GVA) with two batches, strided fused projection, states on.
+    add([&](Case& c) {
+      c.B = 2;
+      c.S = 100;
+      c.Nq = c.Nk = 2;
+      c.Nv = c.Ng = 8;
+      c.h0 = c.dht = true;
+    });
+    add([&](Case& c) {
+      c.B = 2;
+      c.S = 77;
+      c.Nq = 4;
+      c.Nk = 2;
+      c.Nv = 4;
+      c.Ng = 1;
+      c.strided = true;
+      c.h0 = c.dht = true;
+    });
+    // Decay strengths.
+    for (Decay decay : {Decay::mild, Decay::strong})
       add([&](Case& c) {
-        c.B = 2;
-        c.S = 77;
-        c.Nq = 4;
-        c.Nk = 2;
-        c.Nv = 4;
-        c.Ng = 1;
-        c.strided = true;
+        c.S = 300;
+        c.decay = decay;
         c.h0 = c.dht = true;
       });
-      // Decay strengths.
-      for (Decay decay : {Decay::mild, Decay::strong})
-        add([&](Case& c) {
-          c.S = 300;
-          c.decay = decay;
-          c.h0 = c.dht = true;
-        });
-      // In-kernel L2 normalisation of q and k, with sharing.
+    // In-kernel L2 normalisation of q and k, with sharing.
+    add([&](Case& c) {
+      c.S = 150;
+      c.Nq = 1;
+      c.Nv = c.Ng = c.Nk = 2;
+      c.l2norm = true;
+      c.h0 = true;
+    });
+    // Other chunk sizes around their edges.
+    for (auto [C, S] : std::vector<std::pair<int, int>>{{16, 17}, {32, 31}, {128, 129}, {256, 300}})
       add([&](Case& c) {
-        c.S = 150;
-        c.Nq = 1;
-        c.Nv = c.Ng = c.Nk = 2;
-        c.l2norm = true;
-        c.h0 = true;
+        c.chunk = C;
+        c.S = S;
+        c.Nq = c.Nk = c.Nv = c.Ng = 2;
+        c.dht = true;
+        c.decay = Decay::strong;
       });
-      // Other chunk sizes around their edges.
-      for (auto [C, S] : std::vector<std::pair<int, int>>{{16, 17}, {32, 31}, {128, 129}, {256, 300}})
-        add([&](Case& c) {
-          c.chunk = C;
-          c.S = S;
-          c.Nq = c.Nk = c.Nv = c.Ng = 2;
-          c.dht = true;
-          c.decay = Decay::strong;
-        });
-    }
-  return cases;
+  });
 }
 
 class KernelVsOracle : public ::testing::TestWithParam<Case> {};
