@@ -103,6 +103,7 @@ namespace {
 using validate::Axis;
 using validate::check_dtype;
 using validate::check_tensor;
+using validate::check_values;
 using validate::fail;
 using validate::shape_string;
 
@@ -134,13 +135,6 @@ void check_absent(const std::string& name, const Tensor& t, Variant variant, con
   if (t.present())
     fail(name, "variant " + std::string(variant_name(variant)) + " takes no " + what + ", got a tensor of shape " +
                    shape_string(t));
-}
-
-int head_group(const std::string& name, const char* axis, int64_t heads, int64_t N) {
-  if (N % heads != 0)
-    fail(name, std::string("head count ") + axis + " = " + std::to_string(heads) +
-                   " does not divide N = " + std::to_string(N));
-  return int(N / heads);
 }
 
 // Validates the inputs shared by forward and backward and fills the problem description.
@@ -198,13 +192,19 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
     check_absent("w", in.w, variant, "write gate w");
   }
 
-  const int64_t N = std::max({q.shape[2], k.shape[2], v.shape[2], Ng, Nb, Nw});
-  p.group_q = head_group("q", "Nq", q.shape[2], N);
-  p.group_k = head_group("k", "Nk", k.shape[2], N);
-  p.group_v = head_group("v", "Nv", v.shape[2], N);
-  if (Ng > 0) p.group_g = head_group("g", "Ng", Ng, N);
-  if (Nb > 0) p.group_b = head_group(p.delta == Delta::beta ? "beta" : "b", "Nb", Nb, N);
-  if (Nw > 0) p.group_w = head_group("w", "Nw", Nw, N);
+  const int64_t N = validate::head_count({{"q", "Nq", q.shape[2]},
+                                          {"k", "Nk", k.shape[2]},
+                                          {"v", "Nv", v.shape[2]},
+                                          {"g", "Ng", Ng},
+                                          {p.delta == Delta::beta ? "beta" : "b", "Nb", Nb},
+                                          {"w", "Nw", Nw}});
+  const auto group = [N](int64_t heads) { return heads > 0 ? int(N / heads) : 1; };
+  p.group_q = group(q.shape[2]);
+  p.group_k = group(k.shape[2]);
+  p.group_v = group(v.shape[2]);
+  p.group_g = group(Ng);
+  p.group_b = group(Nb);
+  p.group_w = group(Nw);
   p.pack = std::gcd(p.group_q, p.group_k);
   if (Ng > 0) p.pack = std::gcd(p.pack, p.group_g);
   if (Nb > 0) p.pack = std::gcd(p.pack, p.group_b);
@@ -237,6 +237,15 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.b = rows(in.b);
   p.w = rows(in.w);
   p.solve = options.solve == Solve::automatic ? Solve::doubling : options.solve;
+  // Values, once every shape is known to fit: a gate above 0 would grow the state without bound,
+  // and a non-finite gate, strength or initial state would end in NaN everywhere it reaches, so
+  // these are refused. Activations (q, k, v, dy, dht) are not scanned: their NaN and infinities
+  // propagate, as in any training framework (README, "Errors"). Options::check_values skips it.
+  if (!options.check_values) return p;
+  check_values("g", g, validate::Values::finite_nonpositive, p.threads);
+  for (const auto& [name, tensor] : {std::pair{"beta", &in.beta}, std::pair{"b", &in.b}, std::pair{"w", &in.w},
+                                     std::pair{"h0", &h0}})
+    check_values(name, *tensor, validate::Values::finite, p.threads);
   return p;
 }
 
@@ -254,12 +263,18 @@ void check_gradient(const std::string& name, const Tensor& grad, const std::stri
   check_dtype(name, grad, input.dtype, " (the dtype of " + input_name + ")");
 }
 
+std::vector<validate::Named> input_views(const Inputs& in) {
+  return {{"q", &in.q},       {"k", &in.k}, {"v", &in.v}, {"g", &in.g},
+          {"h0", &in.h0},     {"beta", &in.beta}, {"b", &in.b}, {"w", &in.w}};
+}
+
 }  // namespace
 
 Params describe_forward(Variant variant, const ForwardArgs& a, const Options& options) {
   Params p = describe_inputs(variant, a, options);
   check_tensor("y", a.y, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
   if (a.ht.present()) check_state("ht", a.ht, p);
+  validate::check_no_overlap({{"y", &a.y}, {"ht", &a.ht}}, input_views(a), {{"ht", "h0"}});
   p.y = rows(a.y);
   p.ht = rows(a.ht);
   return p;
@@ -283,6 +298,11 @@ Params describe_backward(Variant variant, const BackwardArgs& a, const Options& 
     }
   }
   if (a.dh0.present()) check_state("dh0", a.dh0, p);
+  std::vector<validate::Named> inputs = input_views(a);
+  inputs.insert(inputs.end(), {{"dy", &a.dy}, {"dht", &a.dht}});
+  validate::check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dg", &a.dg}, {"dh0", &a.dh0},
+                              {"dbeta", &a.dbeta}, {"db", &a.db}, {"dw", &a.dw}},
+                             inputs, {{"dh0", "dht"}});
   p.dy = rows(a.dy);
   p.dht = rows(a.dht);
   p.dq = rows(a.dq);

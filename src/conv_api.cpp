@@ -88,12 +88,17 @@ void check_sequence(const std::string& name, const Tensor& t, const ConvParams& 
   check_tensor(name, t, {{"B", p.B}, {"S", p.S}, {"C", p.C}});
 }
 
+std::vector<validate::Named> input_views(const ConvInputs& in) {
+  return {{"x", &in.x}, {"weight", &in.weight}, {"bias", &in.bias}, {"state0", &in.state0}};
+}
+
 }  // namespace
 
 ConvParams describe_conv_forward(const ConvArgs& a, const ConvOptions& options) {
   ConvParams p = describe_inputs(a, options);
   check_sequence("y", a.y, p);
   if (a.state.present()) check_state("state", a.state, p);
+  validate::check_no_overlap({{"y", &a.y}, {"state", &a.state}}, input_views(a), {{"state", "state0"}});
   p.y = rows3(a.y);
   p.state = rows3(a.state);
   return p;
@@ -112,6 +117,10 @@ ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& 
     fail("dbias", "given, but there is no bias");
   }
   if (a.dstate0.present()) check_state("dstate0", a.dstate0, p);
+  std::vector<validate::Named> inputs = input_views(a);
+  inputs.insert(inputs.end(), {{"dy", &a.dy}, {"dstate", &a.dstate}});
+  validate::check_no_overlap(
+      {{"dx", &a.dx}, {"dweight", &a.dweight}, {"dbias", &a.dbias}, {"dstate0", &a.dstate0}}, inputs);
   p.dy = rows3(a.dy);
   p.dstate = rows3(a.dstate);
   p.dx = rows3(a.dx);

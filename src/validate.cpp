@@ -1,7 +1,14 @@
 #include "validate.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <climits>
 #include <sstream>
+#include <vector>
+
+#include "cpu/bf16.h"
+#include "cpu/parallel.h"
 
 namespace flat::validate {
 
@@ -50,6 +57,250 @@ void check_tensor(const std::string& name, const Tensor& t, const std::vector<Ax
   }
   if (t.stride[axes.size() - 1] != 1)
     fail(name, "the last axis must be contiguous (stride 1), got stride " + std::to_string(t.stride[axes.size() - 1]));
+}
+
+namespace {
+
+// A view's elements as byte intervals in increasing order: its axes of more than one element,
+// outermost (largest stride) first, with the innermost ones merged into one contiguous run where
+// they are packed. "Nested" when each axis steps past everything inside it, so that walking the
+// indices in order gives disjoint intervals in increasing order; only then is `next` meaningful.
+class Intervals {
+ public:
+  explicit Intervals(const Tensor& t) : element_(t.dtype == DType::bf16 ? 2 : 4) {
+    base_ = reinterpret_cast<uintptr_t>(t.data);
+    run_ = t.shape[size_t(t.rank - 1)];  // the last axis is contiguous (stride 1)
+    for (int d = 0; d < t.rank - 1; ++d)
+      if (t.shape[size_t(d)] > 1) axes_.push_back({t.shape[size_t(d)], t.stride[size_t(d)]});
+    std::sort(axes_.begin(), axes_.end(), [](const Axis& a, const Axis& b) { return a.stride > b.stride; });
+    while (!axes_.empty() && axes_.back().stride == run_) {
+      run_ *= axes_.back().count;
+      axes_.pop_back();
+    }
+    int64_t inner = run_;  // elements spanned by the axes inside
+    nested_ = true;
+    for (size_t d = axes_.size(); d-- > 0;) {
+      nested_ = nested_ && axes_[d].stride >= inner;
+      inner += (axes_[d].count - 1) * axes_[d].stride;
+    }
+    end_ = base_ + uintptr_t(inner) * element_;
+    index_.assign(axes_.size(), 0);
+  }
+
+  uintptr_t begin() const { return base_; }
+  uintptr_t end() const { return end_; }
+  bool nested() const { return nested_; }
+  bool has_zero_stride() const {
+    return std::any_of(axes_.begin(), axes_.end(), [](const Axis& a) { return a.stride == 0; });
+  }
+
+  // The current interval [first, last) and a step to the next; false past the end.
+  bool current(uintptr_t* first, uintptr_t* last) const {
+    if (done_) return false;
+    int64_t offset = 0;
+    for (size_t d = 0; d < axes_.size(); ++d) offset += index_[d] * axes_[d].stride;
+    *first = base_ + uintptr_t(offset) * element_;
+    *last = *first + uintptr_t(run_) * element_;
+    return true;
+  }
+  void next() {
+    for (size_t d = axes_.size(); d-- > 0;) {
+      if (++index_[d] < axes_[d].count) return;
+      index_[d] = 0;
+    }
+    done_ = true;
+  }
+
+ private:
+  struct Axis {
+    int64_t count, stride;
+  };
+  int64_t element_;
+  uintptr_t base_ = 0, end_ = 0;
+  int64_t run_ = 1;
+  std::vector<Axis> axes_;
+  std::vector<int64_t> index_;
+  bool nested_ = true, done_ = false;
+};
+
+// Whether two views share a byte. Apart extents answer at once; nested views are walked together,
+// interval by interval (a fused projection's column blocks: one interval per row); views that are
+// not nested and whose extents meet are taken to overlap.
+bool share_memory(const Tensor& a, const Tensor& b) {
+  Intervals x(a), y(b);
+  if (x.end() <= y.begin() || y.end() <= x.begin()) return false;
+  if (!x.nested() || !y.nested()) return true;
+  uintptr_t x0, x1, y0, y1;
+  while (x.current(&x0, &x1) && y.current(&y0, &y1)) {
+    if (x0 < y1 && y0 < x1) return true;
+    if (x1 <= y1) x.next();
+    else y.next();
+  }
+  return false;
+}
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.rank == b.rank && a.shape == b.shape && a.stride == b.stride;
+}
+
+}  // namespace
+
+void check_no_overlap(const std::vector<Named>& outputs, const std::vector<Named>& inputs,
+                      const std::vector<std::pair<std::string, std::string>>& in_place) {
+  for (const Named& out : outputs) {
+    if (!out.tensor->present()) continue;
+    const Intervals own(*out.tensor);
+    if (own.has_zero_stride()) fail(out.name, "an output's elements must not overlap, got a stride of 0");
+    if (!own.nested()) fail(out.name, "an output's elements must not overlap, got strides that make them");
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Named& out = outputs[i];
+    if (!out.tensor->present()) continue;
+    for (size_t j = i + 1; j < outputs.size(); ++j)
+      if (outputs[j].tensor->present() && share_memory(*out.tensor, *outputs[j].tensor))
+        fail(out.name, std::string("outputs must not overlap, got memory shared with ") + outputs[j].name);
+    for (const Named& in : inputs) {
+      if (!in.tensor->present() || !share_memory(*out.tensor, *in.tensor)) continue;
+      const bool allowed = std::find(in_place.begin(), in_place.end(), std::pair<std::string, std::string>(out.name, in.name)) !=
+                           in_place.end();
+      if (allowed && same_view(*out.tensor, *in.tensor)) continue;
+      fail(out.name, std::string("an output must not overlap an input, got memory shared with ") + in.name +
+                         (allowed ? std::string(" (it may be the very same view as ") + in.name + ", updated in place)"
+                                  : std::string()));
+    }
+  }
+}
+
+int64_t head_count(const std::vector<HeadCount>& counts) {
+  size_t largest = 0;
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i].count > counts[largest].count) largest = i;
+  const int64_t N = counts[largest].count;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i].count == 0 || N % counts[i].count == 0) continue;
+    const HeadCount &culprit = counts[std::max(i, largest)], &other = counts[std::min(i, largest)];
+    fail(culprit.tensor, std::string("head count ") + culprit.axis + " = " + std::to_string(culprit.count) +
+                             " does not fit " + other.axis + " = " + std::to_string(other.count) + " of " +
+                             other.tensor + ": every head count must divide the largest, N = " + std::to_string(N));
+  }
+  return N;
+}
+
+namespace {
+
+// Whether the fp32 value with these bits breaks the rule, on the bits alone (the compiler
+// vectorises integer tests where float compares with NaN in play stay scalar): finite means an
+// exponent below all ones; at most 0 means the sign bit set, or +0.
+uint32_t breaks(uint32_t bits, Values rule) {
+  const uint32_t finite = (bits & 0x7f800000u) != 0x7f800000u;
+  const uint32_t nonpositive = (bits >> 31) | (bits == 0u);
+  return rule == Values::finite ? finite ^ 1u : (finite & nonpositive) ^ 1u;
+}
+
+uint32_t bits_of(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+uint32_t bits_of(uint16_t bf16) { return uint32_t(bf16) << 16; }
+
+// Whether any of n contiguous elements breaks the rule: one branch-free pass, on the widest
+// vectors the CPU has (a clone per target, picked when the library loads), since a state read for a
+// one-token decode step is read again here.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FLAT_SCAN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FLAT_SCAN_CLONES
+#endif
+FLAT_SCAN_CLONES bool any_broken(const float* row, int64_t n, Values rule) {
+  uint32_t any = 0;
+  for (int64_t c = 0; c < n; ++c) any |= breaks(bits_of(row[c]), rule);
+  return any != 0;
+}
+FLAT_SCAN_CLONES bool any_broken(const uint16_t* row, int64_t n, Values rule) {
+  uint32_t any = 0;
+  for (int64_t c = 0; c < n; ++c) any |= breaks(bits_of(row[c]), rule);
+  return any != 0;
+}
+
+// The first element of a contiguous row of n that breaks the rule, or n.
+template <class Element>
+int64_t first_broken(const Element* row, int64_t n, Values rule) {
+  if (!any_broken(row, n, rule)) return n;
+  for (int64_t c = 0; c < n; ++c)
+    if (breaks(bits_of(row[c]), rule)) return c;
+  return n;
+}
+
+}  // namespace
+
+void check_values(const std::string& name, const Tensor& t, Values rule, int threads) {
+  if (!t.present()) return;
+  // Trailing axes that are packed merge into one contiguous run; the axes before it are walked.
+  int outer = t.rank - 1;
+  int64_t run = t.shape[size_t(outer)];
+  while (outer > 0 && t.stride[size_t(outer - 1)] == run) run *= t.shape[size_t(--outer)];
+  int64_t rows = 1;
+  for (int d = 0; d < outer; ++d) rows *= t.shape[size_t(d)];
+  // Work in pieces of at most kPiece elements of one row, so that a single long run is split too;
+  // small tensors (a decode step's gates) are scanned on the calling thread alone.
+  constexpr int64_t kPiece = int64_t{1} << 16;
+  const int64_t pieces = (run + kPiece - 1) / kPiece;
+  const int64_t element_bytes = t.dtype == DType::bf16 ? 2 : 4;
+  const bool large = rows * run >= 4 * kPiece;
+  // The smallest logical index (row * run + column) of a broken element.
+  const int64_t none = rows * run;
+  std::atomic<int64_t> first{none};
+  cpu::parallel_ranges(rows * pieces, large ? threads : 1, [&](int64_t begin, int64_t end) {
+    int64_t row = begin / pieces, piece = begin % pieces;
+    std::vector<int64_t> index(static_cast<size_t>(outer));  // the row's indices along the walked axes
+    int64_t offset = 0;
+    for (int64_t d = outer - 1, rest = row; d >= 0; --d) {
+      index[size_t(d)] = rest % t.shape[size_t(d)];
+      rest /= t.shape[size_t(d)];
+      offset += index[size_t(d)] * t.stride[size_t(d)];
+    }
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t c0 = piece * kPiece, n = std::min(kPiece, run - c0);
+      const char* data = static_cast<const char*>(t.data) + (offset + c0) * element_bytes;
+      const int64_t c = t.dtype == DType::bf16 ? first_broken(reinterpret_cast<const uint16_t*>(data), n, rule)
+                                               : first_broken(reinterpret_cast<const float*>(data), n, rule);
+      if (c < n) {
+        const int64_t at = row * run + c0 + c;
+        for (int64_t seen = first.load(); at < seen && !first.compare_exchange_weak(seen, at);) {
+        }
+        return;
+      }
+      if (++piece < pieces) continue;
+      piece = 0;
+      ++row;
+      for (int d = outer - 1; d >= 0; --d) {  // the next row: an odometer over the walked axes
+        offset += t.stride[size_t(d)];
+        if (++index[size_t(d)] < t.shape[size_t(d)]) break;
+        offset -= index[size_t(d)] * t.stride[size_t(d)];
+        index[size_t(d)] = 0;
+      }
+    }
+  });
+  if (first.load() == none) return;
+  // The broken element's index in the tensor's own axes, and its value.
+  std::ostringstream where;
+  int64_t offset = 0;
+  std::vector<int64_t> index(static_cast<size_t>(t.rank));
+  for (int64_t d = t.rank - 1, rest = first.load(); d >= 0; --d) {
+    index[size_t(d)] = rest % t.shape[size_t(d)];
+    rest /= t.shape[size_t(d)];
+    offset += index[size_t(d)] * t.stride[size_t(d)];
+  }
+  for (int d = 0; d < t.rank; ++d) where << (d ? ", " : "[") << index[size_t(d)];
+  where << "]";
+  const char* element = static_cast<const char*>(t.data) + offset * element_bytes;
+  std::ostringstream got;
+  got << (t.dtype == DType::bf16 ? cpu::bf16_to_f32(*reinterpret_cast<const uint16_t*>(element))
+                                 : *reinterpret_cast<const float*>(element));
+  fail(name, std::string("expected finite values") +
+                 (rule == Values::finite_nonpositive ? " <= 0 (log-space gates)" : "") + ", got " + got.str() +
+                 " at " + where.str());
 }
 
 void check_dtype(const std::string& name, const Tensor& t, DType expected, const std::string& why) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flat/flat.h"
@@ -24,6 +25,40 @@ struct Axis {
 // A present tensor that is a usable view of the expected shape: non-null data, every axis at
 // least 1 (and within int range), no negative stride, a contiguous last axis.
 void check_tensor(const std::string& name, const Tensor& t, const std::vector<Axis>& axes);
+
+// A tensor as an entry point names it.
+struct Named {
+  const char* name;
+  const Tensor* tensor;  // absent tensors are skipped
+};
+
+// Outputs must not overlap themselves (a stride of 0, say), each other or any input: the kernels
+// write an output while still reading the inputs, and a second output over the first. The
+// exceptions are `in_place` pairs (output, input) that may be the very same view, read in full
+// before the output is written (a state updated in place). Views whose bytes are apart pass at
+// once; views that interleave (column blocks of one fused buffer) are compared row by row.
+void check_no_overlap(const std::vector<Named>& outputs, const std::vector<Named>& inputs,
+                      const std::vector<std::pair<std::string, std::string>>& in_place = {});
+
+// A tensor's head count, for head sharing (0: the tensor is absent).
+struct HeadCount {
+  std::string tensor;
+  const char* axis;  // "Nq", "Ng", ...
+  int64_t count;
+};
+
+// N, the largest count, checked to be a multiple of every other. Of a count that does not divide
+// N and the tensor N comes from, the one later in `counts` is named as the culprit (list q, k, v
+// first: a gate with three heads beside queries with two is the gate's fault).
+int64_t head_count(const std::vector<HeadCount>& counts);
+
+// What every element of a tensor must be: finite, or finite and at most 0 (log-space gates).
+enum class Values { finite, finite_nonpositive };
+
+// Scans every element of a present tensor (bf16 or fp32, any strides) on up to `threads` threads;
+// throws naming the first offending index and its value, e.g.
+// "g: expected finite values <= 0 (log-space gates), got inf at [0, 3, 1, 2]".
+void check_values(const std::string& name, const Tensor& t, Values rule, int threads);
 
 // `why` follows the expected dtype in the message, e.g. " (states are fp32)".
 void check_dtype(const std::string& name, const Tensor& t, DType expected, const std::string& why);

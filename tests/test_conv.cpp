@@ -491,6 +491,26 @@ TEST(ConvErrors, BadOutputsNamedAndNothingWritten) {
          g.dstate0 = f32(b.dstate0, {kB, kC - 1, kW - 1});
        },
        "flat: dstate0: expected shape [B=2, C=20, W-1=3], got [2, 19, 3]", false},
+      {"y over x", [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) { f.y = f32(b.x, {kB, kS, kC}); },
+       "flat: y: an output must not overlap an input, got memory shared with x", true},
+      {"y with stride 0",
+       [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) {
+         f.y = Tensor::strided(b.y.data(), DType::f32, {kB, kS, kC}, {kS * kC, 0, 1});
+       },
+       "flat: y: an output's elements must not overlap, got a stride of 0", true},
+      {"state over y", [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) { f.state = f32(b.y, {kB, kC, kW - 1}); },
+       "flat: y: outputs must not overlap, got memory shared with state", true},
+      {"state over state0 shifted",
+       [](Buffers& b, ConvArgs& f, ConvBackwardArgs&) {
+         f.state = Tensor::strided(b.state0.data() + 1, DType::f32, {kB, kC, kW - 1}, {kC * (kW - 1), kW - 1, 1});
+       },
+       "flat: state: an output must not overlap an input, got memory shared with state0 (it may be the very same "
+       "view as state0, updated in place)",
+       true},
+      {"dx over dy", [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) { g.dx = f32(b.dy, {kB, kS, kC}); },
+       "flat: dx: an output must not overlap an input, got memory shared with dy", false},
+      {"dbias inside dweight", [](Buffers& b, ConvArgs&, ConvBackwardArgs& g) { g.dbias = f32(b.dweight, {kC}); },
+       "flat: dweight: outputs must not overlap, got memory shared with dbias", false},
   };
   for (const OutBreak& brk : cases) {
     SCOPED_TRACE(brk.what);

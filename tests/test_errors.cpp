@@ -91,7 +91,8 @@ TEST(BadInput, ForwardNamesTheTensorAndWritesNothing) {
       {"q width", [](ForwardArgs& a, Buffers&) { a.q.shape[3] = 257; }, "q: K = 257 is not supported"},
       {"S = 0", [](ForwardArgs& a, Buffers&) { a.q.shape[1] = 0; }, "q: axis S must be at least 1, got 0"},
       {"heads", [](ForwardArgs& a, Buffers&) { a.k.shape[2] = 3; },
-       "q: head count Nq = 2 does not divide N = 3"},
+       "k: head count Nk = 3 does not fit Nq = 2 of q: every head count must divide the largest, N = 3"},
+      {"gate heads", [](ForwardArgs& a, Buffers&) { a.g.shape[2] = 3; }, "g: head count Ng = 3 does not fit Nq = 2 of q"},
       {"null q", [](ForwardArgs& a, Buffers&) { a.q.data = nullptr; }, "q: null data pointer"},
       {"null y", [](ForwardArgs& a, Buffers&) { a.y.data = nullptr; }, "y: null data pointer"},
       {"missing y", [](ForwardArgs& a, Buffers&) { a.y = Tensor{}; }, "y: required tensor is missing"},
@@ -113,6 +114,28 @@ TEST(BadInput, ForwardNamesTheTensorAndWritesNothing) {
       {"chunk", [](ForwardArgs&, Buffers&) {}, "options.chunk: expected a multiple of 16 from 16 to 256, got 20",
        Variant::gla, bad_chunk},
       {"threads", [](ForwardArgs&, Buffers&) {}, "options.threads", Variant::gla, bad_threads},
+      // Values: gates are log-decays, at most 0 and finite; states finite.
+      {"gate above 0", [](ForwardArgs&, Buffers& b) { b.g[((0 * S + 3) * N + 1) * K + 5] = 100.f; },
+       "g: expected finite values <= 0 (log-space gates), got 100 at [0, 3, 1, 5]"},
+      {"gate NaN", [](ForwardArgs&, Buffers& b) { b.g[K + 2] = std::numeric_limits<float>::quiet_NaN(); },
+       "g: expected finite values <= 0 (log-space gates), got nan at [0, 0, 1, 2]"},
+      {"gate -inf", [](ForwardArgs&, Buffers& b) { b.g[N * K] = -std::numeric_limits<float>::infinity(); },
+       "g: expected finite values <= 0 (log-space gates), got -inf at [0, 1, 0, 0]"},
+      {"retnet gate above 0",
+       [](ForwardArgs& a, Buffers& b) {
+         a.g = Tensor::contiguous(b.g.data(), DType::f32, {N});
+         b.g[1] = 0.5f;
+       },
+       "g: expected finite values <= 0 (log-space gates), got 0.5 at [1]", Variant::retnet},
+      {"h0 infinite", [](ForwardArgs&, Buffers& b) { b.h0[((0 * N + 1) * K + 2) * V + 3] = std::numeric_limits<float>::infinity(); },
+       "h0: expected finite values, got inf at [0, 1, 2, 3]"},
+      // Outputs that overlap each other or an input.
+      {"y over q", [](ForwardArgs& a, Buffers& b) { a.y.data = b.q.data(); },
+       "y: an output must not overlap an input, got memory shared with q"},
+      {"y with stride 0", [](ForwardArgs& a, Buffers&) { a.y.stride[1] = 0; },
+       "y: an output's elements must not overlap, got a stride of 0"},
+      {"y inside ht", [](ForwardArgs& a, Buffers& b) { a.y.data = b.ht.data(); },
+       "y: outputs must not overlap, got memory shared with ht"},
   };
   for (const ForwardBreak& br : breaks) {
     SCOPED_TRACE(br.what);
@@ -148,6 +171,14 @@ TEST(BadInput, BackwardNamesTheTensorAndWritesNothing) {
       {"null dk", [](BackwardArgs& a, Buffers&) { a.dk.data = nullptr; }, "dk: null data pointer"},
       {"q rank", [](BackwardArgs& a, Buffers& b) { a.q = Tensor::contiguous(b.q.data(), DType::f32, {S, N, K}); },
        "q: expected rank 4"},
+      {"gate above 0", [](BackwardArgs&, Buffers& b) { b.g[7] = 1e-30f; },
+       "g: expected finite values <= 0 (log-space gates), got 1e-30 at [0, 0, 0, 7]"},
+      {"dq and dk in one buffer", [](BackwardArgs& a, Buffers& b) { a.dk.data = b.dq.data(); },
+       "dq: outputs must not overlap, got memory shared with dk"},
+      {"dv over dy", [](BackwardArgs& a, Buffers& b) { a.dv.data = b.dy.data(); },
+       "dv: an output must not overlap an input, got memory shared with dy"},
+      {"dh0 over h0", [](BackwardArgs& a, Buffers& b) { a.dh0.data = b.h0.data(); },
+       "dh0: an output must not overlap an input, got memory shared with h0"},
   };
   for (const BackwardBreak& br : breaks) {
     SCOPED_TRACE(br.what);
@@ -156,6 +187,82 @@ TEST(BadInput, BackwardNamesTheTensorAndWritesNothing) {
     br.edit(a, b);
     expect_error([&] { backward(Variant::gla, a, {}); }, br.fragment, b);
   }
+}
+
+// The delta rule's strengths are finite: beta (kda), the erase and write gates b and w (gdn2).
+TEST(BadInput, StrengthsMustBeFinite) {
+  struct Strength {
+    Variant variant;
+    const char* name;
+    std::vector<int64_t> shape;
+    float value;
+    std::string fragment;
+  };
+  const Strength strengths[] = {
+      {Variant::kda, "beta", {B, S, N}, std::numeric_limits<float>::quiet_NaN(), "beta: expected finite values, got nan at [0, 2, 1]"},
+      {Variant::gdn2, "b", {B, S, N, K}, std::numeric_limits<float>::infinity(), "b: expected finite values, got inf at [0, 2, 1, 0]"},
+      {Variant::gdn2, "w", {B, S, N, V}, -std::numeric_limits<float>::infinity(), "w: expected finite values, got -inf at [0, 2, 1, 0]"},
+  };
+  for (const Strength& strength : strengths) {
+    SCOPED_TRACE(strength.name);
+    Buffers b;
+    ForwardArgs a = forward_args(b);
+    std::vector<float> beta(B * S * N, 0.5f), erase(B * S * N * K, 0.5f), write(B * S * N * V, 0.5f);
+    if (strength.variant == Variant::kda) {
+      a.beta = Tensor::contiguous(beta.data(), DType::f32, {B, S, N});
+    } else {
+      a.b = view4(erase, B, S, N, K);
+      a.w = view4(write, B, S, N, V);
+    }
+    std::vector<float>& broken = strength.name == std::string("beta") ? beta : strength.name == std::string("b") ? erase : write;
+    broken[(2 * N + 1) * (strength.shape.size() == 4 ? strength.shape[3] : 1)] = strength.value;
+    expect_error([&] { forward(strength.variant, a, {}); }, strength.fragment, b);
+  }
+}
+
+// ht may be the very memory of h0 (a state updated in place), and dh0 that of dht: the results
+// are those of separate buffers. Any other overlap with them is refused.
+TEST(BadInput, StatesUpdatedInPlace) {
+  Buffers separate, in_place;
+  for (Buffers* b : {&separate, &in_place})
+    for (size_t i = 0; i < b->h0.size(); ++i) b->h0[i] = b->dht[i] = 0.01f * float(i % 7);
+  forward(Variant::gla, forward_args(separate), {});
+  backward(Variant::gla, backward_args(separate), {});
+
+  ForwardArgs f = forward_args(in_place);
+  f.ht = f.h0;
+  forward(Variant::gla, f, {});
+  EXPECT_EQ(in_place.h0, separate.ht);
+  EXPECT_EQ(in_place.y, separate.y);
+  for (size_t i = 0; i < in_place.h0.size(); ++i) in_place.h0[i] = 0.01f * float(i % 7);
+  BackwardArgs g = backward_args(in_place);
+  g.dh0 = g.dht;
+  backward(Variant::gla, g, {});
+  EXPECT_EQ(in_place.dht, separate.dh0);
+  EXPECT_EQ(in_place.dq, separate.dq);
+
+  Buffers shifted;
+  std::vector<float> states(2 * shifted.h0.size(), 0.f);
+  ForwardArgs h = forward_args(shifted);
+  h.h0 = view4(states, B, N, K, V);
+  h.ht.data = states.data() + V;  // one row on
+  expect_error([&] { forward(Variant::gla, h, {}); },
+               "ht: an output must not overlap an input, got memory shared with h0 (it may be the very same view as "
+               "h0, updated in place)",
+               shifted);
+}
+
+// Options::check_values = false skips the scan of gates, strengths and states (the caller vouches
+// for them): a gate above 0 then runs instead of being refused.
+TEST(BadInput, ValueScanCanBeSkipped) {
+  Buffers b;
+  b.g[3] = 0.01f;
+  const ForwardArgs a = forward_args(b);
+  EXPECT_THROW(forward(Variant::gla, a, {}), Error);
+  Options unchecked;
+  unchecked.check_values = false;
+  forward(Variant::gla, a, unchecked);
+  EXPECT_FALSE(b.outputs_untouched());
 }
 
 TEST(BadInput, UnknownVariant) {

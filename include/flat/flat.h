@@ -6,7 +6,11 @@
 //
 // Errors: every entry point validates all of its arguments before it writes anything and throws
 // flat::Error (a std::invalid_argument) whose message names the tensor, what was expected and
-// what came. On an error no output is touched.
+// what came. On an error no output is touched. Validated besides shapes, dtypes and strides:
+// gates g finite and <= 0, beta, b, w and h0 finite (Options::check_values); outputs sharing no
+// memory with each other, with an input or with themselves, except a state updated in place (ht
+// the very same view as h0, dh0 as dht; the convolution's state as state0). NaN and infinities
+// in q, k, v, dy, dht propagate: every output that depends on one is non-finite.
 #pragma once
 
 #include <array>
@@ -85,11 +89,16 @@ struct Options {
   std::optional<float> scale;  // default K^-1/2
   int chunk = 64;              // chunk length C: a multiple of 16 in [16, 256]
   bool l2norm_qk = false;      // L2-normalise q and k inside the kernel (eps 1e-6, as FLA)
-  int threads = 0;             // 0: all hardware threads
+  int threads = 0;             // 0: all hardware threads; at most 4 per hardware thread are used
   Solve solve = Solve::automatic;
   // Channels per gate value G for kda, gdn2, sla: 0 takes it from g's last axis (K / G values);
   // otherwise g's last axis must be K / gate_group.
   int gate_group = 0;
+  // Scan g (finite, <= 0), beta, b, w and h0 (finite) before running and refuse a value outside
+  // that contract. A caller that guarantees them (a serving loop passing back the states the
+  // library wrote, gates from a log-sigmoid) may skip the scan: it reads h0 once more, about 15%
+  // of a one-token decode step. Unchecked bad values propagate into NaN and Inf outputs.
+  bool check_values = true;
 };
 
 // Shapes (N = max of the head counts; every head count divides N; head n reads input head
