@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "npy.h"
 #include "run.h"
+#include "run_io.h"
 
 namespace flat::test {
 namespace {
@@ -368,7 +369,7 @@ TEST_F(CliErrors, StrengthHeadsDoNotDivide) {
   write_problem(Variant::kda);
   write(in / "v.npy", {1, 10, 3, 8}, std::vector<double>(240));
   write(in / "beta.npy", {1, 10, 2}, std::vector<double>(20, 0.5));
-  expect_rejected(args("kda"), "beta.npy: head count Nb = 2 does not divide N = 3");
+  expect_rejected(args("kda"), "beta.npy: head count Nb = 2 does not fit Nv = 3 of v.npy");
 }
 
 TEST_F(CliErrors, GateNotOfTheGroup) {
@@ -406,6 +407,89 @@ TEST_F(CliErrors, BadOptions) {
     command.insert(command.end(), extra.begin(), extra.end());
     expect_rejected(command, culprit);
   }
+}
+
+TEST_F(CliErrors, GateHeadsDoNotFit) {
+  write_problem(Variant::gla);
+  write(in / "q.npy", {1, 10, 2, 16}, std::vector<double>(320));
+  write(in / "k.npy", {1, 10, 2, 16}, std::vector<double>(320));
+  write(in / "v.npy", {1, 10, 2, 8}, std::vector<double>(160));
+  write(in / "g.npy", {1, 10, 3, 16}, std::vector<double>(480, -0.5));
+  expect_rejected(args("gla"), "g.npy: head count Ng = 3 does not fit Nq = 2 of q.npy");
+}
+
+TEST_F(CliErrors, GateAboveZero) {
+  write_problem(Variant::gla);
+  std::vector<double> g(160, -0.5);
+  g[2 * 16 + 7] = 0.25;
+  write(in / "g.npy", {1, 10, 1, 16}, g);
+  expect_rejected(args("gla"), "g: expected finite values <= 0 (log-space gates), got 0.25 at [0, 2, 0, 7]");
+}
+
+TEST_F(CliErrors, NumbersOutOfRange) {
+  std::vector<std::string> command = args();
+  command.insert(command.end(), {"--scale", "1e40"});
+  expect_rejected(command, "--scale: 1e40 is out of range (a number from -3.40282e+38 to 3.40282e+38)");
+  command = args();
+  command.insert(command.end(), {"--threads", "99999999999"});
+  expect_rejected(command, "--threads: 99999999999 is out of range (an integer from");
+}
+
+// A file whose header promises more than the machine's memory (4 TiB, the file sparse, so that
+// its size matches) is refused by name before anything is allocated.
+TEST_F(CliErrors, InputLargerThanMemory) {
+  const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1024, 1024, 1024, 1024), }";
+  std::string padded = header + std::string((64 - (10 + header.size() + 1) % 64) % 64, ' ') + "\n";
+  write_raw_npy(in / "q.npy", 1, padded, {});
+  fs::resize_file(in / "q.npy", fs::file_size(in / "q.npy") + (uintmax_t{1} << 42));
+  expect_rejected(args(), "q.npy: shape (1024, 1024, 1024, 1024) takes 4398046511104 bytes, more than the");
+}
+
+// An output path that is taken (a directory named like an output) is found before anything is
+// written: no output appears, whichever one it is.
+TEST_F(CliErrors, BlockedOutputWritesNothing) {
+  Case c;
+  c.variant = Variant::kda;
+  c.S = 10;
+  c.K = 16;
+  c.V = 8;
+  c.h0 = true;
+  write_inputs(in.path(), Problem(c), true);
+  for (const char* blocked : {"dq.npy", "dh0.npy", "y.npy"}) {
+    SCOPED_TRACE(blocked);
+    fs::remove_all(out);
+    fs::create_directories(out / blocked);
+    std::ostringstream stdout_text, stderr_text;
+    EXPECT_EQ(tool::run_command(args("kda"), stdout_text, stderr_text), 2);
+    EXPECT_NE(stderr_text.str().find(std::string(blocked) + ": "), std::string::npos) << stderr_text.str();
+    EXPECT_EQ(file_names(out), std::set<std::string>{blocked});
+  }
+}
+
+// A write that fails part way (the third of five outputs) leaves no output, no temporary file and
+// no directory it created.
+TEST(WriteOutputs, FailureRemovesEverythingWritten) {
+  TempDir scratch("flat_cli_");
+  const fs::path out = scratch / "new" / "out";
+  std::vector<tool::Output> outputs;
+  for (const char* name : {"a.npy", "b.npy", "c.npy", "d.npy", "e.npy"})
+    outputs.push_back({name, tool::Buffer({2}, DType::f32)});
+  int writes = 0;
+  const auto failing = [&](const tool::Output& output, const fs::path& path) {
+    if (++writes == 3) throw tool::RunError("disk full");
+    output.buffer.write(path);
+  };
+  EXPECT_THROW(tool::write_outputs(out, outputs, failing), tool::RunError);
+  EXPECT_FALSE(fs::exists(scratch / "new"));
+
+  // Into an existing directory: what was there stays, nothing new appears.
+  fs::create_directories(out);
+  write_text(out / "keep.txt", "kept");
+  writes = 0;
+  EXPECT_THROW(tool::write_outputs(out, outputs, failing), tool::RunError);
+  EXPECT_EQ(file_names(out), std::set<std::string>{"keep.txt"});
+  tool::write_outputs(out, outputs, [](const tool::Output& output, const fs::path& path) { output.buffer.write(path); });
+  EXPECT_EQ(file_names(out), (std::set<std::string>{"keep.txt", "a.npy", "b.npy", "c.npy", "d.npy", "e.npy"}));
 }
 
 TEST_F(CliErrors, ExistingOutputDirStaysEmpty) {

@@ -2,7 +2,10 @@
 // callers the workers cannot serve (nested, concurrent) served by threads of their own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -61,6 +64,22 @@ TEST(ParallelRanges, ConcurrentCallersBothFinish) {
     });
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(total.load(), 4 * 50 * 16);
+}
+
+// A request for far more threads than the machine has (10,000, for work of 100,000 items) runs on
+// at most max_threads() of them.
+TEST(ParallelRanges, ThreadsCappedAtAFewPerHardwareThread) {
+  std::mutex mutex;
+  std::set<std::thread::id> seen;
+  int64_t ranges = 0;
+  cpu::parallel_ranges(100000, 10000, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(mutex);
+    seen.insert(std::this_thread::get_id());
+    ++ranges;
+  });
+  EXPECT_EQ(ranges, cpu::max_threads());
+  EXPECT_LE(int(seen.size()), cpu::max_threads());
+  EXPECT_EQ(cpu::max_threads(), 4 * int(std::max(1u, std::thread::hardware_concurrency())));
 }
 
 }  // namespace

@@ -17,7 +17,9 @@ constexpr const char* kUsage =
     "       flat run conv --in DIR --out DIR [--dtype f32|bf16] [--activation silu|none] [--threads N]\n"
     "       flat bench [--shape B,S,N,K,V] [--variant NAME|conv] [--threads N] [--dtype f32|bf16] [--chunk N]\n"
     "                  [--repeats N] [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
-    "VARIANT: la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla\n";
+    "VARIANT: la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla\n"
+    "--threads N: 0 (the default) for every hardware thread; a call runs on at most one thread per\n"
+    "             work item and 4 per hardware thread, whatever N asks\n";
 
 }  // namespace
 

@@ -5,9 +5,12 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <optional>
 #include <string_view>
 #include <utility>
+
+#include <unistd.h>
 
 namespace flat::tool {
 namespace {
@@ -34,6 +37,19 @@ std::optional<size_t> element_count(const std::vector<int64_t>& shape) {
     count *= size_t(size);
   }
   return count;
+}
+
+// Bytes of memory this process may still take: the kernel's estimate of what can be allocated
+// without swapping (MemAvailable), or the machine's physical memory where that is not reported.
+uintmax_t available_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uintmax_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? uintmax_t(pages) * uintmax_t(page_size) : std::numeric_limits<uintmax_t>::max();
 }
 
 struct Header {
@@ -206,7 +222,16 @@ NpyArray read_npy(const std::filesystem::path& path) {
                    ": shape " + format_shape(header.shape) + " takes " + std::to_string(expected_size) +
                    " bytes, the file holds " + std::to_string(data_size));
 
-  NpyArray array{std::move(header.shape), std::vector<float>(*count)};
+  const uintmax_t memory = available_memory();
+  if (expected_size > memory)
+    fail(path, "shape " + format_shape(header.shape) + " takes " + std::to_string(expected_size) +
+                   " bytes, more than the " + std::to_string(memory) + " bytes of memory available");
+  NpyArray array{std::move(header.shape), {}};
+  try {
+    array.data.resize(*count);
+  } catch (const std::bad_alloc&) {
+    fail(path, "out of memory for shape " + format_shape(array.shape) + " (" + std::to_string(expected_size) + " bytes)");
+  }
   if (!file.read(reinterpret_cast<char*>(array.data.data()), std::streamsize(expected_size)))
     fail(path, "read error");
   return array;

@@ -18,6 +18,7 @@
 #include "npy.h"
 #include "params.h"
 #include "run_io.h"
+#include "validate.h"
 #include "run_conv.h"
 
 namespace flat::tool {
@@ -130,18 +131,13 @@ std::vector<Output> compute(const Config& config) {
   const int64_t Ng = !g ? 0 : g->shape.size() == 1 ? g->shape[0] : g->shape[2];
   const int64_t Nbeta = strengths.beta ? strengths.beta->shape[2] : 0;
   const int64_t Nb = strengths.b ? strengths.b->shape[2] : 0, Nw = strengths.w ? strengths.w->shape[2] : 0;
-  const int64_t N = std::max({q.shape[2], k.shape[2], v.shape[2], Ng, Nbeta, Nb, Nw});
-  const struct {
-    const char* file;
-    const char* axis;
-    int64_t count;
-  } heads[] = {{"q.npy", "Nq", q.shape[2]}, {"k.npy", "Nk", k.shape[2]}, {"v.npy", "Nv", v.shape[2]},
-               {"g.npy", "Ng", Ng},         {"beta.npy", "Nb", Nbeta},  {"b.npy", "Nb", Nb},
-               {"w.npy", "Nw", Nw}};
-  for (const auto& [file, axis, count] : heads)
-    if (count > 0 && N % count != 0)
-      throw RunError(std::string(file) + ": head count " + axis + " = " + std::to_string(count) +
-                     " does not divide N = " + std::to_string(N) + ", the largest head count");
+  const int64_t N = validate::head_count({{"q.npy", "Nq", q.shape[2]},
+                                          {"k.npy", "Nk", k.shape[2]},
+                                          {"v.npy", "Nv", v.shape[2]},
+                                          {"g.npy", "Ng", Ng},
+                                          {"beta.npy", "Nb", Nbeta},
+                                          {"b.npy", "Nb", Nb},
+                                          {"w.npy", "Nw", Nw}});
 
   const std::vector<FileAxis> state{{"B", B}, {"N", N}, {"K", K}, {"V", V}};
   std::optional<NpyArray> h0 = read_optional(dir, "h0.npy", state);

@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
+#include <new>
 #include <type_traits>
 #include <ostream>
+#include <sstream>
 #include <string_view>
 #include <utility>
+
+#include <unistd.h>
 
 namespace flat::tool {
 namespace {
@@ -40,9 +45,14 @@ T parse_number(const std::string& option, const std::string& text) {
   T value{};
   const char* end = text.data() + text.size();
   const auto [next, error] = std::from_chars(text.data(), end, value);
+  const char* kind = std::is_integral_v<T> ? "an integer" : "a number";
+  if (error == std::errc::result_out_of_range && next == end) {
+    std::ostringstream range;
+    range << kind << " from " << std::numeric_limits<T>::lowest() << " to " << std::numeric_limits<T>::max();
+    throw RunError(option + ": " + text + " is out of range (" + range.str() + ")");
+  }
   if (text.empty() || error != std::errc() || next != end)
-    throw RunError(option + ": expected " + (std::is_integral_v<T> ? "an integer" : "a number") + ", got '" +
-                   text + "'");
+    throw RunError(option + ": expected " + kind + ", got '" + text + "'");
   return value;
 }
 template int parse_number<int>(const std::string&, const std::string&);
@@ -146,11 +156,56 @@ std::optional<Buffer> gradient_of(const std::optional<Buffer>& input) {
   return Buffer(input->shape, input->dtype);
 }
 
+namespace {
+
+// The outermost directory that creating `dir` would make (empty when `dir` exists).
+fs::path first_missing(const fs::path& dir) {
+  fs::path missing;
+  for (fs::path p = fs::absolute(dir).lexically_normal(); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+    missing = p;
+    if (p == p.parent_path()) break;
+  }
+  return missing;
+}
+
+}  // namespace
+
+void write_outputs(const fs::path& dir, const std::vector<Output>& outputs, const OutputWriter& write) {
+  for (const Output& output : outputs) {
+    const fs::path path = dir / output.name;
+    if (fs::exists(fs::symlink_status(path)) && !fs::is_regular_file(fs::symlink_status(path)))
+      throw RunError(output.name + ": " + path.string() + " exists and is not a regular file");
+  }
+  const fs::path created = first_missing(dir);
+  std::vector<fs::path> written;  // temporaries, then the renamed outputs
+  const auto remove_written = [&] {
+    std::error_code ignored;
+    for (const fs::path& path : written) fs::remove(path, ignored);
+    if (!created.empty()) fs::remove_all(created, ignored);
+  };
+  try {
+    fs::create_directories(dir);
+    const std::string suffix = ".partial-" + std::to_string(::getpid());
+    for (const Output& output : outputs) {
+      written.push_back(dir / ("." + output.name + suffix));
+      write(output, written.back());
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const fs::path final_path = dir / outputs[i].name;
+      fs::rename(written[i], final_path);
+      written[i] = final_path;
+    }
+  } catch (...) {
+    remove_written();
+    throw;
+  }
+}
+
 int run_and_write(const std::function<RunResult()>& job, std::ostream& out, std::ostream& err) {
   try {
     const RunResult result = job();
-    fs::create_directories(result.out);
-    for (const Output& output : result.outputs) output.buffer.write(result.out / output.name);
+    write_outputs(result.out, result.outputs,
+                  [](const Output& output, const fs::path& path) { output.buffer.write(path); });
     out << "flat run: wrote";
     for (const Output& output : result.outputs) out << " " << output.name;
     out << " to " << result.out.string() << "\n";
@@ -160,6 +215,8 @@ int run_and_write(const std::function<RunResult()>& job, std::ostream& out, std:
     std::string_view message = e.what();
     if (message.starts_with("flat: ")) message.remove_prefix(6);
     err << "flat run: " << one_line(message) << "\n";
+  } catch (const std::bad_alloc&) {
+    err << "flat run: out of memory for the inputs, outputs and workspaces of this problem\n";
   } catch (const std::exception& e) {
     err << "flat run: " << one_line(e.what()) << "\n";
   }

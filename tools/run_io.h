@@ -90,9 +90,18 @@ struct RunResult {
   std::vector<Output> outputs;
 };
 
-// Runs `job` (which parses, reads, checks and runs the kernels, writing nothing), then creates the
-// output directory and writes the outputs there. Any error becomes one line on `err` naming the
-// file, option or tensor, and exit status 2, with nothing written.
+// Writes the outputs into `dir` (created when missing) so that a failure leaves nothing behind:
+// every destination is checked first (it must be absent or a regular file, which is replaced),
+// each output is written to a temporary name beside it, and only when every one is written are
+// they renamed into place. On any failure the temporaries, the outputs already renamed and the
+// directories this call created are removed, and the error is thrown on. `write` writes one
+// output to a path (a parameter so that the tests can make a write fail).
+using OutputWriter = std::function<void(const Output& output, const std::filesystem::path& path)>;
+void write_outputs(const std::filesystem::path& dir, const std::vector<Output>& outputs, const OutputWriter& write);
+
+// Runs `job` (which parses, reads, checks and runs the kernels, writing nothing), then writes the
+// outputs with write_outputs. Any error becomes one line on `err` naming the file, option or
+// tensor, and exit status 2, with nothing written.
 int run_and_write(const std::function<RunResult()>& job, std::ostream& out, std::ostream& err);
 
 }  // namespace flat::tool

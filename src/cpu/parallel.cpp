@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -112,6 +113,11 @@ class ThreadPool {
 };
 
 }  // namespace
+
+int max_threads() {
+  static const int most = 4 * int(std::max(1u, std::thread::hardware_concurrency()));
+  return most;
+}
 
 bool run_on_pool(int parts, const std::function<void(int64_t)>& part) {
   if (in_pool_worker) return false;

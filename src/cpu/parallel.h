@@ -18,12 +18,16 @@ namespace flat::cpu {
 // called from one of them.
 bool run_on_pool(int parts, const std::function<void(int64_t)>& part);
 
+// The most threads one call runs on: 4 per hardware thread. Beyond the cores, threads only take
+// turns (and the pool's workers poll, burning the cores), so a larger request is capped here.
+int max_threads();
+
 // Calls body(begin, end) on contiguous ranges that cover [0, items): on the worker threads, or on
-// threads of its own when they are busy. Starting threads per call cost about 60 us of a 140 us
-// decode step (one token, 16 heads).
+// threads of its own when they are busy; min(threads, items, max_threads()) ranges. Starting
+// threads per call cost about 60 us of a 140 us decode step (one token, 16 heads).
 template <class Body>
 void parallel_ranges(int64_t items, int threads, Body&& body) {
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>({int64_t{threads}, items, int64_t{max_threads()}}));
   if (workers == 1) {
     body(int64_t{0}, items);
     return;
