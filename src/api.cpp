@@ -13,33 +13,11 @@
 #include "flat/flat.h"
 #include "params.h"
 #include "validate.h"
+#include "variants.h"
 
 namespace flat {
 
 std::string_view dtype_name(DType dtype) { return dtype == DType::bf16 ? "bf16" : "f32"; }
-
-std::string_view variant_name(Variant variant) {
-  switch (variant) {
-    case Variant::la: return "la";
-    case Variant::retnet: return "retnet";
-    case Variant::mamba2: return "mamba2";
-    case Variant::gla: return "gla";
-    case Variant::deltanet: return "deltanet";
-    case Variant::gated_deltanet: return "gated_deltanet";
-    case Variant::kda: return "kda";
-    case Variant::gdn2: return "gdn2";
-    case Variant::sla: return "sla";
-  }
-  return "?";
-}
-
-Variant parse_variant(std::string_view name) {
-  for (Variant v : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::deltanet,
-                    Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla})
-    if (variant_name(v) == name) return v;
-  throw Error("flat: unknown variant '" + std::string(name) +
-              "' (expected la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2 or sla)");
-}
 
 Tensor Tensor::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
   if (shape.size() > 4) throw Error("flat: Tensor::contiguous: at most 4 axes, got " + std::to_string(shape.size()));
@@ -69,34 +47,6 @@ Tensor Tensor::strided(void* data, DType dtype, std::initializer_list<int64_t> s
 
 uint16_t to_bf16(float x) { return cpu::f32_to_bf16(x); }
 float from_bf16(uint16_t x) { return cpu::bf16_to_f32(x); }
-
-GateKind gate_kind(Variant variant) {
-  switch (variant) {
-    case Variant::la:
-    case Variant::deltanet: return GateKind::none;
-    case Variant::retnet:
-    case Variant::mamba2:
-    case Variant::gated_deltanet: return GateKind::scalar;
-    case Variant::gla:
-    case Variant::kda:
-    case Variant::gdn2:
-    case Variant::sla: return GateKind::channel;
-  }
-  return GateKind::none;
-}
-
-Delta delta_kind(Variant variant) {
-  switch (variant) {
-    case Variant::deltanet:
-    case Variant::gated_deltanet:
-    case Variant::kda:
-    case Variant::sla: return Delta::beta;
-    case Variant::gdn2: return Delta::erase_write;
-    default: return Delta::none;
-  }
-}
-
-int default_gate_group(Variant variant) { return variant == Variant::sla ? 64 : 0; }
 
 namespace {
 
@@ -131,6 +81,27 @@ RowView rows(const Tensor& t) {
   return r;
 }
 
+// The kernels' view of the gate and the update (src/params.h).
+GateKind kernel_gate(Gate gate) {
+  switch (gate) {
+    case Gate::none: return GateKind::none;
+    case Gate::per_sequence:
+    case Gate::per_token: return GateKind::scalar;
+    case Gate::per_channel:
+    case Gate::grouped: return GateKind::channel;
+  }
+  return GateKind::none;
+}
+
+Delta kernel_update(Update update) {
+  switch (update) {
+    case Update::additive: return Delta::none;
+    case Update::delta: return Delta::beta;
+    case Update::erase_write: return Delta::erase_write;
+  }
+  return Delta::none;
+}
+
 void check_absent(const std::string& name, const Tensor& t, Variant variant, const char* what) {
   if (t.present())
     fail(name, "variant " + std::string(variant_name(variant)) + " takes no " + what + ", got a tensor of shape " +
@@ -149,40 +120,48 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   const int64_t V = v.shape[3];
   check_head_dim("v", "V", V);
 
-  p.gate = gate_kind(variant);
-  p.delta = delta_kind(variant);
+  const VariantInfo& vi = info(variant);
+  p.gate = kernel_gate(vi.gate);
+  p.gate_per_sequence = vi.gate == Gate::per_sequence;
+  p.delta = kernel_update(vi.update);
   int64_t Ng = 0;
-  if (p.gate == GateKind::none) check_absent("g", g, variant, "gate");
-  if (variant == Variant::retnet) {
-    check_tensor("g", g, {{"Ng", -1}});
-    p.gate_per_sequence = true;
-    Ng = g.shape[0];
-  } else if (p.gate == GateKind::scalar) {
-    check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}});
-    Ng = g.shape[2];
-  } else if (variant == Variant::gla) {
-    check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K", K}});
-    Ng = g.shape[2];
-  } else if (p.gate == GateKind::channel) {
-    // One value per group of G channels: from the option, or sla's 64, or g's last axis.
-    const int64_t group = options.gate_group > 0 ? options.gate_group : default_gate_group(variant);
-    if (group > 0 && K % group != 0)
-      fail("options.gate_group", "G = " + std::to_string(group) + " does not divide K = " + std::to_string(K));
-    check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K/G", group > 0 ? K / group : -1}});
-    if (K % g.shape[3] != 0)
-      fail("g", "the last axis (K/G = " + std::to_string(g.shape[3]) + ") must divide K = " + std::to_string(K));
-    p.gate_group = int(K / g.shape[3]);
-    Ng = g.shape[2];
+  switch (vi.gate) {
+    case Gate::none: check_absent("g", g, variant, "gate"); break;
+    case Gate::per_sequence:
+      check_tensor("g", g, {{"Ng", -1}});
+      Ng = g.shape[0];
+      break;
+    case Gate::per_token:
+      check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}});
+      Ng = g.shape[2];
+      break;
+    case Gate::per_channel:
+      check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K", K}});
+      Ng = g.shape[2];
+      break;
+    case Gate::grouped: {
+      // One value per group of G channels: from the option, or the variant's default, or g's
+      // last axis.
+      const int64_t group = options.gate_group > 0 ? options.gate_group : vi.default_gate_group;
+      if (group > 0 && K % group != 0)
+        fail("options.gate_group", "G = " + std::to_string(group) + " does not divide K = " + std::to_string(K));
+      check_tensor("g", g, {{"B", B}, {"S", S}, {"Ng", -1}, {"K/G", group > 0 ? K / group : -1}});
+      if (K % g.shape[3] != 0)
+        fail("g", "the last axis (K/G = " + std::to_string(g.shape[3]) + ") must divide K = " + std::to_string(K));
+      p.gate_group = int(K / g.shape[3]);
+      Ng = g.shape[2];
+      break;
+    }
   }
 
   int64_t Nb = 0, Nw = 0;
-  if (p.delta == Delta::beta) {
+  if (vi.has_beta()) {
     check_tensor("beta", in.beta, {{"B", B}, {"S", S}, {"Nb", -1}});
     Nb = in.beta.shape[2];
   } else {
     check_absent("beta", in.beta, variant, "beta");
   }
-  if (p.delta == Delta::erase_write) {
+  if (vi.has_erase_write()) {
     check_tensor("b", in.b, {{"B", B}, {"S", S}, {"Nb", -1}, {"K", K}});
     check_tensor("w", in.w, {{"B", B}, {"S", S}, {"Nw", -1}, {"V", V}});
     Nb = in.b.shape[2];
@@ -196,7 +175,7 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
                                           {"k", "Nk", k.shape[2]},
                                           {"v", "Nv", v.shape[2]},
                                           {"g", "Ng", Ng},
-                                          {p.delta == Delta::beta ? "beta" : "b", "Nb", Nb},
+                                          {vi.has_beta() ? "beta" : "b", "Nb", Nb},
                                           {"w", "Nw", Nw}});
   const auto group = [N](int64_t heads) { return heads > 0 ? int(N / heads) : 1; };
   p.group_q = group(q.shape[2]);

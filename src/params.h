@@ -8,9 +8,9 @@
 
 namespace flat {
 
-// How the forget gate is shaped: absent (la, deltanet), one value per head and token (mamba2,
-// gated_deltanet; retnet with zero batch and sequence strides) or one value per channel or group
-// of channels (gla, kda, gdn2, sla).
+// How the kernels see the forget gate (src/variants.h has the variants' own description): absent,
+// one value per head and token (a per-sequence gate too, with zero batch and sequence strides), or
+// one value per channel or group of channels.
 enum class GateKind { none, scalar, channel };
 
 // The state update: additive (H = D H + k v^T), or the delta rule with the erase and write
@@ -56,13 +56,6 @@ struct Params {
   RowView dq, dk, dv, dg, dh0;  // backward outputs
   RowView dbeta, db, dw;
 };
-
-// What each variant is made of (docs: ../shared/spec/variants.md): its gate, its state update,
-// and the channels per gate value when Options::gate_group is 0 (64 for sla; 0 for the others:
-// g's last axis decides).
-GateKind gate_kind(Variant variant);
-Delta delta_kind(Variant variant);
-int default_gate_group(Variant variant);
 
 // Validates the arguments of forward / backward exactly as the public entry points do (throwing
 // flat::Error, writing nothing) and describes the problem. For internal callers such as the

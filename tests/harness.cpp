@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -27,21 +28,6 @@ class RequestedIsa : public ::testing::Environment {
 };
 [[maybe_unused]] const auto* const kRequestedIsa = ::testing::AddGlobalTestEnvironment(new RequestedIsa);
 
-bool is_delta(Variant variant) {
-  switch (variant) {
-    case Variant::la:
-    case Variant::retnet:
-    case Variant::mamba2:
-    case Variant::gla: return false;
-    case Variant::deltanet:
-    case Variant::gated_deltanet:
-    case Variant::kda:
-    case Variant::gdn2:
-    case Variant::sla: return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 std::string_view solve_name(Solve solve) {
@@ -54,18 +40,32 @@ std::string_view solve_name(Solve solve) {
   return "?";
 }
 
-bool Case::is_delta() const { return test::is_delta(variant); }
+std::vector<Variant> variants_where(bool (*keep)(const VariantInfo&)) {
+  std::vector<Variant> out;
+  for (const VariantInfo& v : all_variants())
+    if (keep(v)) out.push_back(v.variant);
+  return out;
+}
 
-int Case::gate_group() const { return G > 0 ? G : variant == Variant::sla ? 64 : 1; }
+void fit_gate_group(Case& c) {
+  if (c.K % c.gate_group() != 0) c.G = std::gcd(c.K, 64);
+}
+
+bool Case::is_delta() const { return info(variant).is_delta(); }
+
+int Case::gate_group() const {
+  if (G > 0) return G;
+  return info(variant).default_gate_group > 0 ? info(variant).default_gate_group : 1;
+}
 
 std::string Case::name() const {
   std::ostringstream s;
   s << variant_name(variant) << "_" << dtype_name(dtype) << "_B" << B << "_S" << S << "_Nq" << Nq << "_Nk"
     << Nk << "_Nv" << Nv << "_Ng" << Ng;
   if (is_delta()) s << "_Nb" << Nb;
-  if (variant == Variant::gdn2) s << "_Nw" << Nw;
+  if (info(variant).has_erase_write()) s << "_Nw" << Nw;
   s << "_K" << K << "_V" << V;
-  if (is_delta() && gate_shape(*this).size() == 4) s << "_G" << gate_group();
+  if (info(variant).gate == Gate::grouped) s << "_G" << gate_group();
   s << "_C" << chunk << (h0 ? "_h0" : "") << (dht ? "_dht" : "") << (strided ? "_strided" : "")
     << (l2norm ? "_l2" : "") << "_" << (decay == Decay::mild ? "mild" : decay == Decay::medium ? "medium" : "strong");
   if (is_delta() && beta_max != 1.0) s << "_beta" << beta_max;
@@ -119,20 +119,7 @@ void expect_within_bounds(const Errors& e, DType dtype) {
   EXPECT_TRUE(e.padding_intact) << "an element outside the strided views was written";
 }
 
-std::vector<int64_t> gate_shape(const Case& c) {
-  switch (c.variant) {
-    case Variant::la:
-    case Variant::deltanet: return {};
-    case Variant::retnet: return {c.Ng};
-    case Variant::mamba2:
-    case Variant::gated_deltanet: return {c.B, c.S, c.Ng};
-    case Variant::gla: return {c.B, c.S, c.Ng, c.K};
-    case Variant::kda:
-    case Variant::gdn2:
-    case Variant::sla: return {c.B, c.S, c.Ng, c.K / c.gate_group()};
-  }
-  return {};
-}
+std::vector<int64_t> gate_shape(const Case& c) { return info(c.variant).gate_shape(c.B, c.S, c.Ng, c.K, c.gate_group()); }
 
 namespace {
 
@@ -224,8 +211,8 @@ struct Placement {
 template <class T>
 std::vector<T*> parts(Variant variant, T& q, T& k, T& v, T& beta, T& b, T& w) {
   std::vector<T*> out{&q, &k, &v};
-  if (variant == Variant::gdn2) out.insert(out.end(), {&b, &w});
-  else if (is_delta(variant)) out.push_back(&beta);
+  if (info(variant).has_erase_write()) out.insert(out.end(), {&b, &w});
+  if (info(variant).has_beta()) out.push_back(&beta);
   return out;
 }
 

@@ -10,6 +10,7 @@
 
 #include "flat/flat.h"
 #include "ref/reference.h"
+#include "variants.h"
 
 namespace flat::test {
 
@@ -43,6 +44,18 @@ struct Case {
   int gate_group() const;  // G as the library resolves it
   std::string name() const;
 };
+
+// The variants of the table (src/variants.h) that satisfy `keep`: sweeps take their variants from
+// here, so that a new row of the table is tested like the others.
+std::vector<Variant> variants_where(bool (*keep)(const VariantInfo&));
+inline bool additive(const VariantInfo& v) { return !v.is_delta(); }
+inline bool delta_rule(const VariantInfo& v) { return v.is_delta(); }
+inline bool gated(const VariantInfo& v) { return v.has_gate(); }
+inline bool any_variant(const VariantInfo&) { return true; }
+
+// A variant whose default number of channels per gate value does not divide K (sla's 64) gets
+// the largest power of two up to 64 that does.
+void fit_gate_group(Case& c);
 
 // A sweep of cases, for every variant given and both dtypes: cases(base, add) gets the base case
 // of the pair (K = V = 64, the rest Case's defaults; it may change it) and calls add(edit) once per

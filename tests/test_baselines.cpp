@@ -66,9 +66,7 @@ std::vector<Case> cases() {
       c.decay = Decay::strong;
     });
   };
-  return build_sweep({Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::deltanet,
-                      Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla},
-                     per_variant);
+  return build_sweep(variants_where(any_variant), per_variant);
 }
 
 class BaselineVsOracle : public ::testing::TestWithParam<std::tuple<Implementation, Case>> {};

@@ -94,7 +94,7 @@ void PrintTo(const RunCase& run, std::ostream* os) { *os << run.name(); }
 
 std::vector<RunCase> run_cases() {
   std::vector<RunCase> cases;
-  for (Variant variant : {Variant::la, Variant::retnet, Variant::mamba2, Variant::gla}) {
+  for (Variant variant : variants_where(additive)) {
     // Two batches, S not a multiple of the chunk.
     Case c;
     c.variant = variant;
@@ -126,7 +126,7 @@ std::vector<RunCase> run_cases() {
   }
   // The delta family: the same shapes with beta (gdn2: b and w) shared like the gate. SLA's
   // default of 64 channels per gate value does not divide K = 16: --gate-group 8.
-  for (Variant variant : {Variant::deltanet, Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla}) {
+  for (Variant variant : variants_where(delta_rule)) {
     Case c;
     c.variant = variant;
     c.B = 2;
@@ -134,7 +134,7 @@ std::vector<RunCase> run_cases() {
     c.chunk = 32;
     c.K = 16;
     c.V = 8;
-    if (variant == Variant::sla) c.G = 8;
+    fit_gate_group(c);
     cases.emplace_back(c, false);
     c.h0 = c.dht = true;
     c.beta_max = 2.0;

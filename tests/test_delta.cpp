@@ -15,14 +15,7 @@
 namespace flat::test {
 namespace {
 
-const std::vector<Variant> kDeltaVariants{Variant::deltanet, Variant::gated_deltanet, Variant::kda, Variant::gdn2,
-                                          Variant::sla};
-
-// SLA's default of 64 channels per gate value needs K a multiple of 64; other widths get the
-// largest power of two up to 64 that divides K.
-void fit_gate_group(Case& c) {
-  if (c.K % c.gate_group() != 0) c.G = std::gcd(c.K, 64);
-}
+const std::vector<Variant> kDeltaVariants = variants_where(delta_rule);
 
 std::vector<Case> sweep() {
   const auto cases = [](Case& base, const auto& add) {

@@ -62,7 +62,7 @@ INSTANTIATE_TEST_SUITE_P(Delta, DeltaDeterminism, ::testing::Values(Variant::gdn
                          });
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, Determinism,
-                         ::testing::Values(Variant::la, Variant::retnet, Variant::mamba2, Variant::gla),
+                         ::testing::ValuesIn(variants_where(additive)),
                          [](const ::testing::TestParamInfo<Variant>& info) {
                            return std::string(variant_name(info.param));
                          });

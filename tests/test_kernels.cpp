@@ -17,7 +17,7 @@ namespace flat::test {
 namespace {
 
 std::vector<Case> sweep() {
-  return build_sweep({Variant::la, Variant::retnet, Variant::mamba2, Variant::gla}, [](Case&, const auto& add) {
+  return build_sweep(variants_where(additive), [](Case&, const auto& add) {
     // Sequence lengths around the chunk, states alternating on and off.
     int i = 0;
     for (int S : {1, 63, 64, 65, 197, 1000})
@@ -100,7 +100,7 @@ TEST_P(ExtremeDecay, FiniteAndCorrect) {
   c.Nq = c.Nk = c.Nv = c.Ng = 2;
   c.K = 48;
   c.V = 32;
-  if (variant == Variant::sla) c.G = 16;  // 48 channels are no multiple of SLA's default 64
+  fit_gate_group(c);
   c.h0 = c.dht = true;
   Problem problem(c);
   std::fill(problem.in.g.begin(), problem.in.g.end(), gate);
@@ -108,9 +108,7 @@ TEST_P(ExtremeDecay, FiniteAndCorrect) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GatesDownTo1736, ExtremeDecay,
-                         ::testing::Combine(::testing::Values(Variant::retnet, Variant::mamba2, Variant::gla,
-                                                              Variant::gated_deltanet, Variant::kda, Variant::gdn2,
-                                                              Variant::sla),
+                         ::testing::Combine(::testing::ValuesIn(variants_where(gated)),
                                             ::testing::Values(DType::f32, DType::bf16),
                                             ::testing::Values(-60.0, -1000.0, -1736.0)));
 
@@ -128,7 +126,7 @@ TEST_P(NearOneGates, LongSequenceWithinFp32Bounds) {
     c.S = 4096;
     c.Nq = c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 8;
     c.K = c.V = 16;
-    if (c.variant == Variant::sla) c.G = 16;
+    fit_gate_group(c);
     c.chunk = chunk;
     c.h0 = c.dht = true;
     Problem problem(c);
@@ -143,8 +141,7 @@ TEST_P(NearOneGates, LongSequenceWithinFp32Bounds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GatedVariants, NearOneGates,
-                         ::testing::Values(Variant::retnet, Variant::mamba2, Variant::gla, Variant::gated_deltanet,
-                                           Variant::kda, Variant::gdn2, Variant::sla),
+                         ::testing::ValuesIn(variants_where(gated)),
                          [](const ::testing::TestParamInfo<Variant>& info) {
                            return std::string(variant_name(info.param));
                          });

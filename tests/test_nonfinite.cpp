@@ -31,7 +31,7 @@ TEST_P(NonFinite, NeverSwallowed) {
     c.S = 40;
     c.Nq = c.Nk = c.Nv = c.Ng = c.Nb = c.Nw = 2;
     c.K = c.V = 8;
-    if (variant == Variant::sla) c.G = 8;
+    fit_gate_group(c);
     c.chunk = 16;
     c.h0 = c.dht = true;
     Problem problem(c);
@@ -87,8 +87,7 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<Variant, Activat
 
 INSTANTIATE_TEST_SUITE_P(
     Activations, NonFinite,
-    ::testing::Combine(::testing::Values(Variant::la, Variant::retnet, Variant::mamba2, Variant::gla, Variant::deltanet,
-                                         Variant::gated_deltanet, Variant::kda, Variant::gdn2, Variant::sla),
+    ::testing::Combine(::testing::ValuesIn(variants_where(any_variant)),
                        ::testing::Values(Activation::q, Activation::k, Activation::v, Activation::dy),
                        ::testing::Values(std::numeric_limits<double>::quiet_NaN(),
                                          std::numeric_limits<double>::infinity())),

@@ -34,7 +34,7 @@ TEST_P(SmallWidths, EveryChunkAndSolveMatchOracle) {
         c.dtype = dtype;
         c.K = K;
         c.V = V;
-        if (variant == Variant::sla) c.G = 1;  // 64 channels per gate value need K a multiple of 64
+        fit_gate_group(c);
         c.chunk = chunk;
         c.S = chunk + 3;  // a full chunk and a short one
         // Two sequences of two heads: with K = V = 1 and a single head, dh0 is one number, a sum of
@@ -58,9 +58,7 @@ std::vector<int> every_chunk() {
 
 INSTANTIATE_TEST_SUITE_P(
     AllVariants, SmallWidths,
-    ::testing::Combine(::testing::Values(Variant::la, Variant::retnet, Variant::mamba2, Variant::gla,
-                                         Variant::deltanet, Variant::gated_deltanet, Variant::kda, Variant::gdn2,
-                                         Variant::sla),
+    ::testing::Combine(::testing::ValuesIn(variants_where(any_variant)),
                        ::testing::ValuesIn(every_chunk())),
     [](const ::testing::TestParamInfo<std::tuple<Variant, int>>& info) {
       return std::string(variant_name(std::get<0>(info.param))) + "_C" + std::to_string(std::get<1>(info.param));

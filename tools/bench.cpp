@@ -21,6 +21,7 @@
 #include "cpu/isa.h"
 #include "flat/flat.h"
 #include "params.h"
+#include "variants.h"
 #include "report.h"
 #include "timing.h"
 
@@ -32,121 +33,56 @@ namespace {
 constexpr int kMaxBaselineRepeats = 3;
 constexpr int kDecodeRepeats = 101;  // one-token steps: fast and noisy, so many
 
+std::vector<Variant> every_variant() {
+  std::vector<Variant> out;
+  for (const VariantInfo& v : all_variants()) out.push_back(v.variant);
+  return out;
+}
+
 struct BenchOptions {
   int64_t B = 2, S = 4096, N = 16, K = 128, V = 128;
-  std::vector<Variant> variants = {Variant::la,       Variant::retnet,        Variant::mamba2,
-                                   Variant::gla,      Variant::deltanet,      Variant::gated_deltanet,
-                                   Variant::kda,      Variant::gdn2,          Variant::sla};
+  std::vector<Variant> variants = every_variant();
   int threads = 0;
   DType dtype = DType::bf16;
   int chunk = 64;
   int repeats = 5;
   Solve solve = Solve::automatic;
-  // sla's own shape (SLA-R4): keys this wide, shared by this many value heads (N / R key heads).
-  int64_t sla_K = 256, sla_R = 4;
   bool conv = true;                // the short convolution,
   ConvBenchOptions conv_shape;     // at this shape (--conv-shape B,S,C,W; tools/bench_conv.h)
   std::string json, plot;       // output files, empty for none
   bool quick_ceilings = false;  // milliseconds of ceiling measurement instead of seconds (tests)
 };
 
-// The problem one variant is measured on: the bench's shape, except sla's (K = sla_K, each key
-// head shared by R value heads: q, k, g, beta at N / R heads). The delta family runs with
-// in-kernel L2 normalisation of q and k, as the models using it do (raw keys of this size would
-// make I - beta k k^T expand the state).
-struct Shape {
-  Shape(const BenchOptions& o, Variant variant)
-      : variant(variant),
-        B(o.B),
-        S(o.S),
-        N(o.N),
-        K(variant == Variant::sla ? o.sla_K : o.K),
-        V(o.V),
-        R(variant == Variant::sla && o.N % o.sla_R == 0 ? o.sla_R : 1),
-        delta(delta_kind(variant) != Delta::none) {}
+// The problem one variant is measured on: the bench's shape, except where the variant has its
+// own (src/variants.h: sla's K = 256, each key head shared by 4 value heads: q, k, g, beta at
+// N / R heads). The delta family runs with in-kernel L2 normalisation of q and k, as the models
+// using it do (raw keys of this size would make I - beta k k^T expand the state).
+struct Shape : ProblemSize {
+  Shape(const BenchOptions& o, Variant variant_) : variant(info(variant_)) {
+    B = o.B;
+    S = o.S;
+    N = o.N;
+    K = variant.bench_K > 0 ? variant.bench_K : o.K;
+    V = o.V;
+    R = o.N % variant.bench_value_heads == 0 ? variant.bench_value_heads : 1;
+    G = variant.default_gate_group > 0 ? variant.default_gate_group : 1;
+    chunk = o.chunk;
+    dtype = o.dtype;
+  }
 
-  Variant variant;
-  int64_t B, S, N, K, V, R;
-  bool delta;
+  const VariantInfo& variant;
 
-  int64_t key_heads() const { return N / R; }
   std::string label() const {
-    if (variant != Variant::sla) return std::string(variant_name(variant));
-    return std::string(variant_name(variant)) + " (K=" + std::to_string(K) + ", R=" + std::to_string(R) + ")";
+    if (variant.bench_K == 0 && variant.bench_value_heads == 1) return variant.name;
+    return std::string(variant.name) + " (K=" + std::to_string(K) + ", R=" + std::to_string(R) + ")";
   }
-  // Values per token and key head of the gate: 0, 1, K, or K / G with the variant's default G.
-  int64_t gate_width() const {
-    switch (gate_kind(variant)) {
-      case GateKind::none: return 0;
-      case GateKind::scalar: return 1;
-      case GateKind::channel: return default_gate_group(variant) > 0 ? K / default_gate_group(variant) : K;
-    }
-    return 0;
-  }
-  double gate_elements() const {
-    return variant == Variant::retnet ? double(N) : double(B * S * key_heads() * gate_width());
-  }
-  // The delta rule's strengths per token and key head: beta, or gdn2's b [K] (w [V] is per head).
-  double strength_elements() const {
-    if (!delta) return 0;
-    const double tokens = double(B * S);
-    return variant == Variant::gdn2 ? tokens * double(N * K + N * V) : tokens * double(key_heads());
-  }
+  int64_t gate_width() const { return variant.gate_width(K, G); }
 };
-
-// FLOPs of the chunkwise algorithm (docs/performance.md), a multiply-add as 2. Per item (batch
-// and key head, its R value heads side by side: W = R*V) and chunk of L tokens, with
-// tri = L(L+1)/2 causal score entries (tri' = L(L-1)/2 strictly causal), no padding counted:
-//   additive forward  tri*(K + W) + 2*L*K*W
-//   additive backward tri*(3K + 2W) + 5*L*K*W
-//   delta forward     the additive forward with v := the new values, plus the chunk solve:
-//                     tri'*K (L) + L^3/6 (T) + L*K*W (Bp H0) + tri*W (T Z)
-//   delta backward    the additive backward, plus the solve twice (state pass and gradient pass:
-//                     2*(tri'*K + L^3/6 + L*K*W + tri*W)), plus dZ = T^T dR (tri*W),
-//                     dL = dZ R^T (tri'*W), dBp = dZ H0^T (L*K*W), dL through L (2*tri'*K),
-//                     and Bp^T dZ into dH (L*K*W)
-double chunk_flops(const BenchOptions& o, const Shape& sh, bool backward) {
-  double total = 0;
-  const double K = double(sh.K), W = double(sh.V * sh.R);
-  for (int64_t t0 = 0; t0 < sh.S; t0 += o.chunk) {
-    const double L = double(std::min<int64_t>(o.chunk, sh.S - t0));
-    const double tri = L * (L + 1) / 2, strict = L * (L - 1) / 2, lkw = L * K * W;
-    total += backward ? tri * (3 * K + 2 * W) + 5 * lkw : tri * (K + W) + 2 * lkw;
-    if (!sh.delta) continue;
-    const double solve = strict * K + L * L * L / 6 + lkw + tri * W;
-    total += backward ? 2 * solve + tri * W + strict * W + lkw + 2 * strict * K + lkw : solve;
-  }
-  return 2 * total * double(sh.B * sh.key_heads());
-}
-
-// FLOPs of the step-by-step recurrence, per token and head in units of K*V (a multiply-add 2):
-//   additive forward 5 (decay and k v^T into the state 3, y 2); backward 17 (the state advanced
-//   twice, once to take the checkpoints and once to replay each segment, 6; dq 2; q dy^T into dH
-//   2; dk 2; dv 2; the gate's dot product 2; dH's decay 1).
-//   delta forward 7 (decay 1, r 2, k r^T 2, y 2); backward 26 (the state advanced twice 10, dq 2,
-//   q dy^T 2, dk 2, dr 2, dH' 2, dbt 2, the gate's dot product 2, dH's decay 1, H' 1).
-double recurrent_flops(const Shape& sh, bool backward) {
-  const double per_token = sh.delta ? (backward ? 26.0 : 7.0) : (backward ? 17.0 : 5.0);
-  return per_token * double(sh.K) * double(sh.V) * double(sh.B * sh.S * sh.N);
-}
-
-// Bytes a pass must move: every input read once and every output written once, at their
-// dtypes (q, k, v, beta / b / w, y and their gradients in the bench's dtype, g and dg fp32).
-//   forward:  q, k, v, g (, beta / b, w) read; y written
-//   backward: the same and dy read; dq, dk, dv, dg (, dbeta / db, dw) written
-double io_bytes(const BenchOptions& o, const Shape& sh, bool backward) {
-  const double element = o.dtype == DType::bf16 ? 2 : 4;
-  const double tokens = double(sh.B * sh.S);
-  const double qk = tokens * double(2 * sh.key_heads() * sh.K) * element;
-  const double v = tokens * double(sh.N * sh.V) * element, y = v;
-  const double inputs = qk + v + sh.gate_elements() * 4 + sh.strength_elements() * element;
-  return backward ? 2 * inputs + y : inputs + y;
-}
 
 // What the unfused baseline moves on top: every chunk-start state [items, chunks, K, W] fp32
 // written once and read back once; in the backward the chunks' dH as well.
-double state_round_trips(const BenchOptions& o, const Shape& sh, bool backward) {
-  const double chunks = double((sh.S + o.chunk - 1) / o.chunk);
+double state_round_trips(const Shape& sh, bool backward) {
+  const double chunks = double((sh.S + sh.chunk - 1) / sh.chunk);
   const double states = double(sh.B * sh.N) * chunks * double(sh.K * sh.V) * 4;
   return (backward ? 4 : 2) * states;
 }
@@ -202,20 +138,17 @@ struct Workload {
     return Tensor::contiguous(a.data(), a.dtype, {sh.B, sh.S, heads, width});
   }
   Tensor gate(Array& a) {
-    if (sh.variant == Variant::retnet) return Tensor::contiguous(a.data(), DType::f32, {sh.N});
-    if (sh.gate_width() == 1) return Tensor::contiguous(a.data(), DType::f32, {sh.B, sh.S, sh.N});
-    if (sh.gate_width() == 0) return {};
-    return view(a, sh.key_heads(), sh.gate_width());
+    if (!sh.variant.has_gate()) return {};
+    const std::vector<int64_t> shape = sh.variant.gate_shape(sh.B, sh.S, sh.key_heads(), sh.K, sh.G);
+    return Tensor::contiguous(a.data(), DType::f32, std::span<const int64_t>(shape));
   }
   // The strengths in place of the inputs, or their gradients in place of the outputs.
   void strengths(Inputs& in, Array& beta_, Array& b_, Array& w_) {
-    if (!sh.delta) return;
-    if (sh.variant == Variant::gdn2) {
+    if (sh.variant.has_erase_write()) {
       in.b = view(b_, sh.N, sh.K);
       in.w = view(w_, sh.N, sh.V);
-    } else {
-      in.beta = Tensor::contiguous(beta_.data(), beta_.dtype, {sh.B, sh.S, sh.key_heads()});
     }
+    if (sh.variant.has_beta()) in.beta = Tensor::contiguous(beta_.data(), beta_.dtype, {sh.B, sh.S, sh.key_heads()});
   }
   Inputs inputs() {
     Inputs a;
@@ -258,7 +191,7 @@ struct Workload {
     opt.chunk = o.chunk;
     opt.threads = threads;
     opt.solve = o.solve;
-    opt.l2norm_qk = sh.delta;
+    opt.l2norm_qk = sh.variant.is_delta();
     return opt;
   }
 };
@@ -398,7 +331,6 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
   auto bench_pass = [&](Pass pass) {
     const bool backward = pass == Pass::backward;
     Workload& data = pass == Pass::decode ? step : w;
-    const BenchOptions& shape = pass == Pass::decode ? one_token : o;
     const std::string label = pass == Pass::forward ? "forward" : backward ? "backward" : "decode";
     const int repeats = pass == Pass::decode ? kDecodeRepeats : o.repeats;
     const int baseline_repeats = pass == Pass::decode ? kDecodeRepeats : report.baseline_repeats;
@@ -406,8 +338,8 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
     const ForwardArgs fa = pass == Pass::decode ? data.step_args() : data.forward_args();
     const BackwardArgs ba = data.backward_args();
     const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
-    const double flops = chunk_flops(shape, data.sh, backward),
-                 bytes = io_bytes(shape, data.sh, backward) + (pass == Pass::decode ? 2 * data.state_bytes() : 0);
+    const double flops = chunk_flops(data.sh.variant, data.sh, backward),
+                 bytes = io_bytes(data.sh.variant, data.sh, backward) + (pass == Pass::decode ? 2 * data.state_bytes() : 0);
     auto run_fused = [&](const Options& opt) -> std::function<void()> {
       return [&, opt] { backward ? flat::backward(variant, ba, opt) : flat::forward(variant, fa, opt); };
     };
@@ -420,11 +352,11 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
                                flops, bytes);
     k.unfused = timing(baseline(label + ", unfused chunked baseline", baseline_repeats,
                                 [&] { backward ? baseline::unfused_backward(bp) : baseline::unfused_forward(fp); }),
-                       flops, bytes + state_round_trips(shape, data.sh, backward));
+                       flops, bytes + state_round_trips(data.sh, backward));
     k.recurrent =
         timing(baseline(label + ", fp32 recurrent baseline", baseline_repeats,
                         [&] { backward ? baseline::recurrent_backward(bp) : baseline::recurrent_forward(fp); }),
-               recurrent_flops(data.sh, backward), bytes);
+               recurrent_flops(data.sh.variant, data.sh, backward), bytes);
     return k;
   };
 

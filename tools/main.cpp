@@ -8,31 +8,35 @@
 
 #include "bench.h"
 #include "run.h"
+#include "variants.h"
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: flat run VARIANT --in DIR --out DIR [--dtype f32|bf16] [--chunk N] [--scale X]\n"
-    "                [--l2norm] [--threads N] [--solve subst|blocked|doubling] [--gate-group G]\n"
-    "       flat run conv --in DIR --out DIR [--dtype f32|bf16] [--activation silu|none] [--threads N]\n"
-    "       flat bench [--shape B,S,N,K,V] [--variant NAME|conv] [--threads N] [--dtype f32|bf16] [--chunk N]\n"
-    "                  [--repeats N] [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
-    "VARIANT: la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla\n"
-    "--threads N: 0 (the default) for every hardware thread; a call runs on at most one thread per\n"
-    "             work item and 4 per hardware thread, whatever N asks\n";
+std::string usage() {
+  std::string variants;
+  for (const flat::VariantInfo& v : flat::all_variants()) variants += (variants.empty() ? "" : ", ") + std::string(v.name);
+  return "usage: flat run VARIANT --in DIR --out DIR [--dtype f32|bf16] [--chunk N] [--scale X]\n"
+         "                [--l2norm] [--threads N] [--solve subst|blocked|doubling] [--gate-group G]\n"
+         "       flat run conv --in DIR --out DIR [--dtype f32|bf16] [--activation silu|none] [--threads N]\n"
+         "       flat bench [--shape B,S,N,K,V] [--variant NAME|conv] [--threads N] [--dtype f32|bf16] [--chunk N]\n"
+         "                  [--repeats N] [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
+         "VARIANT: " + variants + "\n"
+         "--threads N: 0 (the default) for every hardware thread; a call runs on at most one thread per\n"
+         "             work item and 4 per hardware thread, whatever N asks\n";
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::cout << kUsage;
+    std::cout << usage();
     return args.empty() ? 2 : 0;
   }
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "run") return flat::tool::run_command(args, std::cout, std::cerr);
   if (command == "bench") return flat::tool::bench_command(args, std::cout, std::cerr);
-  std::cerr << "flat: unknown command '" << command << "'\n" << kUsage;
+  std::cerr << "flat: unknown command '" << command << "'\n" << usage();
   return 2;
 }

@@ -17,6 +17,7 @@
 #include "flat/flat.h"
 #include "npy.h"
 #include "params.h"
+#include "variants.h"
 #include "run_io.h"
 #include "validate.h"
 #include "run_conv.h"
@@ -67,26 +68,31 @@ Config parse_args(const std::vector<std::string>& args) {
     has_variant = true;
   };
   static_cast<RunArgs&>(config) = parse_run_args(args, option, positional);
-  if (!has_variant)
-    throw RunError("missing VARIANT (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2 or sla)");
+  if (!has_variant) {
+    std::string names;
+    for (const VariantInfo& v : all_variants()) names += (names.empty() ? "" : ", ") + std::string(v.name);
+    throw RunError("missing VARIANT (" + names + ")");
+  }
   return config;
 }
 
-// g.npy in the variant's layout. la and deltanet have no gate and ignore a g.npy that is there.
-std::optional<NpyArray> read_gate(const fs::path& dir, Variant variant, const Options& options, int64_t B,
+// g.npy in the variant's layout (src/variants.h). Variants without a gate ignore a g.npy that is
+// there.
+std::optional<NpyArray> read_gate(const fs::path& dir, const VariantInfo& variant, const Options& options, int64_t B,
                                   int64_t S, int64_t K) {
-  switch (gate_kind(variant)) {
-    case GateKind::none: return std::nullopt;
-    case GateKind::scalar:
-      if (variant == Variant::retnet) return read_input(dir, "g.npy", {{"Ng"}});
-      return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}});
-    case GateKind::channel: {
-      if (variant == Variant::gla) return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K", K}});
-      // One value per group of G channels: G from --gate-group, or sla's 64, or g.npy's last axis.
-      const int64_t group = options.gate_group > 0 ? options.gate_group : default_gate_group(variant);
+  switch (variant.gate) {
+    case Gate::none: return std::nullopt;
+    case Gate::per_sequence: return read_input(dir, "g.npy", {{"Ng"}});
+    case Gate::per_token: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}});
+    case Gate::per_channel: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K", K}});
+    case Gate::grouped: {
+      // One value per group of G channels: G from --gate-group, or the variant's default, or
+      // g.npy's last axis.
+      const int64_t group = options.gate_group > 0 ? options.gate_group : variant.default_gate_group;
       if (group > 0 && K % group != 0)
         throw RunError("--gate-group: G = " + std::to_string(group) +
-                       (options.gate_group > 0 ? "" : " (sla's default)") + " does not divide K = " + std::to_string(K));
+                       (options.gate_group > 0 ? "" : std::string(" (") + variant.name + "'s default)") +
+                       " does not divide K = " + std::to_string(K));
       NpyArray g = read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K/G", group > 0 ? K / group : -1}});
       if (K % g.shape[3] != 0)
         throw RunError("g.npy: the last axis (K/G = " + std::to_string(g.shape[3]) + ") must divide K = " +
@@ -97,21 +103,19 @@ std::optional<NpyArray> read_gate(const fs::path& dir, Variant variant, const Op
   return std::nullopt;
 }
 
-// The delta rule's strengths: beta.npy (B, S, Nb) for deltanet, gated_deltanet, kda and sla;
-// gdn2's erase gate b.npy (B, S, Nb, K) and write gate w.npy (B, S, Nw, V).
+// The delta rule's strengths: beta.npy (B, S, Nb), or the erase gate b.npy (B, S, Nb, K) and the
+// write gate w.npy (B, S, Nw, V).
 struct Strengths {
   std::optional<NpyArray> beta, b, w;
 };
 
-Strengths read_strengths(const fs::path& dir, Variant variant, int64_t B, int64_t S, int64_t K, int64_t V) {
+Strengths read_strengths(const fs::path& dir, const VariantInfo& variant, int64_t B, int64_t S, int64_t K,
+                         int64_t V) {
   Strengths strengths;
-  switch (delta_kind(variant)) {
-    case Delta::none: break;
-    case Delta::beta: strengths.beta = read_input(dir, "beta.npy", {{"B", B}, {"S", S}, {"Nb"}}); break;
-    case Delta::erase_write:
-      strengths.b = read_input(dir, "b.npy", {{"B", B}, {"S", S}, {"Nb"}, {"K", K}});
-      strengths.w = read_input(dir, "w.npy", {{"B", B}, {"S", S}, {"Nw"}, {"V", V}});
-      break;
+  if (variant.has_beta()) strengths.beta = read_input(dir, "beta.npy", {{"B", B}, {"S", S}, {"Nb"}});
+  if (variant.has_erase_write()) {
+    strengths.b = read_input(dir, "b.npy", {{"B", B}, {"S", S}, {"Nb"}, {"K", K}});
+    strengths.w = read_input(dir, "w.npy", {{"B", B}, {"S", S}, {"Nw"}, {"V", V}});
   }
   return strengths;
 }
@@ -124,8 +128,9 @@ std::vector<Output> compute(const Config& config) {
   NpyArray k = read_input(dir, "k.npy", {{"B", B}, {"S", S}, {"Nk"}, {"K", K}});
   NpyArray v = read_input(dir, "v.npy", {{"B", B}, {"S", S}, {"Nv"}, {"V"}});
   const int64_t V = v.shape[3];
-  std::optional<NpyArray> g = read_gate(dir, config.variant, config.options, B, S, K);
-  Strengths strengths = read_strengths(dir, config.variant, B, S, K, V);
+  const VariantInfo& variant = info(config.variant);
+  std::optional<NpyArray> g = read_gate(dir, variant, config.options, B, S, K);
+  Strengths strengths = read_strengths(dir, variant, B, S, K, V);
 
   // Every head count divides N, the largest (the spec's head sharing).
   const int64_t Ng = !g ? 0 : g->shape.size() == 1 ? g->shape[0] : g->shape[2];

@@ -6,11 +6,6 @@
 
 namespace flat::ref {
 
-bool Problem::has_beta() const {
-  return variant == Variant::deltanet || variant == Variant::gated_deltanet || variant == Variant::kda ||
-         variant == Variant::sla;
-}
-
 int Problem::N() const {
   int n = std::max({Nq, Nk, Nv});
   if (has_gate()) n = std::max(n, Ng);
@@ -19,24 +14,10 @@ int Problem::N() const {
   return n;
 }
 
-int Problem::gate_width() const {
-  switch (variant) {
-    case Variant::la:
-    case Variant::deltanet: return 0;
-    case Variant::retnet:
-    case Variant::mamba2:
-    case Variant::gated_deltanet: return 1;
-    case Variant::gla: return K;
-    case Variant::kda:
-    case Variant::gdn2:
-    case Variant::sla: return K / G;
-  }
-  return 0;
-}
-
 size_t Problem::gate_size() const {
-  if (variant == Variant::retnet) return size_t(Ng);
-  return size_t(B) * S * Ng * gate_width();
+  size_t size = 1;
+  for (int64_t axis : info().gate_shape(B, S, Ng, K, G)) size *= size_t(axis);
+  return has_gate() ? size : 0;
 }
 
 namespace {
@@ -76,7 +57,7 @@ struct Sequence {
   // token, or per group of K / gate_width() channels. The gradient of a value read by several
   // channels is the sum over them.
   size_t gate_index(int t, int c) const {
-    if (p.variant == Variant::retnet) return size_t(head(p.Ng));
+    if (p.info().gate == Gate::per_sequence) return size_t(head(p.Ng));
     const int width = p.gate_width();
     return at(b, t, head(p.Ng), p.Ng, p.S, width) + size_t(c / (p.K / width));
   }

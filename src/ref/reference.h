@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "flat/flat.h"
+#include "variants.h"
 
 namespace flat::ref {
 
@@ -17,16 +18,17 @@ struct Problem {
   double scale = 1.0;
   bool l2norm = false;
 
+  // What the variant is made of (src/variants.h).
+  const VariantInfo& info() const { return flat::info(variant); }
   int N() const;
-  bool has_gate() const { return variant != Variant::la && variant != Variant::deltanet; }
+  bool has_gate() const { return info().has_gate(); }
   // The delta rule with one write strength per head and token: b = w = beta.
-  bool has_beta() const;
-  // gdn2's erase gate b [K] and write gate w [V].
-  bool has_erase_write() const { return variant == Variant::gdn2; }
-  // Gate values per head and token: 1 for a scalar gate, K for gla, K / G for kda, gdn2, sla.
-  int gate_width() const;
-  // Elements of g in its layout: [Ng] retnet, [B, S, Ng, gate_width()] otherwise (the last axis
-  // dropped for scalar gates), none for la and deltanet.
+  bool has_beta() const { return info().has_beta(); }
+  // The erase gate b [K] and write gate w [V] instead of beta.
+  bool has_erase_write() const { return info().has_erase_write(); }
+  // Gate values per head and token: 1 for a scalar gate, K per channel, K / G per group.
+  int gate_width() const { return int(info().gate_width(K, G)); }
+  // Elements of g in its layout ([Ng] for a per-sequence gate); none without a gate.
   size_t gate_size() const;
 };
 
