@@ -4,11 +4,10 @@
 #include <cmath>
 #include <numeric>
 #include <sstream>
-#include <thread>
 #include <tuple>
 #include <vector>
 
-#include "cpu/recurrence.h"
+#include "backend.h"
 #include "cpu/bf16.h"
 #include "flat/flat.h"
 #include "params.h"
@@ -53,7 +52,6 @@ namespace {
 using validate::Axis;
 using validate::check_dtype;
 using validate::check_tensor;
-using validate::check_values;
 using validate::fail;
 using validate::shape_string;
 
@@ -194,7 +192,6 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   }
   if (options.chunk < 16 || options.chunk > 256 || options.chunk % 16 != 0)
     fail("options.chunk", "expected a multiple of 16 from 16 to 256, got " + std::to_string(options.chunk));
-  if (options.threads < 0) fail("options.threads", "expected 0 (all) or more, got " + std::to_string(options.threads));
   const float scale = options.scale.value_or(1.0f / std::sqrt(float(K)));
   if (!std::isfinite(scale)) fail("options.scale", "expected a finite number");
 
@@ -206,7 +203,6 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.scale = scale;
   p.chunk = options.chunk;
   p.l2norm_qk = options.l2norm_qk;
-  p.threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   p.q = rows(q);
   p.k = rows(k);
   p.v = rows(v);
@@ -216,15 +212,6 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.b = rows(in.b);
   p.w = rows(in.w);
   p.solve = options.solve == Solve::automatic ? Solve::doubling : options.solve;
-  // Values, once every shape is known to fit: a gate above 0 would grow the state without bound,
-  // and a non-finite gate, strength or initial state would end in NaN everywhere it reaches, so
-  // these are refused. Activations (q, k, v, dy, dht) are not scanned: their NaN and infinities
-  // propagate, as in any training framework (README, "Errors"). Options::check_values skips it.
-  if (!options.check_values) return p;
-  check_values("g", g, validate::Values::finite_nonpositive, p.threads);
-  for (const auto& [name, tensor] : {std::pair{"beta", &in.beta}, std::pair{"b", &in.b}, std::pair{"w", &in.w},
-                                     std::pair{"h0", &h0}})
-    check_values(name, *tensor, validate::Values::finite, p.threads);
   return p;
 }
 
@@ -295,12 +282,51 @@ Params describe_backward(Variant variant, const BackwardArgs& a, const Options& 
   return p;
 }
 
-void forward(Variant variant, const ForwardArgs& args, const Options& options) {
-  cpu::recurrence_forward(describe_forward(variant, args, options));
+namespace {
+
+// The device of a call's tensors, which must all be on one.
+Device device_of(const std::vector<validate::Named>& tensors) { return validate::common_device(tensors); }
+
+void check_context(const ExecutionContext& context) {
+  if (context.threads < 0) fail("context.threads", "expected 0 (all) or more, got " + std::to_string(context.threads));
 }
 
-void backward(Variant variant, const BackwardArgs& args, const Options& options) {
-  cpu::recurrence_backward(describe_backward(variant, args, options));
+// Values, once every shape is known to fit, on the tensors' device: a gate above 0 would grow the
+// state without bound, and a non-finite gate, strength or initial state would end in NaN
+// everywhere it reaches, so these are refused. Activations (q, k, v, dy, dht) are not scanned:
+// their NaN and infinities propagate, as in any training framework (README, "Errors").
+// Options::check_values skips the scan.
+void check_input_values(const Backend& backend, const Inputs& in, const Options& options,
+                        const ExecutionContext& context) {
+  if (!options.check_values) return;
+  backend.check_values("g", in.g, validate::Values::finite_nonpositive, context);
+  for (const auto& [name, tensor] : {std::pair{"beta", &in.beta}, std::pair{"b", &in.b}, std::pair{"w", &in.w},
+                                     std::pair{"h0", &in.h0}})
+    backend.check_values(name, *tensor, validate::Values::finite, context);
+}
+
+}  // namespace
+
+void forward(Variant variant, const ForwardArgs& args, const Options& options, const ExecutionContext& context) {
+  const Params p = describe_forward(variant, args, options);
+  check_context(context);
+  std::vector<validate::Named> tensors = input_views(args);
+  tensors.insert(tensors.end(), {{"y", &args.y}, {"ht", &args.ht}});
+  const Backend& backend = backend_for(device_of(tensors));
+  check_input_values(backend, args, options, context);
+  backend.forward(p, context);
+}
+
+void backward(Variant variant, const BackwardArgs& args, const Options& options, const ExecutionContext& context) {
+  const Params p = describe_backward(variant, args, options);
+  check_context(context);
+  std::vector<validate::Named> tensors = input_views(args);
+  tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dht", &args.dht}, {"dq", &args.dq}, {"dk", &args.dk},
+                                 {"dv", &args.dv}, {"dg", &args.dg}, {"dh0", &args.dh0}, {"dbeta", &args.dbeta},
+                                 {"db", &args.db}, {"dw", &args.dw}});
+  const Backend& backend = backend_for(device_of(tensors));
+  check_input_values(backend, args, options, context);
+  backend.backward(p, context);
 }
 
 }  // namespace flat

@@ -5,10 +5,9 @@
 #include <algorithm>
 #include <climits>
 #include <sstream>
-#include <thread>
 #include <vector>
 
-#include "conv/conv.h"
+#include "backend.h"
 #include "conv/conv_params.h"
 #include "flat/flat.h"
 #include "validate.h"
@@ -70,12 +69,10 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options) {
   p.W = int(in.weight.shape[1]);
   if (in.bias.present()) check_f32("bias", in.bias, {{"C", p.C}}, " (the bias is fp32)");
   if (in.state0.present()) check_state("state0", in.state0, p);
-  if (options.threads < 0) fail("options.threads", "expected 0 (all) or more, got " + std::to_string(options.threads));
   if (options.activation != Activation::none && options.activation != Activation::silu)
     fail("options.activation", "expected none or silu");
 
   p.activation = options.activation;
-  p.threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   p.x = rows3(in.x);
   p.state0 = rows3(in.state0);
   p.weight = static_cast<const float*>(in.weight.data);
@@ -131,12 +128,29 @@ ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& 
   return p;
 }
 
-void conv_forward(const ConvArgs& args, const ConvOptions& options) {
-  cpu::conv_forward(describe_conv_forward(args, options));
+namespace {
+
+// The backend of a call's tensors' device (they must all be on one).
+const Backend& backend_of(std::vector<validate::Named> tensors, const ExecutionContext& context) {
+  if (context.threads < 0) fail("context.threads", "expected 0 (all) or more, got " + std::to_string(context.threads));
+  return backend_for(validate::common_device(tensors));
 }
 
-void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options) {
-  cpu::conv_backward(describe_conv_backward(args, options));
+}  // namespace
+
+void conv_forward(const ConvArgs& args, const ConvOptions& options, const ExecutionContext& context) {
+  const ConvParams p = describe_conv_forward(args, options);
+  std::vector<validate::Named> tensors = input_views(args);
+  tensors.insert(tensors.end(), {{"y", &args.y}, {"state", &args.state}});
+  backend_of(tensors, context).conv_forward(p, context);
+}
+
+void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options, const ExecutionContext& context) {
+  const ConvParams p = describe_conv_backward(args, options);
+  std::vector<validate::Named> tensors = input_views(args);
+  tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dstate", &args.dstate}, {"dx", &args.dx},
+                                 {"dweight", &args.dweight}, {"dbias", &args.dbias}, {"dstate0", &args.dstate0}});
+  backend_of(tensors, context).conv_backward(p, context);
 }
 
 }  // namespace flat

@@ -46,7 +46,6 @@ struct Params {
   float scale = 1.0f;
   int chunk = 64;
   bool l2norm_qk = false;
-  int threads = 1;
 
   RowView q, k, v, g;  // [B, S, Nx, D]; g rows are K / gate_group wide (channel) or 1 wide (scalar)
   RowView beta, b, w;  // delta rule: beta rows 1 wide; gdn2's b rows K wide, w rows V wide

@@ -171,6 +171,18 @@ void check_no_overlap(const std::vector<Named>& outputs, const std::vector<Named
   }
 }
 
+Device common_device(const std::vector<Named>& tensors) {
+  const Named* first = nullptr;
+  for (const Named& t : tensors) {
+    if (!t.tensor->present()) continue;
+    if (!first) first = &t;
+    else if (t.tensor->device != first->tensor->device)
+      fail(t.name, "on " + std::string(device_name(t.tensor->device)) + ", expected " +
+                       std::string(device_name(first->tensor->device)) + " like " + first->name);
+  }
+  return first ? first->tensor->device : Device::cpu;
+}
+
 int64_t head_count(const std::vector<HeadCount>& counts) {
   size_t largest = 0;
   for (size_t i = 0; i < counts.size(); ++i)
@@ -234,7 +246,7 @@ int64_t first_broken(const Element* row, int64_t n, Values rule) {
 
 }  // namespace
 
-void check_values(const std::string& name, const Tensor& t, Values rule, int threads) {
+void check_values(const std::string& name, const Tensor& t, Values rule, const cpu::Workers& workers) {
   if (!t.present()) return;
   // Trailing axes that are packed merge into one contiguous run; the axes before it are walked.
   int outer = t.rank - 1;
@@ -251,7 +263,7 @@ void check_values(const std::string& name, const Tensor& t, Values rule, int thr
   // The smallest logical index (row * run + column) of a broken element.
   const int64_t none = rows * run;
   std::atomic<int64_t> first{none};
-  cpu::parallel_ranges(rows * pieces, large ? threads : 1, [&](int64_t begin, int64_t end) {
+  cpu::parallel_ranges(rows * pieces, large ? workers : cpu::Workers{}, [&](int64_t begin, int64_t end) {
     int64_t row = begin / pieces, piece = begin % pieces;
     std::vector<int64_t> index(static_cast<size_t>(outer));  // the row's indices along the walked axes
     int64_t offset = 0;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/parallel.h"
 #include "flat/flat.h"
 
 namespace flat::validate {
@@ -55,10 +56,13 @@ int64_t head_count(const std::vector<HeadCount>& counts);
 // What every element of a tensor must be: finite, or finite and at most 0 (log-space gates).
 enum class Values { finite, finite_nonpositive };
 
-// Scans every element of a present tensor (bf16 or fp32, any strides) on up to `threads` threads;
-// throws naming the first offending index and its value, e.g.
+// Scans every element of a present tensor in host memory (bf16 or fp32, any strides) on the
+// workers; throws naming the first offending index and its value, e.g.
 // "g: expected finite values <= 0 (log-space gates), got inf at [0, 3, 1, 2]".
-void check_values(const std::string& name, const Tensor& t, Values rule, int threads);
+void check_values(const std::string& name, const Tensor& t, Values rule, const cpu::Workers& workers);
+
+// The device of the present tensors, which must all be on one ("k: on cuda, expected cpu like q").
+Device common_device(const std::vector<Named>& tensors);
 
 // `why` follows the expected dtype in the message, e.g. " (states are fp32)".
 void check_dtype(const std::string& name, const Tensor& t, DType expected, const std::string& why);

@@ -10,35 +10,10 @@
 #include <sstream>
 
 #include "checks.h"
-#include "cpu/isa.h"
+#include "cpu/recurrence.h"
+#include "cpu/targets.h"
 
 namespace flat::test {
-
-namespace {
-
-// A run asked (FLAT_ISA) for an instruction set this CPU lacks would only repeat the default one:
-// its tests are skipped instead.
-class RequestedIsa : public ::testing::Environment {
- public:
-  void SetUp() override {
-    cpu::Isa isa;
-    if (cpu::isa_requested(&isa) && !cpu::isa_supported(isa))
-      GTEST_SKIP() << "FLAT_ISA=" << cpu::isa_name(isa) << ": not on this CPU";
-  }
-};
-[[maybe_unused]] const auto* const kRequestedIsa = ::testing::AddGlobalTestEnvironment(new RequestedIsa);
-
-}  // namespace
-
-std::string_view solve_name(Solve solve) {
-  switch (solve) {
-    case Solve::automatic: return "auto";
-    case Solve::substitution: return "subst";
-    case Solve::blocked: return "blocked";
-    case Solve::doubling: return "doubling";
-  }
-  return "?";
-}
 
 std::vector<Variant> variants_where(bool (*keep)(const VariantInfo&)) {
   std::vector<Variant> out;
@@ -49,6 +24,16 @@ std::vector<Variant> variants_where(bool (*keep)(const VariantInfo&)) {
 
 void fit_gate_group(Case& c) {
   if (c.K % c.gate_group() != 0) c.G = std::gcd(c.K, 64);
+}
+
+std::string_view solve_name(Solve solve) {
+  switch (solve) {
+    case Solve::automatic: return "auto";
+    case Solve::substitution: return "subst";
+    case Solve::blocked: return "blocked";
+    case Solve::doubling: return "doubling";
+  }
+  return "?";
 }
 
 bool Case::is_delta() const { return info(variant).is_delta(); }
@@ -103,6 +88,13 @@ double relative_error(const std::vector<double>& got, const std::vector<double>&
     den += want[i] * want[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+void expect_within_bounds(const ErrorsByTarget& errors, DType dtype) {
+  for (const auto& [target, e] : errors) {
+    SCOPED_TRACE("target " + target);
+    expect_within_bounds(e, dtype);
+  }
 }
 
 void expect_within_bounds(const Errors& e, DType dtype) {
@@ -324,16 +316,19 @@ Problem::Problem(const Case& c_) : c(c_) {
   }
 }
 
-Implementation library() { return {"library", flat::forward, flat::backward}; }
+Implementation library() { return {"fused", cpu::recurrence_forward, cpu::recurrence_backward}; }
 
-KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const Implementation& implementation) {
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
+
+KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const cpu::Target& target,
+                         const Implementation& implementation) {
+  const cpu::Run run{target, {threads}};
   const Case& c = pr.c;
   const int64_t N = pr.N;
   Options options;
   options.scale = float(pr.ref.scale);
   options.chunk = c.chunk;
   options.l2norm_qk = c.l2norm;
-  options.threads = threads;
   options.solve = c.solve;
   options.gate_group = c.G;
 
@@ -358,7 +353,7 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const Im
   fa.h0 = h0_view;
   fa.y = y_place.view(y);
   fa.ht = Tensor::contiguous(ht.data(), DType::f32, {c.B, N, c.K, c.V});
-  implementation.forward(c.variant, fa, options);
+  implementation.forward(describe_forward(c.variant, fa, options), run);
 
   KernelOutputs out;
   out.y = y_place.read(y);
@@ -388,7 +383,7 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const Im
     ba.dg.data = dg.data();
   }
   ba.dh0 = Tensor::contiguous(dh0.data(), DType::f32, {c.B, N, c.K, c.V});
-  implementation.backward(c.variant, ba, options);
+  implementation.backward(describe_backward(c.variant, ba, options), run);
 
   grads.read(parts(c.variant, out.dq, out.dk, out.dv, out.dbeta, out.db, out.dw));
   out.dg = to_double(dg);
@@ -397,28 +392,32 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const Im
   return out;
 }
 
-Errors compare(const Case& c) { return compare(Problem(c)); }
+ErrorsByTarget compare(const Case& c) { return compare(Problem(c)); }
 
-Errors compare(const Problem& pr, const Implementation& implementation) {
-  const KernelOutputs got = run_kernel(pr, true, pr.c.threads, implementation);
+ErrorsByTarget compare(const Problem& pr, const Implementation& implementation) {
   const ref::Outputs want = ref::forward(pr.ref, pr.in);
   const ref::Gradients dwant = ref::backward(pr.ref, pr.in, pr.dy, pr.dht);
   const auto error = [](const std::vector<double>& got, const std::vector<double>& want) {
     return relative_error(got, representable(want));
   };
-  Errors e;
-  e.y = error(got.y, want.y);
-  e.ht = error(got.ht, want.ht);
-  e.dq = error(got.dq, dwant.dq);
-  e.dk = error(got.dk, dwant.dk);
-  e.dv = error(got.dv, dwant.dv);
-  e.dg = error(got.dg, dwant.dg);
-  e.dh0 = error(got.dh0, dwant.dh0);
-  e.dbeta = error(got.dbeta, dwant.dbeta);
-  e.db = error(got.db, dwant.db);
-  e.dw = error(got.dw, dwant.dw);
-  e.padding_intact = got.padding_intact;
-  return e;
+  ErrorsByTarget out;
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    const KernelOutputs got = run_kernel(pr, true, pr.c.threads, *target, implementation);
+    Errors e;
+    e.y = error(got.y, want.y);
+    e.ht = error(got.ht, want.ht);
+    e.dq = error(got.dq, dwant.dq);
+    e.dk = error(got.dk, dwant.dk);
+    e.dv = error(got.dv, dwant.dv);
+    e.dg = error(got.dg, dwant.dg);
+    e.dh0 = error(got.dh0, dwant.dh0);
+    e.dbeta = error(got.dbeta, dwant.dbeta);
+    e.db = error(got.db, dwant.db);
+    e.dw = error(got.dw, dwant.dw);
+    e.padding_intact = got.padding_intact;
+    out.emplace_back(target->name, e);
+  }
+  return out;
 }
 
 }  // namespace flat::test

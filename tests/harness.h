@@ -4,13 +4,24 @@
 
 #include <cstdint>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "flat/flat.h"
+#include "cpu/run.h"
+#include "params.h"
 #include "ref/reference.h"
 #include "variants.h"
+
+namespace flat {
+
+// Readable test parameters in gtest's output (found by argument-dependent lookup).
+inline void PrintTo(Variant variant, std::ostream* os) { *os << variant_name(variant); }
+inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+
+}  // namespace flat
 
 namespace flat::test {
 
@@ -77,9 +88,13 @@ struct Errors {
 // a NaN or an infinity.
 double relative_error(const std::vector<double>& got, const std::vector<double>& want);
 
+// The errors of each target this CPU supports, by the target's name.
+using ErrorsByTarget = std::vector<std::pair<std::string, Errors>>;
+
 // The spec's bounds, as gtest expectations: fp32 1e-5 for y and ht and 1e-4 for every gradient,
-// bf16 5e-3 and 1e-2; NaN fails; and nothing written outside the views.
+// bf16 5e-3 and 1e-2; NaN fails; and nothing written outside the views. On every target.
 void expect_within_bounds(const Errors& errors, DType dtype);
+void expect_within_bounds(const ErrorsByTarget& errors, DType dtype);
 
 // The solve's name as `flat run --solve` takes it ("auto" for Solve::automatic).
 std::string_view solve_name(Solve solve);
@@ -113,21 +128,26 @@ inline constexpr std::pair<const char*, std::vector<double> KernelOutputs::*> kK
     {"dh0", &KernelOutputs::dh0}, {"dbeta", &KernelOutputs::dbeta}, {"db", &KernelOutputs::db},
     {"dw", &KernelOutputs::dw}};
 
-// What run_kernel runs: the library's entry points, or another implementation with the same
-// arguments (the benchmark's baselines, through describe_forward / describe_backward).
+// What run_kernel runs on the Params that describe_forward / describe_backward make of the
+// arguments: the library's drivers, or another implementation (the benchmark's baselines).
 struct Implementation {
   const char* name;
-  void (*forward)(Variant, const ForwardArgs&, const Options&);
-  void (*backward)(Variant, const BackwardArgs&, const Options&);
+  void (*forward)(const Params&, const cpu::Run&);
+  void (*backward)(const Params&, const cpu::Run&);
 };
 Implementation library();
 
-// Runs forward and, when `backward`, backward of the kernel on poisoned output buffers.
-KernelOutputs run_kernel(const Problem& problem, bool backward, int threads,
+// Runs forward and, when `backward`, backward on one target and `threads` threads, on poisoned
+// output buffers.
+KernelOutputs run_kernel(const Problem& problem, bool backward, int threads, const cpu::Target& target,
                          const Implementation& implementation = library());
 
-// Runs kernel and oracle, returns the errors.
-Errors compare(const Case& c);
-Errors compare(const Problem& problem, const Implementation& implementation = library());
+// Runs the oracle once and the implementation on every target this CPU supports, and returns the
+// errors of each.
+ErrorsByTarget compare(const Case& c);
+ErrorsByTarget compare(const Problem& problem, const Implementation& implementation = library());
+
+void PrintTo(const Case& c, std::ostream* os);
+inline void PrintTo(const Implementation& implementation, std::ostream* os) { *os << implementation.name; }
 
 }  // namespace flat::test

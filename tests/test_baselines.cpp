@@ -1,4 +1,4 @@
-// The benchmark's baselines (src/baseline/baselines.h) against the float64 oracle on the same
+// The benchmark's baselines (tools/baseline/baselines.h) against the float64 oracle on the same
 // rounded inputs, called as `flat bench` calls them: on the Params that
 // describe_forward / describe_backward make of the arguments. Same bounds as the kernels.
 #include <gtest/gtest.h>
@@ -9,24 +9,17 @@
 
 #include "baseline/baselines.h"
 #include "harness.h"
+#include "cpu/targets.h"
 #include "params.h"
 
 namespace flat::test {
 namespace {
 
-template <void (*Run)(const Params&)>
-void forward_with(Variant variant, const ForwardArgs& args, const Options& options) {
-  Run(describe_forward(variant, args, options));
-}
-template <void (*Run)(const Params&)>
-void backward_with(Variant variant, const BackwardArgs& args, const Options& options) {
-  Run(describe_backward(variant, args, options));
-}
 
 // Each baseline `flat bench` measures.
 const Implementation kBaselines[] = {
-    {"recurrent", forward_with<baseline::recurrent_forward>, backward_with<baseline::recurrent_backward>},
-    {"unfused", forward_with<baseline::unfused_forward>, backward_with<baseline::unfused_backward>},
+    {"recurrent", baseline::recurrent_forward, baseline::recurrent_backward},
+    {"unfused", baseline::unfused_forward, baseline::unfused_backward},
 };
 
 std::vector<Case> cases() {
@@ -93,9 +86,12 @@ TEST_P(BaselineDeterminism, SameBitsForAnyThreadCount) {
     c.chunk = 32;
     c.h0 = c.dht = true;
     const Problem pr(c);
-    const KernelOutputs one = run_kernel(pr, true, 1, GetParam()), three = run_kernel(pr, true, 3, GetParam());
-    for (const auto& [name, member] : kKernelOutputs)
-      EXPECT_EQ(one.*member, three.*member) << variant_name(variant) << " " << name;
+    for (const cpu::Target* target : cpu::supported_targets()) {
+      const KernelOutputs one = run_kernel(pr, true, 1, *target, GetParam()),
+                          three = run_kernel(pr, true, 3, *target, GetParam());
+      for (const auto& [name, member] : kKernelOutputs)
+        EXPECT_EQ(one.*member, three.*member) << variant_name(variant) << " " << name << " on " << target->name;
+    }
   }
 }
 

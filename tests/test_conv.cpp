@@ -167,11 +167,11 @@ void expect_matches_oracle(const ConvCase& c) {
   const ref::ConvOutputs want = ref::conv_forward(d.problem, d.in);
   const ref::ConvGradients dwant = ref::conv_backward(d.problem, d.in, d.dy, d.dstate);
   const Tolerances tol = tolerances(c);
-  std::vector<const cpu::ConvKernels*> runs{nullptr};  // the public API first
-  for (const cpu::ConvKernels* k : cpu::conv_kernels_supported()) runs.push_back(k);
-  for (const cpu::ConvKernels* kernels : runs) {
-    SCOPED_TRACE(kernels ? kernels->name : "public API");
-    const ConvResults got = run_conv(d, true, c.threads, kernels);
+  std::vector<const cpu::Target*> runs{nullptr};  // the public API first
+  for (const cpu::Target* target : cpu::supported_targets()) runs.push_back(target);
+  for (const cpu::Target* target : runs) {
+    SCOPED_TRACE(target ? target->name : "public API");
+    const ConvResults got = run_conv(d, true, c.threads, target);
     expect_close("y", got.y, want.y, tol.outputs);
     if (c.state) expect_close("state", got.state, want.state, tol.outputs);
     expect_close("dx", got.dx, dwant.dx, tol.gradients);
@@ -418,7 +418,7 @@ std::vector<Break> breaks() {
          f.state0 = g.state0 = f32(b.state0, {kB, kC, 1});
        },
        "flat: state0: W = 1 keeps no state"},
-      {"threads", [](Buffers&, F&, G&) {}, "flat: options.threads: expected 0 (all) or more, got -1"},
+      {"threads", [](Buffers&, F&, G&) {}, "flat: context.threads: expected 0 (all) or more, got -1"},
   };
 }
 
@@ -429,10 +429,10 @@ TEST(ConvErrors, BadInputsNamedAndNothingWritten) {
     ConvArgs f = forward_args(b);
     ConvBackwardArgs g = backward_args(b);
     brk.apply(b, f, g);
-    ConvOptions options;
-    if (std::string(brk.what) == "threads") options.threads = -1;
-    expect_error([&] { conv_forward(f, options); }, brk.fragment, b);
-    expect_error([&] { conv_backward(g, options); }, brk.fragment, b);
+    ExecutionContext context;
+    if (std::string(brk.what) == "threads") context.threads = -1;
+    expect_error([&] { conv_forward(f, {}, context); }, brk.fragment, b);
+    expect_error([&] { conv_backward(g, {}, context); }, brk.fragment, b);
   }
 }
 

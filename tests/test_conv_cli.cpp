@@ -50,6 +50,8 @@ struct CliCase {
   bool backward;
 };
 
+void PrintTo(const CliCase& run, std::ostream* os) { *os << run.c.name() << (run.backward ? "_bwd" : "_fwd"); }
+
 class ConvCli : public ::testing::TestWithParam<CliCase> {};
 
 TEST_P(ConvCli, MatchesOracle) {
@@ -161,7 +163,7 @@ TEST(ConvCli, BadInputsNamedAndNothingWritten) {
        "--activation: expected silu or none, got 'relu'"},
       {"dtype", {{"x.npy", x}, {"weight.npy", w}}, {"--dtype", "f16"}, "--dtype: expected f32 or bf16"},
       {"option", {{"x.npy", x}, {"weight.npy", w}}, {"--chunk", "64"}, "unknown option '--chunk' for conv"},
-      {"threads", {{"x.npy", x}, {"weight.npy", w}}, {"--threads", "-2"}, "options.threads"},
+      {"threads", {{"x.npy", x}, {"weight.npy", w}}, {"--threads", "-2"}, "context.threads"},
   };
   for (const Bad& bad : cases) {
     SCOPED_TRACE(bad.what);

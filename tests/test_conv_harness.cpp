@@ -98,7 +98,7 @@ ConvData::ConvData(const ConvCase& c_) : c(c_) {
   if (c.dstate) dstate = normal(rng, state, DType::f32, 1.0);
 }
 
-ConvResults run_conv(const ConvData& d, bool backward, int threads, const cpu::ConvKernels* kernels) {
+ConvResults run_conv(const ConvData& d, bool backward, int threads, const cpu::Target* target) {
   const ConvCase& c = d.c;
   const auto seq = [&] { return c.strided ? Layout::wide(c.B, c.S, c.C) : Layout::dense(c.B, c.S, c.C); };
   const int K = c.W - 1;
@@ -117,15 +117,16 @@ ConvResults run_conv(const ConvData& d, bool backward, int threads, const cpu::C
   if (c.bias) in.bias = Tensor::contiguous(bias.data(), DType::f32, {c.C});
   if (c.state0) in.state0 = Tensor::contiguous(state0.data(), DType::f32, {c.B, c.C, K});
   ConvOptions options;
-  options.threads = threads;
   options.activation = c.activation;
+  ExecutionContext context;
+  context.threads = threads;
 
   ConvResults out;
   ConvArgs fa(in);
   fa.y = y.view();
   if (c.state) fa.state = Tensor::contiguous(state.data(), DType::f32, {c.B, c.C, K});
-  if (kernels) cpu::conv_forward(describe_conv_forward(fa, options), *kernels);
-  else conv_forward(fa, options);
+  if (target) cpu::conv_forward(describe_conv_forward(fa, options), {*target, {threads}});
+  else conv_forward(fa, options, context);
   out.y = y.read();
   out.padding_intact = !c.strided || y.layout.outside_intact(y.storage);
   if (c.state) out.state = flat_read(state);
@@ -138,8 +139,8 @@ ConvResults run_conv(const ConvData& d, bool backward, int threads, const cpu::C
   ba.dweight = Tensor::contiguous(dweight.data(), DType::f32, {c.C, c.W});
   if (c.bias) ba.dbias = Tensor::contiguous(dbias.data(), DType::f32, {c.C});
   if (c.dstate0) ba.dstate0 = Tensor::contiguous(dstate0.data(), DType::f32, {c.B, c.C, K});
-  if (kernels) cpu::conv_backward(describe_conv_backward(ba, options), *kernels);
-  else conv_backward(ba, options);
+  if (target) cpu::conv_backward(describe_conv_backward(ba, options), {*target, {threads}});
+  else conv_backward(ba, options, context);
   out.dx = dx.read();
   out.padding_intact = out.padding_intact && (!c.strided || dx.layout.outside_intact(dx.storage));
   out.dweight = flat_read(dweight);

@@ -4,10 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
-#include "conv/conv_kernels.h"
+#include "cpu/targets.h"
 #include "flat/flat.h"
 #include "ref/conv_reference.h"
 
@@ -29,6 +30,8 @@ struct ConvCase {
   std::string name() const;
 };
 
+inline void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.name(); }
+
 // Inputs rounded to their dtypes, as float64 for the oracle.
 struct ConvData {
   explicit ConvData(const ConvCase& c);
@@ -45,8 +48,8 @@ struct ConvResults {
   bool padding_intact = true;  // nothing written outside the strided views
 };
 
-// Forward (and backward) on poisoned buffers: through the public API when `kernels` is null,
-// else through the driver with those leaves.
-ConvResults run_conv(const ConvData& data, bool backward, int threads, const cpu::ConvKernels* kernels);
+// Forward (and backward) on poisoned buffers: through the public API when `target` is null, else
+// through the driver on that target's leaves.
+ConvResults run_conv(const ConvData& data, bool backward, int threads, const cpu::Target* target);
 
 }  // namespace flat::test

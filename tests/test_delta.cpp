@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/targets.h"
 #include "harness.h"
 
 namespace flat::test {
@@ -146,17 +147,20 @@ TEST_P(SolvesAgree, ToFp32Rounding) {
   c.h0 = c.dht = true;
   fit_gate_group(c);
   const Problem problem(c);  // the solve does not change the problem drawn
-  auto run = [&](Solve solve) {
-    Problem with = problem;
-    with.c.solve = solve;
-    return run_kernel(with, true, 2);
-  };
-  const KernelOutputs substitution = run(Solve::substitution);
-  for (Solve solve : {Solve::blocked, Solve::doubling}) {
-    const KernelOutputs other = run(solve);
-    for (const auto& [name, values] : kKernelOutputs) {
-      const double difference = relative_error(other.*values, substitution.*values);
-      EXPECT_TRUE(difference <= 1e-5) << solve_name(solve) << " vs subst: " << name << " " << difference;
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    auto run = [&](Solve solve) {
+      Problem with = problem;
+      with.c.solve = solve;
+      return run_kernel(with, true, 2, *target);
+    };
+    const KernelOutputs substitution = run(Solve::substitution);
+    for (Solve solve : {Solve::blocked, Solve::doubling}) {
+      const KernelOutputs other = run(solve);
+      for (const auto& [name, values] : kKernelOutputs) {
+        const double difference = relative_error(other.*values, substitution.*values);
+        EXPECT_TRUE(difference <= 1e-5) << solve_name(solve) << " vs subst: " << name << " " << difference << " on "
+                                        << target->name;
+      }
     }
   }
 }

@@ -3,14 +3,23 @@
 // (and retnet's reduction over the whole sequence) runs in a fixed order.
 #include <gtest/gtest.h>
 
+#include "cpu/targets.h"
 #include "harness.h"
 
 namespace flat::test {
 namespace {
 
-void expect_identical(const KernelOutputs& a, const KernelOutputs& b, int threads) {
-  // Bitwise: the outputs are floats widened exactly to double.
-  for (const auto& [name, values] : kKernelOutputs) EXPECT_EQ(a.*values, b.*values) << name << ", threads " << threads;
+// On every target: the runs on each thread count bitwise equal the one on a single thread (the
+// outputs are floats widened exactly to double).
+void expect_same_bits(const Problem& problem, std::initializer_list<int> thread_counts) {
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    const KernelOutputs reference = run_kernel(problem, true, 1, *target);
+    for (int threads : thread_counts) {
+      const KernelOutputs other = run_kernel(problem, true, threads, *target);
+      for (const auto& [name, values] : kKernelOutputs)
+        EXPECT_EQ(reference.*values, other.*values) << name << ", threads " << threads << " on " << target->name;
+    }
+  }
 }
 
 class Determinism : public ::testing::TestWithParam<Variant> {};
@@ -28,9 +37,7 @@ TEST_P(Determinism, SameBitsForAnyThreadCountAndRun) {
     c.V = 24;
     c.chunk = 32;
     c.h0 = c.dht = true;
-    const Problem problem(c);
-    const KernelOutputs reference = run_kernel(problem, true, 1);
-    for (int threads : {1, 2, 3, 5, 12}) expect_identical(reference, run_kernel(problem, true, threads), threads);
+    expect_same_bits(Problem(c), {1, 2, 3, 5, 12});
   }
 }
 
@@ -51,9 +58,7 @@ TEST_P(DeltaDeterminism, SameBitsForAnyThreadCount) {
   c.chunk = 32;
   c.beta_max = 2.0;
   c.h0 = c.dht = true;
-  const Problem problem(c);
-  const KernelOutputs reference = run_kernel(problem, true, 1);
-  for (int threads : {1, 2, 3}) expect_identical(reference, run_kernel(problem, true, threads), threads);
+  expect_same_bits(Problem(c), {1, 2, 3});
 }
 
 INSTANTIATE_TEST_SUITE_P(Delta, DeltaDeterminism, ::testing::Values(Variant::gdn2, Variant::sla),

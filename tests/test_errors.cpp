@@ -80,8 +80,6 @@ struct ForwardBreak {
 TEST(BadInput, ForwardNamesTheTensorAndWritesNothing) {
   Options bad_chunk;
   bad_chunk.chunk = 20;
-  Options bad_threads;
-  bad_threads.threads = -1;
   const std::vector<ForwardBreak> breaks = {
       {"q rank", [](ForwardArgs& a, Buffers& b) { a.q = Tensor::contiguous(b.q.data(), DType::f32, {B, S, N * K}); },
        "q: expected rank 4 [B, S, Nq, K], got rank 3 [1, 5, 32]"},
@@ -113,7 +111,6 @@ TEST(BadInput, ForwardNamesTheTensorAndWritesNothing) {
       {"retnet rank", [](ForwardArgs&, Buffers&) {}, "g: expected rank 1 [Ng], got rank 4", Variant::retnet},
       {"chunk", [](ForwardArgs&, Buffers&) {}, "options.chunk: expected a multiple of 16 from 16 to 256, got 20",
        Variant::gla, bad_chunk},
-      {"threads", [](ForwardArgs&, Buffers&) {}, "options.threads", Variant::gla, bad_threads},
       // Values: gates are log-decays, at most 0 and finite; states finite.
       {"gate above 0", [](ForwardArgs&, Buffers& b) { b.g[((0 * S + 3) * N + 1) * K + 5] = 100.f; },
        "g: expected finite values <= 0 (log-space gates), got 100 at [0, 3, 1, 5]"},

@@ -12,12 +12,15 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/targets.h"
 #include "harness.h"
 
 namespace flat::test {
 namespace {
 
 enum class Activation { q, k, v, dy };
+constexpr const char* kActivationNames[] = {"q", "k", "v", "dy"};
+void PrintTo(Activation a, std::ostream* os) { *os << kActivationNames[int(a)]; }
 
 class NonFinite : public ::testing::TestWithParam<std::tuple<Variant, Activation, double>> {};
 
@@ -62,17 +65,19 @@ TEST_P(NonFinite, NeverSwallowed) {
     const std::vector<std::vector<double>> changed = oracle(moved);
 
     element(problem) = value;
-    const KernelOutputs got = run_kernel(problem, true, 2);
     int reached = 0;
-    for (size_t o = 0; o < clean.size(); ++o) {
-      const auto& [name, values] = kKernelOutputs[o];
-      const std::vector<double>& kernel = got.*values;
-      ASSERT_EQ(kernel.size(), clean[o].size()) << name;
-      for (size_t i = 0; i < kernel.size(); ++i) {
-        if (changed[o][i] == clean[o][i]) continue;
-        ++reached;
-        ASSERT_FALSE(std::isfinite(kernel[i]))
-            << dtype_name(dtype) << " " << name << "[" << i << "] = " << kernel[i] << ", which depends on the input";
+    for (const cpu::Target* target : cpu::supported_targets()) {
+      const KernelOutputs got = run_kernel(problem, true, 2, *target);
+      for (size_t o = 0; o < clean.size(); ++o) {
+        const auto& [name, values] = kKernelOutputs[o];
+        const std::vector<double>& kernel = got.*values;
+        ASSERT_EQ(kernel.size(), clean[o].size()) << name;
+        for (size_t i = 0; i < kernel.size(); ++i) {
+          if (changed[o][i] == clean[o][i]) continue;
+          ++reached;
+          ASSERT_FALSE(std::isfinite(kernel[i])) << target->name << " " << dtype_name(dtype) << " " << name << "["
+                                                 << i << "] = " << kernel[i] << ", which depends on the input";
+        }
       }
     }
     EXPECT_GT(reached, 0) << "the non-finite input reached no output";
@@ -80,8 +85,7 @@ TEST_P(NonFinite, NeverSwallowed) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<std::tuple<Variant, Activation, double>>& info) {
-  static const char* kNames[] = {"q", "k", "v", "dy"};
-  return std::string(variant_name(std::get<0>(info.param))) + "_" + kNames[int(std::get<1>(info.param))] + "_" +
+  return std::string(variant_name(std::get<0>(info.param))) + "_" + kActivationNames[int(std::get<1>(info.param))] + "_" +
          (std::isnan(std::get<2>(info.param)) ? "nan" : "inf");
 }
 

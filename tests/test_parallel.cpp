@@ -19,7 +19,7 @@ namespace {
 void expect_each_item_once(int64_t items, int threads) {
   std::vector<std::atomic<int>> visits(static_cast<size_t>(items));
   std::atomic<int64_t> covered{0};
-  cpu::parallel_ranges(items, threads, [&](int64_t begin, int64_t end) {
+  cpu::parallel_ranges(items, {threads}, [&](int64_t begin, int64_t end) {
     ASSERT_LE(begin, end);
     for (int64_t i = begin; i < end; ++i) visits[size_t(i)]++;
     covered += end - begin;
@@ -37,7 +37,7 @@ TEST(ParallelRanges, EveryItemOnce) {
 }
 
 TEST(ParallelRanges, FailureReachesTheCallerAndTheWorkersCarryOn) {
-  EXPECT_THROW(cpu::parallel_ranges(8, 4,
+  EXPECT_THROW(cpu::parallel_ranges(8, {4},
                                     [](int64_t begin, int64_t) {
                                       if (begin > 0) throw std::runtime_error("range failed");
                                     }),
@@ -47,9 +47,9 @@ TEST(ParallelRanges, FailureReachesTheCallerAndTheWorkersCarryOn) {
 
 TEST(ParallelRanges, NestedCallsRunOnThreadsOfTheirOwn) {
   std::atomic<int64_t> inner{0};
-  cpu::parallel_ranges(4, 2, [&](int64_t begin, int64_t end) {
+  cpu::parallel_ranges(4, {2}, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      cpu::parallel_ranges(10, 2, [&](int64_t b, int64_t e) { inner += e - b; });
+      cpu::parallel_ranges(10, {2}, [&](int64_t b, int64_t e) { inner += e - b; });
   });
   EXPECT_EQ(inner.load(), 40);
 }
@@ -60,7 +60,7 @@ TEST(ParallelRanges, ConcurrentCallersBothFinish) {
   for (int c = 0; c < 4; ++c)
     callers.emplace_back([&] {
       for (int round = 0; round < 50; ++round)
-        cpu::parallel_ranges(16, 2, [&](int64_t b, int64_t e) { total += e - b; });
+        cpu::parallel_ranges(16, {2}, [&](int64_t b, int64_t e) { total += e - b; });
     });
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(total.load(), 4 * 50 * 16);
@@ -72,7 +72,7 @@ TEST(ParallelRanges, ThreadsCappedAtAFewPerHardwareThread) {
   std::mutex mutex;
   std::set<std::thread::id> seen;
   int64_t ranges = 0;
-  cpu::parallel_ranges(100000, 10000, [&](int64_t, int64_t) {
+  cpu::parallel_ranges(100000, {10000}, [&](int64_t, int64_t) {
     std::lock_guard<std::mutex> lock(mutex);
     seen.insert(std::this_thread::get_id());
     ++ranges;

@@ -43,7 +43,14 @@ struct FdCase {
   bool l2norm;
   bool states;
   int G = 1;  // gate group of kda, gdn2, sla
+
+  std::string name() const {
+    return std::string(variant_name(variant)) + (l2norm ? "_l2norm" : "") + (states ? "_states" : "") +
+           (G > 1 ? "_G" + std::to_string(G) : "");
+  }
 };
+
+void PrintTo(const FdCase& c, std::ostream* os) { *os << c.name(); }
 
 // L = <y, dy> + <ht, dht>, so dL/dx is exactly what backward(dy, dht) returns.
 double loss(const ref::Problem& p, const ref::Inputs& in, const std::vector<double>& dy,
@@ -126,10 +133,7 @@ INSTANTIATE_TEST_SUITE_P(
                       FdCase{Variant::kda, false, true}, FdCase{Variant::kda, true, false, 2},
                       FdCase{Variant::gdn2, false, true}, FdCase{Variant::gdn2, true, true, 2},
                       FdCase{Variant::sla, false, true, 2}, FdCase{Variant::sla, true, false, 4}),
-    [](const ::testing::TestParamInfo<FdCase>& info) {
-      return std::string(variant_name(info.param.variant)) + (info.param.l2norm ? "_l2norm" : "") +
-             (info.param.states ? "_states" : "") + (info.param.G > 1 ? "_G" + std::to_string(info.param.G) : "");
-    });
+    [](const ::testing::TestParamInfo<FdCase>& info) { return info.param.name(); });
 
 // The oracle's forward against a hand-computed two-token example.
 TEST(ReferenceForward, TwoTokensByHand) {

@@ -18,7 +18,8 @@
 #include "baseline/baselines.h"
 #include "bench_conv.h"
 #include "ceilings.h"
-#include "cpu/isa.h"
+#include "cpu/run.h"
+#include "cpu/targets.h"
 #include "flat/flat.h"
 #include "params.h"
 #include "variants.h"
@@ -186,10 +187,9 @@ struct Workload {
     a.dw = grads.w;
     return a;
   }
-  Options options(const BenchOptions& o, int threads) const {
+  Options options(const BenchOptions& o) const {
     Options opt;
     opt.chunk = o.chunk;
-    opt.threads = threads;
     opt.solve = o.solve;
     opt.l2norm_qk = sh.variant.is_delta();
     return opt;
@@ -334,28 +334,39 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
     const std::string label = pass == Pass::forward ? "forward" : backward ? "backward" : "decode";
     const int repeats = pass == Pass::decode ? kDecodeRepeats : o.repeats;
     const int baseline_repeats = pass == Pass::decode ? kDecodeRepeats : report.baseline_repeats;
-    const Options options = data.options(o, threads), one_thread = data.options(o, 1);
+    const Options options = data.options(o);
     const ForwardArgs fa = pass == Pass::decode ? data.step_args() : data.forward_args();
     const BackwardArgs ba = data.backward_args();
     const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
+    const cpu::Run baselines{cpu::default_target(), {threads}};
     const double flops = chunk_flops(data.sh.variant, data.sh, backward),
                  bytes = io_bytes(data.sh.variant, data.sh, backward) + (pass == Pass::decode ? 2 * data.state_bytes() : 0);
-    auto run_fused = [&](const Options& opt) -> std::function<void()> {
-      return [&, opt] { backward ? flat::backward(variant, ba, opt) : flat::forward(variant, fa, opt); };
+    auto run_fused = [&](int on_threads) -> std::function<void()> {
+      ExecutionContext context;
+      context.threads = on_threads;
+      return [&, context] {
+        backward ? flat::backward(variant, ba, options, context) : flat::forward(variant, fa, options, context);
+      };
     };
     KernelResult k;
     k.variant = name;
     k.pass = label;
-    k.fused = {measure(label + ", fused", repeats, run_fused(options)), flops, bytes};
+    k.fused = {measure(label + ", fused", repeats, run_fused(threads)), flops, bytes};
     if (threads > 1)
-      k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(one_thread)),
+      k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(1)),
                                flops, bytes);
     k.unfused = timing(baseline(label + ", unfused chunked baseline", baseline_repeats,
-                                [&] { backward ? baseline::unfused_backward(bp) : baseline::unfused_forward(fp); }),
+                                [&] {
+                                  backward ? baseline::unfused_backward(bp, baselines)
+                                           : baseline::unfused_forward(fp, baselines);
+                                }),
                        flops, bytes + state_round_trips(data.sh, backward));
     k.recurrent =
         timing(baseline(label + ", fp32 recurrent baseline", baseline_repeats,
-                        [&] { backward ? baseline::recurrent_backward(bp) : baseline::recurrent_forward(fp); }),
+                        [&] {
+                          backward ? baseline::recurrent_backward(bp, baselines)
+                                   : baseline::recurrent_forward(fp, baselines);
+                        }),
                recurrent_flops(data.sh.variant, data.sh, backward), bytes);
     return k;
   };
@@ -390,8 +401,8 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     one_token.S = 1;
     for (Variant variant : o.variants) {
       Workload w(one_token, variant);
-      describe_forward(variant, w.forward_args(), w.options(o, threads));
-      describe_backward(variant, w.backward_args(), w.options(o, threads));
+      describe_forward(variant, w.forward_args(), w.options(o));
+      describe_backward(variant, w.backward_args(), w.options(o));
     }
   } catch (const Error& e) {
     err << e.what() << "\n";
@@ -406,7 +417,8 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.repeats = o.repeats;
   report.baseline_repeats = std::min(o.repeats, kMaxBaselineRepeats);
   report.decode_repeats = kDecodeRepeats;
-  report.isa = cpu::isa_name(cpu::active_isa());
+  report.isa = cpu::default_target().name;
+  report.products = cpu::default_target().products;
 
   const int per_variant = threads > 1 ? 12 : 9;
   Progress progress(err, 1 + per_variant * int(o.variants.size()));

@@ -79,7 +79,7 @@ struct Naive {
 
   void forward() {
     const int W = o.W;
-    cpu::parallel_ranges(rows(), threads, [&](int64_t begin, int64_t end) {
+    cpu::parallel_ranges(rows(), {threads}, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t b = r / o.S, t = r % o.S;
         for (int64_t c = 0; c < o.C; ++c) {
@@ -92,14 +92,14 @@ struct Naive {
         }
       }
     });
-    cpu::parallel_ranges(rows(), threads, [&](int64_t begin, int64_t end) {
+    cpu::parallel_ranges(rows(), {threads}, [&](int64_t begin, int64_t end) {
       for (size_t i = size_t(begin * o.C); i < size_t(end * o.C); ++i) y[i] = silu() ? z[i] * sigmoid(z[i]) : z[i];
     });
   }
 
   void backward() {
     const int W = o.W;
-    cpu::parallel_ranges(rows(), threads, [&](int64_t begin, int64_t end) {
+    cpu::parallel_ranges(rows(), {threads}, [&](int64_t begin, int64_t end) {
       for (size_t i = size_t(begin * o.C); i < size_t(end * o.C); ++i) {
         float g = dy[i];
         if (silu()) {
@@ -109,7 +109,7 @@ struct Naive {
         dz[i] = g;
       }
     });
-    cpu::parallel_ranges(rows(), threads, [&](int64_t begin, int64_t end) {
+    cpu::parallel_ranges(rows(), {threads}, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t b = r / o.S, t = r % o.S;
         for (int64_t c = 0; c < o.C; ++c) {
@@ -126,7 +126,7 @@ struct Naive {
     // worker, added at the end.
     const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(threads, rows()));
     std::vector<std::vector<float>> partial(size_t(workers), std::vector<float>(size_t(o.C * (W + 1)), 0.0f));
-    cpu::parallel_ranges(workers, threads, [&](int64_t wb, int64_t we) {
+    cpu::parallel_ranges(workers, {threads}, [&](int64_t wb, int64_t we) {
       for (int64_t worker = wb; worker < we; ++worker) {
         std::vector<float>& acc = partial[size_t(worker)];
         for (int64_t r = rows() * worker / workers; r < rows() * (worker + 1) / workers; ++r) {
@@ -174,8 +174,9 @@ std::vector<ConvBenchResult> bench_conv(const ConvBenchOptions& o, std::ostream*
   ba.dweight = Tensor::contiguous(dweight.data(), DType::f32, {o.C, W});
   if (o.bias) ba.dbias = Tensor::contiguous(dbias.data(), DType::f32, {o.C});
   ConvOptions options;
-  options.threads = threads;
   options.activation = o.activation;
+  ExecutionContext context;
+  context.threads = threads;
 
   const double n = double(elements), e = o.dtype == DType::bf16 ? 2 : 4;
   const double taps = double(o.C) * W * 4 + (o.bias ? double(o.C) * 4 : 0);
@@ -195,10 +196,10 @@ std::vector<ConvBenchResult> bench_conv(const ConvBenchOptions& o, std::ostream*
     *progress << text << std::flush;
   };
   note("forward, fused");
-  forward.seconds = median_seconds(o.repeats, [&] { conv_forward(fa, options); });
+  forward.seconds = median_seconds(o.repeats, [&] { conv_forward(fa, options, context); });
   done(forward.seconds);
   note("backward, fused");
-  backward.seconds = median_seconds(o.repeats, [&] { conv_backward(ba, options); });
+  backward.seconds = median_seconds(o.repeats, [&] { conv_backward(ba, options, context); });
   done(backward.seconds);
 
   if (o.baseline_repeats > 0) {

@@ -22,13 +22,6 @@ std::string format(const char* pattern, Args... args) {
   return text;
 }
 
-// What the chunk products run on, for the title.
-const char* product_units(const std::string& isa) {
-  if (isa == "avx512_bf16") return "products of bf16 inputs on bf16 dot products, the others on fp32 FMA";
-  if (isa == "avx512") return "chunk products on fp32 FMA";
-  return "portable code";
-}
-
 std::optional<double> speedup(const std::optional<Timing>& baseline, const Timing& fused) {
   if (!baseline) return std::nullopt;
   return baseline->seconds / fused.seconds;
@@ -68,7 +61,7 @@ Standing standing(const BenchReport& r, const Timing& t) {
 void write_markdown(const BenchReport& r, std::ostream& out) {
   const Ceilings& c = r.ceilings;
   out << "flat bench: " << shape_line(r) << "\n";
-  out << "fused kernels on " << r.isa << ": " << product_units(r.isa) << "\n\n";
+  out << "fused kernels on " << r.isa << ": " << r.products << "\n\n";
 
   out << "Ceilings, measured in this run (best of a few):\n\n";
   out << format("| ceiling | 1 thread | %d threads |\n|---|---:|---:|\n", c.threads);

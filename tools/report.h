@@ -40,7 +40,8 @@ struct BenchReport {
   int64_t B = 0, S = 0, N = 0, K = 0, V = 0;
   std::string dtype;
   int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0, decode_repeats = 0;
-  std::string isa;  // what the fused kernels run on (cpu::isa_name)
+  std::string isa;       // the target the fused kernels run on (src/cpu/targets.h)
+  std::string products;  // what its chunk products run on, in words
   Ceilings ceilings;
   std::vector<KernelResult> kernels;
   // The short convolution at its own shape, when it was measured.

@@ -50,8 +50,6 @@ Config parse_args(const std::vector<std::string>& args) {
       config.options.scale = parse_number<float>(arg, value());
     } else if (arg == "--l2norm") {
       config.options.l2norm_qk = true;
-    } else if (arg == "--threads") {
-      config.options.threads = parse_number<int>(arg, value());
     } else if (arg == "--solve") {
       config.options.solve = parse_solve(value());
     } else if (arg == "--gate-group") {
@@ -167,7 +165,7 @@ std::vector<Output> compute(const Config& config) {
   forward_args.w = view(wb);
   forward_args.y = y.view();
   forward_args.ht = ht.view();
-  forward(config.variant, forward_args, config.options);
+  forward(config.variant, forward_args, config.options, config.context);
 
   std::vector<Output> outputs;
   outputs.push_back({"y.npy", std::move(y)});
@@ -191,7 +189,7 @@ std::vector<Output> compute(const Config& config) {
   backward_args.dbeta = view(dbeta);
   backward_args.db = view(db);
   backward_args.dw = view(dw);
-  backward(config.variant, backward_args, config.options);
+  backward(config.variant, backward_args, config.options, config.context);
 
   outputs.push_back({"dq.npy", std::move(dq)});
   outputs.push_back({"dk.npy", std::move(dk)});

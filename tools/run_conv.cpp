@@ -44,8 +44,6 @@ Config parse_args(const std::vector<std::string>& args) {
       if (text == "silu") config.options.activation = Activation::silu;
       else if (text == "none") config.options.activation = Activation::none;
       else throw RunError("--activation: expected silu or none, got '" + text + "'");
-    } else if (arg == "--threads") {
-      config.options.threads = parse_number<int>(arg, value());
     } else {
       throw RunError("unknown option '" + arg + "' for conv");
     }
@@ -91,7 +89,7 @@ std::vector<Output> compute(const Config& config) {
   forward_args.state0 = view(s0);
   forward_args.y = y.view();
   forward_args.state = view(state);
-  conv_forward(forward_args, config.options);
+  conv_forward(forward_args, config.options, config.context);
 
   std::vector<Output> outputs;
   outputs.push_back({"y.npy", std::move(y)});
@@ -111,7 +109,7 @@ std::vector<Output> compute(const Config& config) {
   backward_args.dweight = dweight.view();
   backward_args.dbias = view(dbias);
   backward_args.dstate0 = view(dstate0);
-  conv_backward(backward_args, config.options);
+  conv_backward(backward_args, config.options, config.context);
 
   outputs.push_back({"dx.npy", std::move(dx)});
   outputs.push_back({"dweight.npy", std::move(dweight)});

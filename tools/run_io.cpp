@@ -83,6 +83,8 @@ RunArgs parse_run_args(const std::vector<std::string>& args,
       has_out = true;
     } else if (arg == "--dtype") {
       run.dtype = parse_dtype(value());
+    } else if (arg == "--threads") {
+      run.context.threads = parse_number<int>(arg, value());
     } else if (arg.starts_with("-")) {
       if (!option(arg, value)) throw RunError("unknown option '" + arg + "'");
     } else {

@@ -36,9 +36,10 @@ DType parse_dtype(const std::string& text);
 struct RunArgs {
   std::filesystem::path in, out;  // --in (a directory), --out (one, or not there yet)
   DType dtype = DType::f32;       // --dtype
+  ExecutionContext context;       // --threads
 };
 
-// Walks a command's arguments: --in, --out and --dtype are read here; any other option goes to
+// Walks a command's arguments: --in, --out, --dtype and --threads are read here; any other option goes to
 // `option(name, value)`, which takes its value by calling value() and returns false for an option
 // it does not know; any other argument goes to `positional`, which throws if it is not wanted.
 // Throws RunError for a missing --in or --out and for directories that do not fit.

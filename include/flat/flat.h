@@ -1,8 +1,8 @@
 // flat: fused chunkwise kernels for linear attention.
 //
 // The public API: non-owning tensor views, the variants, and forward/backward entry points.
-// What each variant computes is fixed in the project's spec (shared/spec/variants.md);
-// docs/algorithm.md explains how the CPU kernels compute it.
+// What each variant computes is stated in docs/variants.md; docs/algorithm.md explains how the
+// CPU kernels compute it, docs/architecture.md where the code for each part lives.
 //
 // Errors: every entry point validates all of its arguments before it writes anything and throws
 // flat::Error (a std::invalid_argument) whose message names the tensor, what was expected and
@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <span>
@@ -33,6 +34,12 @@ enum class DType { f32, bf16 };
 
 std::string_view dtype_name(DType dtype);
 
+// Where a tensor's memory is. Every tensor of a call is on one device, whose backend runs it
+// (this build: the CPU).
+enum class Device { cpu, cuda };
+
+std::string_view device_name(Device device);
+
 // A strided view of up to 4 dimensions. Strides count elements, not bytes. The last axis must
 // be contiguous (stride 1); the other strides are free, so q, k and v can be column blocks of
 // one fused projection [B, S, 3*N*K] without a copy. A default-constructed Tensor (rank 0)
@@ -40,6 +47,7 @@ std::string_view dtype_name(DType dtype);
 struct Tensor {
   void* data = nullptr;
   DType dtype = DType::f32;
+  Device device = Device::cpu;
   int rank = 0;
   std::array<int64_t, 4> shape{};
   std::array<int64_t, 4> stride{};
@@ -85,11 +93,11 @@ enum class Solve {
   doubling,      // block doubling: each 2b-block inverse from its b-blocks' with matrix products
 };
 
+// What a call computes, beside its tensors.
 struct Options {
   std::optional<float> scale;  // default K^-1/2
   int chunk = 64;              // chunk length C: a multiple of 16 in [16, 256]
   bool l2norm_qk = false;      // L2-normalise q and k inside the kernel (eps 1e-6, as FLA)
-  int threads = 0;             // 0: all hardware threads; at most 4 per hardware thread are used
   Solve solve = Solve::automatic;
   // Channels per gate value G for kda, gdn2, sla: 0 takes it from g's last axis (K / G values);
   // otherwise g's last axis must be K / gate_group.
@@ -99,6 +107,17 @@ struct Options {
   // library wrote, gates from a log-sigmoid) may skip the scan: it reads h0 once more, about 15%
   // of a one-token decode step. Unchecked bad values propagate into NaN and Inf outputs.
   bool check_values = true;
+};
+
+// How a call runs, beside what it computes: the threads it may use and, for a host framework that
+// has a thread pool of its own (PyTorch's intra-op threads, a JAX runtime), the parallel-for to run
+// them on, so that the two do not oversubscribe the cores. Results do not depend on either.
+struct ExecutionContext {
+  int threads = 0;  // 0: all hardware threads; at most 4 per hardware thread are used
+  // Runs run_part(0) .. run_part(parts - 1), each once, on the host's threads (at once or not),
+  // and returns when all have returned; parts is at most `threads`. Empty: flat's own worker
+  // threads.
+  std::function<void(int parts, const std::function<void(int part)>& run_part)> parallel_for;
 };
 
 // Shapes (N = max of the head counts; every head count divides N; head n reads input head
@@ -129,8 +148,10 @@ struct BackwardArgs : Inputs {
   Tensor dbeta, db, dw;        // outputs of the delta family, for the inputs it takes
 };
 
-void forward(Variant variant, const ForwardArgs& args, const Options& options = {});
-void backward(Variant variant, const BackwardArgs& args, const Options& options = {});
+void forward(Variant variant, const ForwardArgs& args, const Options& options = {},
+             const ExecutionContext& context = {});
+void backward(Variant variant, const BackwardArgs& args, const Options& options = {},
+              const ExecutionContext& context = {});
 
 // ---------------------------------------------------------------------------------------------
 // Short causal depthwise convolution with an optional SiLU, the layer that runs q, k and v
@@ -178,7 +199,6 @@ std::string_view activation_name(Activation activation);
 Activation parse_activation(std::string_view name);
 
 struct ConvOptions {
-  int threads = 0;  // 0: all hardware threads
   Activation activation = Activation::silu;
 };
 
@@ -199,8 +219,9 @@ struct ConvBackwardArgs : ConvInputs {
   Tensor dx, dweight, dbias, dstate0;  // outputs
 };
 
-void conv_forward(const ConvArgs& args, const ConvOptions& options = {});
-void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options = {});
+void conv_forward(const ConvArgs& args, const ConvOptions& options = {}, const ExecutionContext& context = {});
+void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options = {},
+                   const ExecutionContext& context = {});
 
 // bf16 storage helpers (round to nearest even).
 uint16_t to_bf16(float x);

@@ -9,7 +9,6 @@
 
 #include "cpu/bf16.h"
 #include "cpu/buffer.h"
-#include "cpu/isa.h"
 #include "cpu/parallel.h"
 
 namespace flat::cpu {
@@ -97,31 +96,11 @@ ConvPartition conv_partition(int B, int S, int C) {
   return part;
 }
 
-const ConvKernels& conv_kernels() {
-  static const ConvKernels* const best = [] {
-    if (active_isa() != Isa::generic)
-      return isa_supported(Isa::avx512_bf16) ? &avx512_bf16::conv_kernels() : &avx512::conv_kernels();
-    return &generic::conv_kernels();
-  }();
-  return *best;
-}
-
-std::vector<const ConvKernels*> conv_kernels_supported() {
-  std::vector<const ConvKernels*> all{&generic::conv_kernels()};
-  if (active_isa() != Isa::generic) {
-    all.push_back(&avx512::conv_kernels());
-    if (isa_supported(Isa::avx512_bf16)) all.push_back(&avx512_bf16::conv_kernels());
-  }
-  return all;
-}
-
-void conv_forward(const ConvParams& p) { conv_forward(p, conv_kernels()); }
-void conv_backward(const ConvParams& p) { conv_backward(p, conv_kernels()); }
-
-void conv_forward(const ConvParams& p, const ConvKernels& kernels) {
+void conv_forward(const ConvParams& p, const Run& run) {
+  const ConvKernels& kernels = run.target.conv;
   const ConvPartition part = conv_partition(p.B, p.S, p.C);
   const PackedTaps taps(p);
-  parallel_ranges(part.items(p.B), p.threads, [&](int64_t begin, int64_t end) {
+  run_ranges(run, part.items(p.B), [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(sizeof(float) * kernels.workspace_floats(p.W, part.channel_block));
     for (int64_t item = begin; item < end; ++item)
       kernels.forward(p, taps.view(), block_of(p, part, item), workspace.floats());
@@ -129,13 +108,14 @@ void conv_forward(const ConvParams& p, const ConvKernels& kernels) {
   if (p.state.present()) write_final_state(p);
 }
 
-void conv_backward(const ConvParams& p, const ConvKernels& kernels) {
+void conv_backward(const ConvParams& p, const Run& run) {
+  const ConvKernels& kernels = run.target.conv;
   const ConvPartition part = conv_partition(p.B, p.S, p.C);
   const PackedTaps taps(p);
   const int64_t items = part.items(p.B);
   const size_t per_item = packed_size(part.channel_block, p.W + 1);
   AlignedBuffer partials(sizeof(float) * per_item * size_t(items));
-  parallel_ranges(items, p.threads, [&](int64_t begin, int64_t end) {
+  run_ranges(run, items, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(sizeof(float) * kernels.workspace_floats(p.W, part.channel_block));
     for (int64_t item = begin; item < end; ++item)
       kernels.backward(p, taps.view(), block_of(p, part, item), workspace.floats(),

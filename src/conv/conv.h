@@ -1,7 +1,7 @@
 // Drivers of the short convolution: the work split over (batch, sequence block, channel block),
 // the packed taps, the per-thread workspaces, the fixed-order reduction of the weight and bias
 // gradients, and the final state. The math of one block lives in the leaves (conv_kernels.h),
-// compiled per instruction set and picked at run time.
+// instantiated per target; the call's Run says which target and which workers.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 #include "conv/conv_kernels.h"
 #include "conv/conv_params.h"
+#include "cpu/run.h"
 
 namespace flat::cpu {
 
@@ -29,15 +30,7 @@ constexpr int kConvSeqBlock = 256;
 constexpr int kConvMaxChannelBlock = 4096;
 ConvPartition conv_partition(int B, int S, int C);
 
-// The fastest leaves this CPU runs (FLAT_ISA=generic forces the portable ones), and every set
-// it can run.
-const ConvKernels& conv_kernels();
-std::vector<const ConvKernels*> conv_kernels_supported();
-
-void conv_forward(const ConvParams& p);
-void conv_backward(const ConvParams& p);
-// With given leaves (the tests run every set the CPU supports).
-void conv_forward(const ConvParams& p, const ConvKernels& kernels);
-void conv_backward(const ConvParams& p, const ConvKernels& kernels);
+void conv_forward(const ConvParams& p, const Run& run);
+void conv_backward(const ConvParams& p, const Run& run);
 
 }  // namespace flat::cpu

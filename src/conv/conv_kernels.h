@@ -1,7 +1,7 @@
 // The leaves of the short convolution: one block of (batch b, positions [t0, t1), channels
-// [c0, c1)), compiled once per instruction set (conv_leaf.inc included by conv_<isa>.cpp). The
-// drivers in conv.cpp own threads and memory; a leaf never allocates and works in the
-// workspace it is given.
+// [c0, c1)), instantiated per target (conv_leaf.h over the target's row primitives, in
+// src/cpu/target_<name>.cpp). The drivers in conv.cpp own threads and memory; a leaf never
+// allocates and works in the workspace it is given.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +32,6 @@ struct ConvBlock {
 };
 
 struct ConvKernels {
-  const char* name;
   // Floats of workspace a block of `channels` channels needs (64-byte aligned by the caller).
   size_t (*workspace_floats)(int W, int channels);
   // y (rows t0..t1-1 of the block's channels).
@@ -42,15 +41,5 @@ struct ConvKernels {
   // sum_t dz_t x_{t-W+1+w} (w < W) and partial[packed_index(i, W, W + 1)] = sum_t dz_t.
   void (*backward)(const ConvParams& p, const ConvTaps& taps, const ConvBlock& block, float* workspace, float* partial);
 };
-
-namespace generic {
-const ConvKernels& conv_kernels();
-}
-namespace avx512 {
-const ConvKernels& conv_kernels();  // AVX-512 F/BW/DQ/VL + FMA
-}
-namespace avx512_bf16 {
-const ConvKernels& conv_kernels();  // the same with AVX512-BF16 conversions to bf16
-}
 
 }  // namespace flat::cpu

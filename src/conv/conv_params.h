@@ -12,7 +12,6 @@ namespace flat {
 struct ConvParams {
   int B = 0, S = 0, C = 0, W = 0;
   Activation activation = Activation::silu;
-  int threads = 1;
 
   // [B, S, C]: row(b, t, c) is the address of element c of position t in batch b.
   RowView x, y, dy, dx;

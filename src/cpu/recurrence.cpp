@@ -1,6 +1,7 @@
 // Drivers of the recurrences: thread partition over items (batch, pack of heads), per-thread
 // workspaces, and the fixed-order reductions over items that share an input. The math of one
-// item lives in the stages (stages.inc), compiled per instruction set and picked at run time.
+// item lives in the stages (src/cpu/stages/), instantiated per target (src/cpu/targets.h); the
+// call's Run says which target and which workers.
 #include "cpu/recurrence.h"
 
 #include <algorithm>
@@ -13,15 +14,6 @@
 
 namespace flat::cpu {
 
-const SequenceKernels& sequence_kernels(Isa isa) {
-  switch (isa) {
-    case Isa::generic: return generic::sequence_kernels();
-    case Isa::avx512: return avx512::sequence_kernels();
-    case Isa::avx512_bf16: return avx512_bf16::sequence_kernels();
-  }
-  return generic::sequence_kernels();
-}
-
 size_t state_bytes(const Params& p) { return sizeof(float) * size_t(p.K) * p.V * p.pack; }
 int chunk_count(const Params& p) { return (p.S + p.chunk - 1) / p.chunk; }
 int64_t item_count(const Params& p) { return int64_t(p.B) * (p.N / p.pack); }
@@ -30,8 +22,8 @@ namespace {
 
 // out(b, s, x) = sum over the scratch rows x*group .. x*group+group-1 of scratch(b, s, .), in that
 // order. With over_sequence (retnet's per-head gate) out(x) also sums over b, then s.
-void reduce_heads(const Params& p, const RowView& scratch, const RowView& out, int rows, int group,
-                  int width, bool over_sequence) {
+void reduce_heads(const Params& p, const Workers& workers, const RowView& scratch, const RowView& out, int rows,
+                  int group, int width, bool over_sequence) {
   const int Nx = rows / group;
   // acc += the group's rows at (b, s), through `row` ([width] scratch of the calling thread).
   auto sum_group = [&](int b, int s, int x, float* row, auto* acc) {
@@ -53,7 +45,7 @@ void reduce_heads(const Params& p, const RowView& scratch, const RowView& out, i
     }
     return;
   }
-  parallel_ranges(int64_t(p.B) * p.S, p.threads, [&](int64_t begin, int64_t end) {
+  parallel_ranges(int64_t(p.B) * p.S, workers, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(static_cast<size_t>(width)), row(static_cast<size_t>(width));
     for (int64_t bs = begin; bs < end; ++bs) {
       const int b = int(bs / p.S), s = int(bs % p.S);
@@ -101,8 +93,9 @@ void Gradients::add(RowView& sink, const RowView& out, int rows, int group, int 
   sink = r.view;
 }
 
-void Gradients::finish() const {
-  for (const Reduction& r : reductions_) reduce_heads(p_, r.view, r.out, r.rows, r.group, r.width, r.over_sequence);
+void Gradients::finish(const Workers& workers) const {
+  for (const Reduction& r : reductions_)
+    reduce_heads(p_, workers, r.view, r.out, r.rows, r.group, r.width, r.over_sequence);
 }
 
 // The forward runs up to kLockstepItems items in lockstep (SequenceKernels::forward), their states
@@ -113,9 +106,9 @@ void Gradients::finish() const {
 // runs one item at a time.
 constexpr int kLockstepItems = 8;
 
-void recurrence_forward(const Params& p) {
-  const SequenceKernels& kernels = sequence_kernels(active_isa());
-  parallel_ranges(item_count(p), p.threads, [&](int64_t begin, int64_t end) {
+void recurrence_forward(const Params& p, const Run& run) {
+  const SequenceKernels& kernels = run.target.sequence;
+  run_ranges(run, item_count(p), [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p) * kLockstepItems);
     for (int64_t first = begin; first < end; first += kLockstepItems) {
       const int count = int(std::min<int64_t>(kLockstepItems, end - first));
@@ -124,10 +117,10 @@ void recurrence_forward(const Params& p) {
   });
 }
 
-void recurrence_backward(const Params& p) {
-  const SequenceKernels& kernels = sequence_kernels(active_isa());
+void recurrence_backward(const Params& p, const Run& run) {
+  const SequenceKernels& kernels = run.target.sequence;
   Gradients grads(p);
-  parallel_ranges(item_count(p), p.threads, [&](int64_t begin, int64_t end) {
+  run_ranges(run, item_count(p), [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p)), dH(state_bytes(p));
     AlignedBuffer states(state_bytes(p) * size_t(chunk_count(p) + 1));
     for (int64_t item = begin; item < end; ++item) {
@@ -135,7 +128,7 @@ void recurrence_backward(const Params& p) {
       kernels.backward(p, item, workspace.data, states.floats(), dH.floats(), grads.sinks);
     }
   });
-  grads.finish();
+  grads.finish(run.workers);
 }
 
 }  // namespace flat::cpu

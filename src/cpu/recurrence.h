@@ -4,18 +4,19 @@
 #include <deque>
 #include <vector>
 
-#include "cpu/stages.h"
+#include "cpu/run.h"
+#include "cpu/sequence_kernels.h"
 #include "params.h"
 
 namespace flat::cpu {
 
 // y (and ht) from the inputs: one pass per item (batch, pack of heads) with the state kept in
 // cache, neighbouring items in lockstep.
-void recurrence_forward(const Params& p);
+void recurrence_forward(const Params& p, const Run& run);
 
 // Every input's gradient from dy, dht: per item a state-passing pass that keeps the chunk-start
 // states, then a gradient pass over the chunks in reverse carrying dH.
-void recurrence_backward(const Params& p);
+void recurrence_backward(const Params& p, const Run& run);
 
 // Shared by the fused drivers and the baselines built from the same stages. Work items are
 // (batch, pack of p.pack heads): item_count of them, each with a [K, pack * V] state.
@@ -29,7 +30,7 @@ int64_t item_count(const Params& p);
 class Gradients {
  public:
   explicit Gradients(const Params& p);
-  void finish() const;
+  void finish(const Workers& workers) const;
 
   GradSinks sinks;
 

@@ -1,19 +1,15 @@
-// The per-item stages of every variant (additive and delta rule), compiled once per instruction set
-// (src/cpu/stages.inc included by stages_<isa>.cpp). The drivers in recurrence.cpp own threads
-// and memory; a stage never allocates and works in the workspace it is given.
+// The per-item stages of every variant (additive and delta rule) as a target provides them: a
+// table of entry points into src/cpu/stages/, instantiated for the target's primitives
+// (src/cpu/target_<name>.cpp). The drivers in recurrence.cpp own threads and memory; a stage
+// never allocates and works in the workspace it is given.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
-#include "cpu/isa.h"
 #include "params.h"
 
 namespace flat::cpu {
-
-// Which part of a matrix product's operands is known to be zero (stored as zeros), so whole
-// tiles can be skipped: A(i, p) = 0 for p > i (a_lower) or p < i (a_upper); or only C(i, j) with
-// j <= i is wanted (c_lower; tiles entirely above the diagonal are left unwritten).
-enum class Triangle { none, a_lower, a_upper, c_lower };
 
 // Where one head's gradients go: straight to the outputs, or to fp32 scratch rows (b, s, n)
 // that a fixed-order reduction sums over the heads sharing an input.
@@ -54,24 +50,6 @@ struct SequenceKernels {
   // dq, dk, dv, dg of chunk c from its start state and the gradient wrt its end state.
   void (*chunk_gradients)(const Params& p, int b, int m, int c, void* workspace, const float* H0,
                           const float* dH_end, const GradSinks& sinks);
-
-  // The product the stages use when every operand is a bf16 value (on the bf16 dot-product units
-  // where the instruction set has them), exposed for the microkernel tests:
-  // C[m, n] (+)= A B, A(i, p) = a[i*a_rs + p*a_cs] with a_rs = 1 or a_cs = 1, B row-major [k, n].
-  void (*product_of_bf16_values)(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb,
-                                 float* c, int ldc, bool accumulate, Triangle tri);
 };
-
-const SequenceKernels& sequence_kernels(Isa isa);
-
-namespace generic {
-const SequenceKernels& sequence_kernels();
-}
-namespace avx512 {
-const SequenceKernels& sequence_kernels();
-}
-namespace avx512_bf16 {
-const SequenceKernels& sequence_kernels();
-}
 
 }  // namespace flat::cpu

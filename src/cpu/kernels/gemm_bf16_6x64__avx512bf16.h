@@ -1,27 +1,32 @@
-// The chunk stages on AVX-512 with bf16 dot-product microkernels (AVX512-BF16, vdpbf16ps) for the
-// products whose operands are bf16 values (matmul_bf16_values: the scores q k^T of bf16 queries
-// and keys where the gate is scalar or absent; linear attention's state update k^T v): the packing
+// C[m, n] (+)= A B on the bf16 dot-product units (AVX512-BF16, vdpbf16ps), for the chunk products
+// whose operands are bf16 values (the scores q k^T of bf16 queries and keys where the gate is
+// scalar or absent; linear attention's state update k^T v): the packing
 // to bf16 loses nothing and vdpbf16ps accumulates the exact products in fp32. Every other product
 // (of decayed rows, scores, states, gradients) keeps fp32 operands on the FMA microkernels:
 // rounding those to bf16 breaks the bf16 tolerance wherever a result cancels (measured: a
 // single-token gdn2 gradient, 2.2 relative error in dS_00 = <dy, r>, 4.9 in dq). Picked on CPUs
-// where vdpbf16ps outruns the FMA ports (src/cpu/isa.cpp).
+// where vdpbf16ps outruns the FMA ports (src/cpu/targets.cpp).
 //
 // vdpbf16ps multiplies pairs: each 32-bit lane of its operands holds two bf16 values, two
 // consecutive k, and the lane's fp32 accumulator gains both products. So B is packed as
 // [k/2, n] words (a pair of rows interleaved column by column) and A as words of two consecutive
 // k of one row, broadcast one word per row of the tile. Packing happens per panel of kPanelDepth
 // k by kBlockRows rows of A and 64 columns of B, in stack buffers that stay in L1 (24 + 16 KiB).
-#define FLAT_ISA avx512_bf16
-#include "cpu/stages_avx512.inc"
+#pragma once
 
-namespace flat::cpu::avx512_bf16 {
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "cpu/kernels/gemm_f32_6x64__avx512.h"
+#include "cpu/kernels/lanes__avx512.h"
+#include "cpu/kernels/pack_bf16_pairs__avx512bf16.h"
+#include "cpu/kernels/product.h"
+
+namespace flat::cpu {
 namespace {
-
-constexpr int kPanelDepth = 128;                   // KC: k per packed panel, even
-constexpr int kPanelPairs = kPanelDepth / 2;       // words per packed row of A or column of B
-constexpr int kStripColumns = 16 * kTileVectors;   // NR: columns of a B strip, one tile wide
-constexpr int kBlockRows = 16 * kTileRows;         // MC: rows of A packed at once, whole tiles
 
 // C[MR, 16*NV] (+)= A[MR, 2*pairs] B[2*pairs, 16*NV] with A's pair p of row i at
 // a[i*a_rs + p*a_ps] and B's pair row p at b + p * kStripColumns. The same register blocking as
@@ -69,69 +74,14 @@ constexpr auto make_pair_tiles(std::integer_sequence<int, MR...>) {
                  gemm_bf16_tile__avx512bf16<MR + 1, 3>, gemm_bf16_tile__avx512bf16<MR + 1, 4>}...}};
 }
 constexpr auto kPairTiles = make_pair_tiles(std::make_integer_sequence<int, kTileRows>{});
+static_assert(kStripColumns == 16 * kTileVectors && kBlockRows % kTileRows == 0, "packs of whole tiles");
 
-// 16 words (x0[j], x1[j]) from two rows of 16 floats, rounded to bf16: x0 in the low half.
-__m512i interleave_pairs(__m512 x0, __m512 x1) {
-  const __m512i halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));  // x0 low, x1 high
-  const __m512i index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(index, halves);
-}
 
-// A packed panel: rows [0, rows) and k [0, depth) of A (A(i, p) = a[i*a_rs + p*a_cs]), pairs past
-// `depth` zero. Row-major A (a_cs = 1) packs row by row ([rows, kPanelPairs] words: its pairs are
-// adjacent floats); column-major A (a_rs = 1) packs pair row by pair row ([kPanelPairs,
-// kBlockRows] words, 16 rows per vector). Returns the word strides (row, pair).
-struct PackedA {
-  int row_stride, pair_stride;
-};
-PackedA pack_a(int rows, int depth, const float* a, int a_rs, int a_cs, uint32_t* out) {
-  const int pairs = (depth + 1) / 2;
-  if (a_cs == 1) {
-    for (int i = 0; i < rows; ++i) {
-      const float* row = a + size_t(i) * a_rs;
-      for (int p = 0; p < depth; p += 32) {
-        const __mmask16 lo = first_lanes(depth - p), hi = first_lanes(depth - p - 16 < 0 ? 0 : depth - p - 16);
-        const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, row + p + 16), _mm512_maskz_loadu_ps(lo, row + p));
-        _mm512_mask_storeu_epi32(out + size_t(i) * kPanelPairs + p / 2, first_lanes(pairs - p / 2),
-                                 reinterpret_cast<__m512i>(both));
-      }
-    }
-    return {kPanelPairs, 1};
-  }
-  for (int p = 0; p < pairs; ++p) {
-    const float* row0 = a + size_t(2 * p) * a_cs;
-    const bool second = 2 * p + 1 < depth;
-    for (int i = 0; i < rows; i += 16) {
-      const __mmask16 m = first_lanes(rows - i);
-      const __m512 x0 = _mm512_maskz_loadu_ps(m, row0 + i);
-      const __m512 x1 = second ? _mm512_maskz_loadu_ps(m, row0 + a_cs + i) : _mm512_setzero_ps();
-      _mm512_mask_storeu_epi32(out + size_t(p) * kBlockRows + i, m, interleave_pairs(x0, x1));
-    }
-  }
-  return {1, kBlockRows};
-}
-
-// A packed strip of B: k [0, depth) of columns [0, cols) (cols <= kStripColumns), as
-// [kPanelPairs, kStripColumns] words; pairs past `depth` and columns past `cols` zero.
-void pack_b(int depth, int cols, const float* b, int ldb, uint32_t* out) {
-  for (int p = 0; p < (depth + 1) / 2; ++p) {
-    const float* row0 = b + size_t(2 * p) * ldb;
-    const bool second = 2 * p + 1 < depth;
-    for (int j = 0; j < kStripColumns; j += 16) {
-      const __mmask16 m = first_lanes(cols - j < 0 ? 0 : cols - j);
-      const __m512 x0 = _mm512_maskz_loadu_ps(m, row0 + j);
-      const __m512 x1 = second ? _mm512_maskz_loadu_ps(m, row0 + ldb + j) : _mm512_setzero_ps();
-      _mm512_store_si512(out + size_t(p) * kStripColumns + j, interleave_pairs(x0, x1));
-    }
-  }
-}
-
-// C[m, n] (+)= A B as matmul_f32 (the same operands, strides and triangles) with A and B
+// C[m, n] (+)= A B as gemm_f32_6x64__avx512 (the same operands, strides and triangles) with A and B
 // rounded to bf16 (to nearest even; exact for bf16 values). Loops: panels of k, blocks of rows of A, strips of columns of B, tiles. A tile reads
 // only the pairs of its nonzero range of A (per `tri`), rounded out to whole pairs: the extra
 // element is a stored zero of the triangle.
-void matmul_bf16_values(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c,
+inline void gemm_bf16_6x64__avx512bf16(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c,
                         int ldc, bool accumulate, Triangle tri) {
   alignas(64) uint32_t a_pack[kBlockRows * kPanelPairs];
   alignas(64) uint32_t b_pack[kPanelPairs * kStripColumns];
@@ -140,11 +90,11 @@ void matmul_bf16_values(int m, int n, int k, const float* a, int a_rs, int a_cs,
     const bool into = accumulate || k0 > 0;
     for (int r0 = 0; r0 < m; r0 += kBlockRows) {
       const int rows = m - r0 < kBlockRows ? m - r0 : kBlockRows;
-      const PackedA pa = pack_a(rows, depth, a + size_t(r0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
+      const PackedA pa = pack_bf16_pairs_a(rows, depth, a + size_t(r0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
       const int block_end = tri == Triangle::c_lower && r0 + rows < n ? r0 + rows : n;
       for (int j0 = 0; j0 < block_end; j0 += kStripColumns) {
         const int cols = block_end - j0 < kStripColumns ? block_end - j0 : kStripColumns;
-        pack_b(depth, cols, b + size_t(k0) * ldb + j0, ldb, b_pack);
+        pack_bf16_pairs_b(depth, cols, b + size_t(k0) * ldb + j0, ldb, b_pack);
         for (int i0 = r0; i0 < r0 + rows; i0 += kTileRows) {
           const int mr = r0 + rows - i0 < kTileRows ? r0 + rows - i0 : kTileRows;
           const int n_end = tri == Triangle::c_lower && i0 + mr < n ? i0 + mr : n;
@@ -168,9 +118,5 @@ void matmul_bf16_values(int m, int n, int k, const float* a, int a_rs, int a_cs,
   }
 }
 
-constexpr auto& matmul = matmul_f32;
-
 }  // namespace
-}  // namespace flat::cpu::avx512_bf16
-
-#include "cpu/stages.inc"
+}  // namespace flat::cpu

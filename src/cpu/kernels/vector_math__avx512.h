@@ -1,11 +1,11 @@
-// Vector math on AVX-512, shared by the translation units compiled with AVX-512 target flags
-// (src/cpu/stages_avx512.cpp, src/conv/conv_avx512*.cpp). Include it only there.
-// Internal linkage: each translation unit keeps its own copy, built with its own flags.
+// Vector math on AVX-512 (exp, 2^x, reciprocals), for the microkernels of the targets compiled
+// with AVX-512 flags. Internal linkage: each translation unit keeps its own copy, built with its
+// own flags.
 #pragma once
 
 #include <immintrin.h>
 
-namespace flat::cpu::avx512 {
+namespace flat::cpu {
 namespace {
 
 // exp(x) = 2^n exp(r) with n = round(x log2 e) and r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split
@@ -71,4 +71,4 @@ inline void reciprocal_ps(const __m512* d, __m512* out) {
 }
 
 }  // namespace
-}  // namespace flat::cpu::avx512
+}  // namespace flat::cpu

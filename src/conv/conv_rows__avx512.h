@@ -1,7 +1,7 @@
-// The short convolution's primitives on AVX-512 (F, BW, DQ, VL) with FMA, 16 channels to a vector
-// (contracts in conv_generic.cpp). Included by conv_avx512.cpp and conv_avx512_bf16.cpp, which
-// differ in how fp32 rounds to bf16: integer arithmetic, or vcvtne2ps2bf16 (FLAT_CONV_NATIVE_BF16,
-// AVX512-BF16). Only called after the CPU has been checked for them.
+// The short convolution's row primitives on AVX-512 (F, BW, DQ, VL) with FMA, 16 channels to a
+// vector (contracts in conv_rows__generic.h), as ConvRowsAvx512<Native> for the leaves of
+// src/conv/conv_leaf.h: fp32 rounds to bf16 in integer arithmetic, or with vcvtne2ps2bf16 when
+// Native (AVX512-BF16). Include only in translation units compiled with those flags.
 //
 // The kernels stream their inputs and outputs once; what bounds them is the work per element on
 // the core: instructions on the two 512-bit ports, loads and stores. So:
@@ -15,14 +15,22 @@
 //   vcvtne2ps2bf16;
 // - the SiLU is short: sigmoid(z) = 1 / (1 + 2^t) with t = -z log2(e), 2^t by vreduceps, a degree-5
 //   polynomial and vscalefps, the reciprocal by vrcp14ps and one Newton step.
+#pragma once
 
-namespace flat::cpu::FLAT_CONV_ISA {
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "conv/conv_kernels.h"
+#include "cpu/kernels/lanes__avx512.h"
+#include "cpu/kernels/vector_math__avx512.h"
+
+namespace flat::cpu::conv_avx512 {
 namespace {
 
-#define FLAT_INLINE [[gnu::always_inline]] inline
 
-// The first `count` of 16 lanes.
-inline __mmask16 first_lanes(int count) { return count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u); }
+#define FLAT_INLINE [[gnu::always_inline]] inline
 
 // bf16 -> fp32: 16-bit lane 2i+1 takes element i, lane 2i is zero.
 FLAT_INLINE __m512 widen_bf16(__m256i h) {
@@ -31,7 +39,6 @@ FLAT_INLINE __m512 widen_bf16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, index, _mm512_castsi256_si512(h)));
 }
 
-#if !FLAT_CONV_NATIVE_BF16
 // Round to nearest even on the bit pattern; a NaN stays a (quiet) NaN, as cpu::f32_to_bf16.
 FLAT_INLINE __m256i narrow_bf16(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
@@ -40,7 +47,6 @@ FLAT_INLINE __m256i narrow_bf16(__m512 v) {
   rounded = _mm512_mask_or_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x400000));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
-#endif
 
 // 16 elements at element c of a row of fp32 or bf16, as fp32 (Masked: the first lanes of `m`,
 // the others zero).
@@ -63,17 +69,17 @@ FLAT_INLINE void store_half(char* row, int c, __m256i h, __mmask16 m) {
 }
 
 // v0 to row0 and v1 to row1 at element c, fp32 or bf16.
-template <bool Bf16, bool Masked>
+template <bool Native, bool Bf16, bool Masked>
 FLAT_INLINE void store_pair(char* row0, char* row1, int c, __m512 v0, __m512 v1, __mmask16 m) {
   if (Bf16) {
-#if FLAT_CONV_NATIVE_BF16
-    const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0));  // v0 low, v1 high
-    store_half<Masked>(row0, c, _mm512_castsi512_si256(both), m);
-    store_half<Masked>(row1, c, _mm512_extracti64x4_epi64(both, 1), m);
-#else
-    store_half<Masked>(row0, c, narrow_bf16(v0), m);
-    store_half<Masked>(row1, c, narrow_bf16(v1), m);
-#endif
+    if constexpr (Native) {
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0));  // v0 low, v1 high
+      store_half<Masked>(row0, c, _mm512_castsi512_si256(both), m);
+      store_half<Masked>(row1, c, _mm512_extracti64x4_epi64(both, 1), m);
+    } else {
+      store_half<Masked>(row0, c, narrow_bf16(v0), m);
+      store_half<Masked>(row1, c, narrow_bf16(v1), m);
+    }
   } else {
     float* f0 = reinterpret_cast<float*>(row0) + c;
     float* f1 = reinterpret_cast<float*>(row1) + c;
@@ -87,14 +93,11 @@ FLAT_INLINE void store_pair(char* row0, char* row1, int c, __m512 v0, __m512 v1,
   }
 }
 
-template <bool Bf16, bool Masked>
+template <bool Native, bool Bf16, bool Masked>
 FLAT_INLINE void store16(char* row, int c, __m512 v, __mmask16 m) {
   if (Bf16) {
-#if FLAT_CONV_NATIVE_BF16
-    store_half<Masked>(row, c, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)), m);
-#else
-    store_half<Masked>(row, c, narrow_bf16(v), m);
-#endif
+    if constexpr (Native) store_half<Masked>(row, c, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)), m);
+    else store_half<Masked>(row, c, narrow_bf16(v), m);
   } else {
     float* f = reinterpret_cast<float*>(row) + c;
     if (Masked) _mm512_mask_storeu_ps(f, m, v);
@@ -103,12 +106,12 @@ FLAT_INLINE void store16(char* row, int c, __m512 v, __mmask16 m) {
 }
 
 // Rows r of a group, stored two at a time.
-template <int R, bool Bf16, bool Masked>
+template <bool Native, int R, bool Bf16, bool Masked>
 FLAT_INLINE void store_rows(char* row, int64_t stride, int c, const __m512* v, __mmask16 m) {
 #pragma GCC unroll 8
   for (int r = 0; r + 1 < R; r += 2)
-    store_pair<Bf16, Masked>(row + stride * r, row + stride * (r + 1), c, v[r], v[r + 1], m);
-  if (R % 2 == 1) store16<Bf16, Masked>(row + stride * (R - 1), c, v[R - 1], m);
+    store_pair<Native, Bf16, Masked>(row + stride * r, row + stride * (r + 1), c, v[r], v[r + 1], m);
+  if (R % 2 == 1) store16<Native, Bf16, Masked>(row + stride * (R - 1), c, v[R - 1], m);
 }
 
 // The SiLU and its gradient on N rows at once (N = 2 in the groups), stage by stage across the
@@ -128,10 +131,10 @@ FLAT_INLINE void sigmoid_rows(const __m512* z, __m512* e, __m512* s) {
     t[r] = _mm512_min_ps(
         _mm512_max_ps(_mm512_mul_ps(z[r], _mm512_set1_ps(-1.44269504088896341f)), _mm512_set1_ps(-125.0f)),
         _mm512_set1_ps(125.0f));
-  avx512::exp2_ps<N, Fine ? 5 : 4>(t, e);
+  exp2_ps<N, Fine ? 5 : 4>(t, e);
 #pragma GCC unroll 8
   for (int r = 0; r < N; ++r) d[r] = _mm512_add_ps(e[r], _mm512_set1_ps(1.0f));
-  avx512::reciprocal_ps<N, Fine>(d, s);
+  reciprocal_ps<N, Fine>(d, s);
 }
 
 // z <- z sigmoid(z).
@@ -173,7 +176,7 @@ void load_row(const char* src, DType dtype, int n, float* dst) {
 
 // ---- Forward ----------------------------------------------------------------------------------
 
-template <int W, int R, bool Silu, bool XBf16, bool YBf16, bool Masked>
+template <bool Native, int W, int R, bool Silu, bool XBf16, bool YBf16, bool Masked>
 FLAT_INLINE void forward_vector(int c, __mmask16 m, const char* x, int64_t xs, float* ring, const float* taps, char* y,
                                 int64_t ys) {
   __m512 tap[W];
@@ -198,23 +201,23 @@ FLAT_INLINE void forward_vector(int c, __mmask16 m, const char* x, int64_t xs, f
 #pragma GCC unroll 8
       for (int r = 0; r < P; ++r) z[r] = _mm512_fmadd_ps(tap[w], win[r0 + r + w], z[r]);
     if (Silu) silu_rows<P, !(XBf16 && YBf16)>(z);
-    store_rows<P, YBf16, Masked>(y + ys * r0, ys, c, z, m);
+    store_rows<Native, P, YBf16, Masked>(y + ys * r0, ys, c, z, m);
   }
 #pragma GCC unroll 8
   for (int w = 0; w < W - 1; ++w) _mm512_store_ps(ring + 16 * w, win[R + w]);
 }
 
-template <int W, int R, bool Silu, bool XBf16, bool YBf16>
+template <bool Native, int W, int R, bool Silu, bool XBf16, bool YBf16>
 void forward_rows(int n, const char* x, int64_t xs, float* ring, const float* taps, char* y, int64_t ys) {
   int c = 0;
   for (; c + 16 <= n; c += 16, ring += 16 * (W - 1), taps += 16 * (W + 1))
-    forward_vector<W, R, Silu, XBf16, YBf16, false>(c, 0, x, xs, ring, taps, y, ys);
-  if (c < n) forward_vector<W, R, Silu, XBf16, YBf16, true>(c, first_lanes(n - c), x, xs, ring, taps, y, ys);
+    forward_vector<Native, W, R, Silu, XBf16, YBf16, false>(c, 0, x, xs, ring, taps, y, ys);
+  if (c < n) forward_vector<Native, W, R, Silu, XBf16, YBf16, true>(c, first_lanes(n - c), x, xs, ring, taps, y, ys);
 }
 
 // ---- Backward ---------------------------------------------------------------------------------
 
-template <int W, int R, bool Silu, bool XBf16, bool DyBf16, bool Masked>
+template <bool Native, int W, int R, bool Silu, bool XBf16, bool DyBf16, bool Masked>
 FLAT_INLINE void backward_vector(int c, __mmask16 m, const char* x, int64_t xs, const char* dy, int64_t dys,
                                  float* xring, float* dzring, const float* taps, float* partial, char* dx,
                                  int64_t dxs) {
@@ -268,7 +271,7 @@ FLAT_INLINE void backward_vector(int c, __mmask16 m, const char* x, int64_t xs, 
     for (int w = 1; w < W; ++w) s = _mm512_fmadd_ps(tap[w], dz[r + W - 1 - w], s);
     out[r] = s;
   }
-  store_rows<R, XBf16, Masked>(dx, dxs, c, out, m);
+  store_rows<Native, R, XBf16, Masked>(dx, dxs, c, out, m);
 #pragma GCC unroll 8
   for (int w = 0; w < W - 1; ++w) {
     _mm512_store_ps(xring + 16 * w, xw[R + w]);
@@ -276,15 +279,15 @@ FLAT_INLINE void backward_vector(int c, __mmask16 m, const char* x, int64_t xs, 
   }
 }
 
-template <int W, int R, bool Silu, bool XBf16, bool DyBf16>
+template <bool Native, int W, int R, bool Silu, bool XBf16, bool DyBf16>
 void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys, float* xring, float* dzring,
                    const float* taps, float* partial, char* dx, int64_t dxs) {
   int c = 0;
   for (; c + 16 <= n;
        c += 16, xring += 16 * (W - 1), dzring += 16 * (W - 1), taps += 16 * (W + 1), partial += 16 * (W + 1))
-    backward_vector<W, R, Silu, XBf16, DyBf16, false>(c, 0, x, xs, dy, dys, xring, dzring, taps, partial, dx, dxs);
+    backward_vector<Native, W, R, Silu, XBf16, DyBf16, false>(c, 0, x, xs, dy, dys, xring, dzring, taps, partial, dx, dxs);
   if (c < n)
-    backward_vector<W, R, Silu, XBf16, DyBf16, true>(c, first_lanes(n - c), x, xs, dy, dys, xring, dzring, taps,
+    backward_vector<Native, W, R, Silu, XBf16, DyBf16, true>(c, first_lanes(n - c), x, xs, dy, dys, xring, dzring, taps,
                                                      partial, dx, dxs);
 }
 
@@ -332,4 +335,30 @@ void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own
 #undef FLAT_INLINE
 
 }  // namespace
-}  // namespace flat::cpu::FLAT_CONV_ISA
+}  // namespace flat::cpu::conv_avx512
+
+namespace flat::cpu {
+namespace {
+
+template <bool Native>
+struct ConvRowsAvx512 {
+  static void load_row(const char* src, DType dtype, int n, float* dst) { conv_avx512::load_row(src, dtype, n, dst); }
+  template <int W, int R, bool Silu, bool XBf16, bool YBf16>
+  static void forward_rows(int n, const char* x, int64_t xs, float* ring, const float* taps, char* y, int64_t ys) {
+    conv_avx512::forward_rows<Native, W, R, Silu, XBf16, YBf16>(n, x, xs, ring, taps, y, ys);
+  }
+  template <int W, int R, bool Silu, bool XBf16, bool DyBf16>
+  static void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys, float* xring,
+                            float* dzring, const float* taps, float* partial, char* dx, int64_t dxs) {
+    conv_avx512::backward_rows<Native, W, R, Silu, XBf16, DyBf16>(n, x, xs, dy, dys, xring, dzring, taps, partial, dx,
+                                                                  dxs);
+  }
+  template <int W, bool Silu, bool Fine>
+  static void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own, float* xring,
+                           float* dzring, const float* taps, float* partial, float* dx) {
+    conv_avx512::backward_one<W, Silu, Fine>(n, xt, dyt, valid, own, xring, dzring, taps, partial, dx);
+  }
+};
+
+}  // namespace
+}  // namespace flat::cpu

@@ -1,12 +1,11 @@
-// The leaves of the short convolution (conv_kernels.h), compiled once per instruction set: the
-// including file defines FLAT_CONV_ISA (the namespace), FLAT_CONV_NAME and, in
-// flat::cpu::FLAT_CONV_ISA, the primitives (contracts in conv_generic.cpp):
-//   load_row(src, dtype, n, dst)                    n elements to fp32, zero-padded to round16(n)
-//   forward_rows<W, R, Silu, XBf16, YBf16>          R positions of y
-//   backward_rows<W, R, Silu, XBf16, DyBf16>        R positions of dz, their dweight / dbias
-//                                                   partial sums, and R rows of dx
-//   backward_one<W, Silu, Fine>                     one position in any case (past the sequence,
-//                                                   the halo, rows with dstate or to dstate0)
+// The leaves of the short convolution (conv_kernels.h) over a target's row primitives Rows
+// (contracts in conv_rows__generic.h), instantiated by each target (src/cpu/target_<name>.cpp):
+//   Rows::load_row(src, dtype, n, dst)                 n elements to fp32, zero-padded to round16(n)
+//   Rows::forward_rows<W, R, Silu, XBf16, YBf16>       R positions of y
+//   Rows::backward_rows<W, R, Silu, XBf16, DyBf16>     R positions of dz, their dweight / dbias
+//                                                      partial sums, and R rows of dx
+//   Rows::backward_one<W, Silu, Fine>                  one position in any case (past the sequence,
+//                                                      the halo, rows with dstate or to dstate0)
 // Taps, rings and partial sums are packed by groups of 16 channels (packed_index), rows of fp32
 // scratch are rounded up to 16 channels; the padding is zero, so the padding lanes compute zeros.
 //
@@ -26,12 +25,20 @@
 // The gradient with respect to the final state, dstate[b, c, j] for position S-(W-1)+j, adds to
 // dx (or to dstate0 for positions before 0) as each row is emitted.
 //
-// This file is compiled with different target flags per instruction set: everything in it has
-// internal linkage, and it uses no standard-library templates, so no out-of-line copy built for
-// one target can be picked by the linker for another.
+// Everything here has internal linkage: each target's translation unit compiles its own copy with
+// its own flags, and it uses no standard-library templates, so no out-of-line copy built for one
+// target can be picked by the linker for another.
+#pragma once
 
-namespace flat::cpu::FLAT_CONV_ISA {
+#include <cstdint>
+#include <cstring>
+
+#include "conv/conv_kernels.h"
+#include "cpu/bf16.h"
+
+namespace flat::cpu::conv_leaf {
 namespace {
+
 
 inline int round16(int n) { return (n + 15) & ~15; }
 
@@ -48,79 +55,70 @@ using BackwardRows = void (*)(int, const char*, int64_t, const char*, int64_t, f
                               char*, int64_t);
 using BackwardOne = void (*)(int, const float*, const float*, bool, bool, float*, float*, const float*, float*, float*);
 
-// Function tables over the template parameters.
-template <int W, int R, bool Silu, bool XBf16>
-ForwardRows forward_rows_for(bool y_bf16) {
-  return y_bf16 ? forward_rows<W, R, Silu, XBf16, true> : forward_rows<W, R, Silu, XBf16, false>;
-}
-template <int W, int R, bool Silu>
-ForwardRows forward_rows_for(bool x_bf16, bool y_bf16) {
-  return x_bf16 ? forward_rows_for<W, R, Silu, true>(y_bf16) : forward_rows_for<W, R, Silu, false>(y_bf16);
-}
-template <int W>
-ForwardRows forward_rows_for(bool group, bool silu, bool x_bf16, bool y_bf16) {
-  constexpr int R = forward_group(W);
-  if (group) return silu ? forward_rows_for<W, R, true>(x_bf16, y_bf16) : forward_rows_for<W, R, false>(x_bf16, y_bf16);
-  return silu ? forward_rows_for<W, 1, true>(x_bf16, y_bf16) : forward_rows_for<W, 1, false>(x_bf16, y_bf16);
+// f.template operator()<W>() for the call's W, 1 to 8: the taps are a template parameter of the
+// row kernels.
+template <class F>
+auto by_taps(int W, F&& f) {
+  switch (W) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    case 7: return f.template operator()<7>();
+    default: return f.template operator()<8>();
+  }
 }
 
-template <int W, bool Silu, bool XBf16>
-BackwardRows backward_rows_for(bool dy_bf16) {
-  constexpr int R = backward_group(W);
-  return dy_bf16 ? backward_rows<W, R, Silu, XBf16, true> : backward_rows<W, R, Silu, XBf16, false>;
+// The row kernel for a call's taps, activation and dtypes (group: R = forward_group(W) positions
+// at a time, else one).
+template <class Rows>
+ForwardRows pick_forward_rows(const ConvParams& p, bool group) {
+  const bool silu = p.activation == Activation::silu, xb = p.x.dtype == DType::bf16, yb = p.y.dtype == DType::bf16;
+  return by_taps(p.W, [&]<int W>() -> ForwardRows {
+    const auto with = [&]<int R>() -> ForwardRows {
+      if (silu) return xb ? (yb ? Rows::template forward_rows<W, R, true, true, true> : Rows::template forward_rows<W, R, true, true, false>)
+                          : (yb ? Rows::template forward_rows<W, R, true, false, true> : Rows::template forward_rows<W, R, true, false, false>);
+      return xb ? (yb ? Rows::template forward_rows<W, R, false, true, true> : Rows::template forward_rows<W, R, false, true, false>)
+                : (yb ? Rows::template forward_rows<W, R, false, false, true> : Rows::template forward_rows<W, R, false, false, false>);
+    };
+    return group ? with.template operator()<forward_group(W)>() : with.template operator()<1>();
+  });
 }
-template <int W>
-BackwardRows backward_rows_for(bool silu, bool x_bf16, bool dy_bf16) {
-  if (silu) return x_bf16 ? backward_rows_for<W, true, true>(dy_bf16) : backward_rows_for<W, true, false>(dy_bf16);
-  return x_bf16 ? backward_rows_for<W, false, true>(dy_bf16) : backward_rows_for<W, false, false>(dy_bf16);
+
+template <class Rows>
+BackwardRows pick_backward_rows(const ConvParams& p) {
+  const bool silu = p.activation == Activation::silu, xb = p.x.dtype == DType::bf16, dyb = p.dy.dtype == DType::bf16;
+  return by_taps(p.W, [&]<int W>() -> BackwardRows {
+    constexpr int R = backward_group(W);
+    if (silu) return xb ? (dyb ? Rows::template backward_rows<W, R, true, true, true> : Rows::template backward_rows<W, R, true, true, false>)
+                        : (dyb ? Rows::template backward_rows<W, R, true, false, true> : Rows::template backward_rows<W, R, true, false, false>);
+    return xb ? (dyb ? Rows::template backward_rows<W, R, false, true, true> : Rows::template backward_rows<W, R, false, true, false>)
+              : (dyb ? Rows::template backward_rows<W, R, false, false, true> : Rows::template backward_rows<W, R, false, false, false>);
+  });
 }
 
 // Fine: the SiLU's precision of the group kernels for the same call (coarse when x and dy are
 // both bf16), so every position's dz is computed alike.
-template <int W>
-BackwardOne backward_one_for(bool silu, bool fine) {
-  if (silu) return fine ? backward_one<W, true, true> : backward_one<W, true, false>;
-  return backward_one<W, false, true>;
-}
-
-// `return fn<W> args;` for W from 1 to 8.
-#define FLAT_CONV_BY_TAPS(W, fn, args) \
-  switch (W) {                         \
-    case 1: return fn<1> args;         \
-    case 2: return fn<2> args;         \
-    case 3: return fn<3> args;         \
-    case 4: return fn<4> args;         \
-    case 5: return fn<5> args;         \
-    case 6: return fn<6> args;         \
-    case 7: return fn<7> args;         \
-    default: return fn<8> args;        \
-  }
-
-ForwardRows pick_forward_rows(const ConvParams& p, bool group) {
-  const bool silu = p.activation == Activation::silu, xb = p.x.dtype == DType::bf16, yb = p.y.dtype == DType::bf16;
-  FLAT_CONV_BY_TAPS(p.W, forward_rows_for, (group, silu, xb, yb))
-}
-
-BackwardRows pick_backward_rows(const ConvParams& p) {
-  const bool silu = p.activation == Activation::silu, xb = p.x.dtype == DType::bf16, dyb = p.dy.dtype == DType::bf16;
-  FLAT_CONV_BY_TAPS(p.W, backward_rows_for, (silu, xb, dyb))
-}
-
+template <class Rows>
 BackwardOne pick_backward_one(const ConvParams& p) {
-  const bool fine = !(p.x.dtype == DType::bf16 && p.dy.dtype == DType::bf16);
-  FLAT_CONV_BY_TAPS(p.W, backward_one_for, (p.activation == Activation::silu, fine))
+  const bool silu = p.activation == Activation::silu, fine = !(p.x.dtype == DType::bf16 && p.dy.dtype == DType::bf16);
+  return by_taps(p.W, [&]<int W>() -> BackwardOne {
+    if (silu) return fine ? Rows::template backward_one<W, true, true> : Rows::template backward_one<W, true, false>;
+    return Rows::template backward_one<W, false, true>;
+  });
 }
-
-#undef FLAT_CONV_BY_TAPS
 
 int group_size(int W, bool backward) { return backward ? backward_group(W) : forward_group(W); }
 
 // The block's channels at position q of its batch, in fp32, into `row` (round16(n) floats): x
 // for q >= 0; before 0 the initial state (state0[b, c, W-1+q]) or zeros.
+template <class Rows>
 void position_row(const ConvParams& p, const ConvBlock& blk, int q, float* row) {
   const int n = blk.c1 - blk.c0;
   if (q >= 0) {
-    load_row(p.x.row(blk.b, q, blk.c0), p.x.dtype, n, row);
+    Rows::load_row(p.x.row(blk.b, q, blk.c0), p.x.dtype, n, row);
     return;
   }
   zero_row(row, size_t(round16(n)));
@@ -154,16 +152,17 @@ size_t workspace_floats(int W, int channels) {
   return 2 * packed_size(channels, W - 1) + 3 * size_t(round16(channels));
 }
 
+template <class Rows>
 void forward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, float* workspace) {
   const int W = p.W, n = blk.c1 - blk.c0;
   float* ring = workspace;
   float* row = workspace + 2 * packed_size(n, W - 1);
   for (int w = 0; w < W - 1; ++w) {
-    position_row(p, blk, blk.t0 - (W - 1) + w, row);
+    position_row<Rows>(p, blk, blk.t0 - (W - 1) + w, row);
     to_ring(ring, w, W - 1, row, n);
   }
   const int R = group_size(W, false);
-  const ForwardRows group = pick_forward_rows(p, true), one = pick_forward_rows(p, false);
+  const ForwardRows group = pick_forward_rows<Rows>(p, true), one = pick_forward_rows<Rows>(p, false);
   const float* tap = taps.packed + packed_index(blk.c0, 0, W + 1);
   const int64_t xs = p.x.stride1 * p.x.element_bytes(), ys = p.y.stride1 * p.y.element_bytes();
   int t = blk.t0;
@@ -171,6 +170,7 @@ void forward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, fl
   for (; t < blk.t1; ++t) one(n, p.x.row(blk.b, t, blk.c0), xs, ring, tap, p.y.row(blk.b, t, blk.c0), ys);
 }
 
+template <class Rows>
 void backward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, float* workspace, float* partial) {
   const int W = p.W, n = blk.c1 - blk.c0, b = blk.b;
   const size_t ring_floats = packed_size(n, W - 1);
@@ -181,14 +181,14 @@ void backward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, f
   float* dx = dyt + round16(n);
   zero_row(dzring, ring_floats);  // dz before 0 is zero; after t0 > 0 it is never read
   for (int w = 0; w < W - 1; ++w) {
-    position_row(p, blk, blk.t0 - (W - 1) + w, xt);
+    position_row<Rows>(p, blk, blk.t0 - (W - 1) + w, xt);
     to_ring(xring, w, W - 1, xt, n);
   }
   zero_row(partial, packed_size(n, W + 1));
 
   const int R = group_size(W, true);
-  const BackwardRows group = pick_backward_rows(p);
-  const BackwardOne one = pick_backward_one(p);
+  const BackwardRows group = pick_backward_rows<Rows>(p);
+  const BackwardOne one = pick_backward_one<Rows>(p);
   const float* tap = taps.packed + packed_index(blk.c0, 0, W + 1);
   const int64_t xs = p.x.stride1 * p.x.element_bytes(), dys = p.dy.stride1 * p.dy.element_bytes(),
                 dxs = p.dx.stride1 * p.dx.element_bytes();
@@ -209,8 +209,8 @@ void backward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, f
     }
     const bool valid = t < p.S;
     if (valid) {
-      load_row(p.x.row(b, t, blk.c0), p.x.dtype, n, xt);
-      load_row(p.dy.row(b, t, blk.c0), p.dy.dtype, n, dyt);
+      Rows::load_row(p.x.row(b, t, blk.c0), p.x.dtype, n, xt);
+      Rows::load_row(p.dy.row(b, t, blk.c0), p.dy.dtype, n, dyt);
     }
     one(n, xt, dyt, valid, t < blk.t1, xring, dzring, tap, partial, dx);
     ++t;
@@ -231,10 +231,16 @@ void backward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, f
 }
 
 }  // namespace
+}  // namespace flat::cpu::conv_leaf
 
-const ConvKernels& conv_kernels() {
-  static const ConvKernels kernels{FLAT_CONV_NAME, workspace_floats, forward, backward};
-  return kernels;
+namespace flat::cpu {
+namespace {
+
+// The leaves on a target's row primitives.
+template <class Rows>
+ConvKernels make_conv_kernels() {
+  return {conv_leaf::workspace_floats, conv_leaf::forward<Rows>, conv_leaf::backward<Rows>};
 }
 
-}  // namespace flat::cpu::FLAT_CONV_ISA
+}  // namespace
+}  // namespace flat::cpu

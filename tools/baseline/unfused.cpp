@@ -27,9 +27,10 @@ struct StateSequence {
 
 // Runs body(b, m, item) over every item, each thread with its own workspace.
 template <class Body>
-void over_items(const Params& p, const cpu::SequenceKernels& kernels, Body&& body) {
+void over_items(const Params& p, const cpu::Run& run, Body&& body) {
+  const cpu::SequenceKernels& kernels = run.target.sequence;
   const int items = p.N / p.pack;
-  cpu::parallel_ranges(cpu::item_count(p), p.threads, [&](int64_t begin, int64_t end) {
+  cpu::run_ranges(run, cpu::item_count(p), [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), state(cpu::state_bytes(p));
     for (int64_t item = begin; item < end; ++item)
       body(int(item / items), int(item % items), item, workspace.data, state.floats());
@@ -38,9 +39,10 @@ void over_items(const Params& p, const cpu::SequenceKernels& kernels, Body&& bod
 
 // Runs body(b, m, c, item, workspace) over every (item, chunk).
 template <class Body>
-void over_chunks(const Params& p, const cpu::SequenceKernels& kernels, Body&& body) {
+void over_chunks(const Params& p, const cpu::Run& run, Body&& body) {
+  const cpu::SequenceKernels& kernels = run.target.sequence;
   const int chunks = cpu::chunk_count(p), items = p.N / p.pack;
-  cpu::parallel_ranges(cpu::item_count(p) * chunks, p.threads, [&](int64_t begin, int64_t end) {
+  cpu::run_ranges(run, cpu::item_count(p) * chunks, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p));
     for (int64_t i = begin; i < end; ++i) {
       const int64_t item = i / chunks;
@@ -50,35 +52,35 @@ void over_chunks(const Params& p, const cpu::SequenceKernels& kernels, Body&& bo
 }
 
 // Pass 1, state passing: the chunk-start states of every item to memory (and ht when asked).
-void pass_states(const Params& p, const cpu::SequenceKernels& kernels, const StateSequence& states) {
-  over_items(p, kernels, [&](int, int, int64_t item, void* workspace, float* H) {
-    kernels.forward(p, item, 1, workspace, H, states.item(item), false);
+void pass_states(const Params& p, const cpu::Run& run, const StateSequence& states) {
+  over_items(p, run, [&](int, int, int64_t item, void* workspace, float* H) {
+    run.target.sequence.forward(p, item, 1, workspace, H, states.item(item), false);
   });
 }
 
 }  // namespace
 
-void unfused_forward(const Params& p) {
-  const cpu::SequenceKernels& kernels = cpu::sequence_kernels(cpu::active_isa());
+void unfused_forward(const Params& p, const cpu::Run& run) {
+  const cpu::SequenceKernels& kernels = run.target.sequence;
   const size_t state = cpu::state_bytes(p) / sizeof(float);
   const StateSequence states(p);
-  pass_states(p, kernels, states);
+  pass_states(p, run, states);
   // Pass 2, outputs: each chunk reads its start state back from memory.
-  over_chunks(p, kernels, [&](int b, int m, int c, int64_t item, void* workspace) {
+  over_chunks(p, run, [&](int b, int m, int c, int64_t item, void* workspace) {
     kernels.chunk_output(p, b, m, c, workspace, states.item(item) + size_t(c) * state);
   });
 }
 
-void unfused_backward(const Params& p) {
-  const cpu::SequenceKernels& kernels = cpu::sequence_kernels(cpu::active_isa());
+void unfused_backward(const Params& p, const cpu::Run& run) {
+  const cpu::SequenceKernels& kernels = run.target.sequence;
   const size_t state = cpu::state_bytes(p) / sizeof(float);
   const int chunks = cpu::chunk_count(p);
   const StateSequence states(p);
-  pass_states(p, kernels, states);
+  pass_states(p, run, states);
 
   // Pass 2, state gradients: dH at the end of every chunk to memory, walking back from dht.
   const StateSequence dstates(p);
-  over_items(p, kernels, [&](int b, int m, int64_t item, void* workspace, float* dH) {
+  over_items(p, run, [&](int b, int m, int64_t item, void* workspace, float* dH) {
     kernels.initial_state_gradient(p, b, m, dH);
     for (int c = chunks - 1; c >= 0; --c) {
       std::memcpy(dstates.item(item) + size_t(c + 1) * state, dH, sizeof(float) * state);
@@ -89,11 +91,11 @@ void unfused_backward(const Params& p) {
 
   // Pass 3, gradients of every chunk from its start state and end-state gradient in memory.
   cpu::Gradients grads(p);
-  over_chunks(p, kernels, [&](int b, int m, int c, int64_t item, void* workspace) {
+  over_chunks(p, run, [&](int b, int m, int c, int64_t item, void* workspace) {
     kernels.chunk_gradients(p, b, m, c, workspace, states.item(item) + size_t(c) * state,
                             dstates.item(item) + size_t(c + 1) * state, grads.sinks);
   });
-  grads.finish();
+  grads.finish(run.workers);
 }
 
 }  // namespace flat::baseline

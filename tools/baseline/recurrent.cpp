@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "cpu/recurrence.h"
-#include "cpu/isa.h"
 #include "cpu/parallel.h"
 #include "cpu/rows.h"
 
@@ -447,67 +446,43 @@ struct Scratch {
   store_state(p.dh0, b, n, dH, K, V, Vp);
 }
 
-// The walks compiled twice: for the baseline target, and for AVX-512 where the kernels run on
-// it (FLAT_ISA=generic forces the portable walks too).
-void forward_portable(const Params& p, int b, int n, Scratch& w) {
-  if (p.delta == Delta::none) forward_sequence(p, b, n, w);
-  else delta_forward_sequence(p, b, n, w);
-}
-void backward_portable(const Params& p, int b, int n, Scratch& w, const cpu::GradSinks& g) {
-  if (p.delta == Delta::none) backward_sequence(p, b, n, w, g);
-  else delta_backward_sequence(p, b, n, w, g);
-}
-
-#if defined(__x86_64__)
-[[gnu::target("avx512f,avx512vl,avx512bw,fma")]] void forward_avx512(const Params& p, int b, int n,
-                                                                      Scratch& w) {
-  if (p.delta == Delta::none) forward_sequence(p, b, n, w);
-  else delta_forward_sequence(p, b, n, w);
-}
-[[gnu::target("avx512f,avx512vl,avx512bw,fma")]] void backward_avx512(const Params& p, int b, int n,
-                                                                       Scratch& w, const cpu::GradSinks& g) {
-  if (p.delta == Delta::none) backward_sequence(p, b, n, w, g);
-  else delta_backward_sequence(p, b, n, w, g);
-}
-
-// The CPU has every extension the walks above are compiled for, and the kernels are not forced
-// to their portable path.
-bool use_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma") &&
-                          cpu::active_isa() != cpu::Isa::generic;
-  return yes;
-}
+// The walks, compiled for the baseline instruction set and, on x86-64, again for AVX-512
+// (x86-64-v4): the copy the CPU runs is picked when the program loads.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FLAT_WALK_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define FLAT_WALK_CLONES
 #endif
+FLAT_WALK_CLONES void forward_walk(const Params& p, int b, int n, Scratch& w) {
+  if (p.delta == Delta::none) forward_sequence(p, b, n, w);
+  else delta_forward_sequence(p, b, n, w);
+}
+FLAT_WALK_CLONES void backward_walk(const Params& p, int b, int n, Scratch& w, const cpu::GradSinks& g) {
+  if (p.delta == Delta::none) backward_sequence(p, b, n, w, g);
+  else delta_backward_sequence(p, b, n, w, g);
+}
 
 }  // namespace
 
-void recurrent_forward(const Params& p) {
-  auto walk = forward_portable;
-#if defined(__x86_64__)
-  if (use_avx512()) walk = forward_avx512;
-#endif
-  cpu::parallel_ranges(int64_t(p.B) * p.N, p.threads, [&](int64_t begin, int64_t end) {
+void recurrent_forward(const Params& p, const cpu::Run& run) {
+  cpu::run_ranges(run, int64_t(p.B) * p.N, [&](int64_t begin, int64_t end) {
     Scratch w(p, 1, 1);
-    for (int64_t item = begin; item < end; ++item) walk(p, int(item / p.N), int(item % p.N), w);
+    for (int64_t item = begin; item < end; ++item) forward_walk(p, int(item / p.N), int(item % p.N), w);
   });
 }
 
-void recurrent_backward(const Params& p) {
-  auto walk = backward_portable;
-#if defined(__x86_64__)
-  if (use_avx512()) walk = backward_avx512;
-#endif
+void recurrent_backward(const Params& p, const cpu::Run& run) {
   // One item per head: the gradient rows are those of heads, not of packs of heads.
   Params per_head = p;
   per_head.pack = 1;
   const cpu::Gradients grads(per_head);
   const int segments = (p.S + kSegment - 1) / kSegment;
-  cpu::parallel_ranges(int64_t(p.B) * p.N, p.threads, [&](int64_t begin, int64_t end) {
+  cpu::run_ranges(run, int64_t(p.B) * p.N, [&](int64_t begin, int64_t end) {
     Scratch w(p, kSegment, 1 + (kSegment + 1) + segments);
-    for (int64_t item = begin; item < end; ++item) walk(p, int(item / p.N), int(item % p.N), w, grads.sinks);
+    for (int64_t item = begin; item < end; ++item)
+      backward_walk(p, int(item / p.N), int(item % p.N), w, grads.sinks);
   });
-  grads.finish();
+  grads.finish(run.workers);
 }
 
 }  // namespace flat::baseline

@@ -1,17 +1,19 @@
-// The short convolution's primitives for any CPU: portable C++ (the SiLU calls expf). The block
-// loops are in conv_leaf.inc; the AVX-512 versions (conv_avx512.inc) keep these contracts.
+// The short convolution's row primitives in portable C++ (the SiLU calls expf), as
+// ConvRowsGeneric for the leaves of src/conv/conv_leaf.h, with the contracts every target's rows
+// keep (conv_rows__avx512.h). Internal linkage: a copy per translation unit that includes it.
+#pragma once
+
 #include <math.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "conv/conv_kernels.h"
 #include "cpu/bf16.h"
 
-#define FLAT_CONV_ISA generic
-#define FLAT_CONV_NAME "generic"
-
-namespace flat::cpu::generic {
+namespace flat::cpu::conv_generic {
 namespace {
+
 
 template <bool Bf16>
 inline float load1(const char* row, int c) {
@@ -127,7 +129,7 @@ void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys
 // One position t, any case, channels [0, round16(n)): with `valid`, dz_t = dy_t act'(z_t) from
 // the fp32 rows xt and dyt, else dz_t = 0 (t is past the sequence); with `own`, the partial sums
 // take dz_t as in backward_rows. dx (an fp32 row) = dx_{t-W+1}. Both rings shift by one.
-// Fine selects the SiLU's precision in the vector kernels (conv_avx512.inc); here it is always
+// Fine selects the SiLU's precision in the vector kernels (conv_rows__avx512.h); here it is always
 // expf and a division.
 template <int W, bool Silu, bool Fine>
 void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own, float* xring, float* dzring,
@@ -157,6 +159,28 @@ void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own
 }
 
 }  // namespace
-}  // namespace flat::cpu::generic
+}  // namespace flat::cpu::conv_generic
 
-#include "conv/conv_leaf.inc"
+namespace flat::cpu {
+namespace {
+
+struct ConvRowsGeneric {
+  static void load_row(const char* src, DType dtype, int n, float* dst) { conv_generic::load_row(src, dtype, n, dst); }
+  template <int W, int R, bool Silu, bool XBf16, bool YBf16>
+  static void forward_rows(int n, const char* x, int64_t xs, float* ring, const float* taps, char* y, int64_t ys) {
+    conv_generic::forward_rows<W, R, Silu, XBf16, YBf16>(n, x, xs, ring, taps, y, ys);
+  }
+  template <int W, int R, bool Silu, bool XBf16, bool DyBf16>
+  static void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys, float* xring,
+                            float* dzring, const float* taps, float* partial, char* dx, int64_t dxs) {
+    conv_generic::backward_rows<W, R, Silu, XBf16, DyBf16>(n, x, xs, dy, dys, xring, dzring, taps, partial, dx, dxs);
+  }
+  template <int W, bool Silu, bool Fine>
+  static void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own, float* xring,
+                           float* dzring, const float* taps, float* partial, float* dx) {
+    conv_generic::backward_one<W, Silu, Fine>(n, xt, dyt, valid, own, xring, dzring, taps, partial, dx);
+  }
+};
+
+}  // namespace
+}  // namespace flat::cpu

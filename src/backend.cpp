@@ -1,0 +1,15 @@
+#include "backend.h"
+
+#include <string>
+
+namespace flat {
+
+std::string_view device_name(Device device) { return device == Device::cuda ? "cuda" : "cpu"; }
+
+const Backend& backend_for(Device device) {
+  for (const Backend* backend : {&cpu::backend()})
+    if (backend->device == device) return *backend;
+  throw Error("flat: no backend for device " + std::string(device_name(device)) + " in this build");
+}
+
+}  // namespace flat

@@ -1,0 +1,32 @@
+// The boundary between the API and the devices' kernels. The API validates a call (shapes,
+// dtypes, strides, overlaps: nothing that reads a tensor's memory) and describes it as Params or
+// ConvParams; the backend of the tensors' device checks the values it is asked to and runs the
+// kernels. One Backend per device; this build registers the CPU's (src/cpu/backend.cpp).
+#pragma once
+
+#include "conv/conv_params.h"
+#include "flat/flat.h"
+#include "params.h"
+#include "validate.h"
+
+namespace flat {
+
+struct Backend {
+  Device device;
+  // Refuses a tensor whose values break `rule` (validate::check_values's message), reading it
+  // where it lives.
+  void (*check_values)(const char* name, const Tensor& tensor, validate::Values rule, const ExecutionContext& context);
+  void (*forward)(const Params& p, const ExecutionContext& context);
+  void (*backward)(const Params& p, const ExecutionContext& context);
+  void (*conv_forward)(const ConvParams& p, const ExecutionContext& context);
+  void (*conv_backward)(const ConvParams& p, const ExecutionContext& context);
+};
+
+// The backend of a device; flat::Error when this build has none.
+const Backend& backend_for(Device device);
+
+namespace cpu {
+const Backend& backend();
+}
+
+}  // namespace flat

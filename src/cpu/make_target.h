@@ -1,0 +1,47 @@
+// What a target's translation unit (src/cpu/target_<name>.cpp) builds its Target with: the chunk
+// stages and the convolution's leaves instantiated on the target's microkernels. Include only
+// there: everything here has internal linkage, a copy per target compiled with its flags.
+#pragma once
+
+#include "conv/conv_leaf.h"
+#include "cpu/stages/single_chunk.h"
+#include "cpu/targets.h"
+
+namespace flat::cpu {
+namespace {
+
+// The chunk stages' primitives (src/cpu/stages/products.h) from a target's constant table of
+// microkernels: every call is to a known function, so it inlines as a direct call would.
+template <const MicroKernels& M>
+struct TableOps {
+  static void gemm(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c, int ldc,
+                   bool accumulate, Triangle tri) {
+    M.gemm(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, tri);
+  }
+  static void gemm_bf16_values(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb,
+                               float* c, int ldc, bool accumulate, Triangle tri) {
+    M.gemm_bf16_values(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, tri);
+  }
+  static void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {
+    M.transpose(rows, cols, src, lds, dst, ldd);
+  }
+  static void exp(float* x, int n) { M.exp(x, n); }
+  static float dot(const float* a, const float* b, int n) { return M.dot(a, b, n); }
+  static void diagonal_scores(int n, int K, const float* q, const float* k, const float* a, float* A, int lda,
+                              float* f) {
+    M.diagonal_scores(n, K, q, k, a, A, lda, f);
+  }
+  static void diagonal_gradients(int n, int K, const float* q, const float* k, const float* a, const float* dA,
+                                 int lda, float* dq, float* dk, float* f) {
+    M.diagonal_gradients(n, K, q, k, a, dA, lda, dq, dk, f);
+  }
+};
+
+// A target from its microkernels and the convolution's row primitives.
+template <const MicroKernels& M, class ConvRows>
+Target make_target(const char* name, const char* products) {
+  return {name, products, stages::make_sequence_kernels<TableOps<M>>(), make_conv_kernels<ConvRows>(), M};
+}
+
+}  // namespace
+}  // namespace flat::cpu

@@ -1,0 +1,25 @@
+// How one call runs on the CPU: which target's kernels, and which workers.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/parallel.h"
+#include "cpu/targets.h"
+
+namespace flat::cpu {
+
+struct Run {
+  const Target& target;
+  Workers workers;
+};
+
+// parallel_ranges over the call's workers, each range inside the target's per-thread scope.
+template <class Body>
+void run_ranges(const Run& run, int64_t items, Body&& body) {
+  parallel_ranges(items, run.workers, [&](int64_t begin, int64_t end) {
+    const ThreadScope scope(run.target);
+    body(begin, end);
+  });
+}
+
+}  // namespace flat::cpu

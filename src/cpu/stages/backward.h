@@ -1,0 +1,247 @@
+// The backward of one chunk (every input's gradient from the chunk-start state and dH) and the
+// gradient pass of an item, chunks in reverse.
+//
+// Everything here has internal linkage (an anonymous namespace): each target's translation unit
+// (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
+// built for one instruction set is picked by the linker for another. For the same reason it uses
+// no standard-library templates but header-only ones that inline.
+#pragma once
+
+#include "cpu/stages/forward.h"
+
+namespace flat::cpu::stages {
+namespace {
+
+// ---- Backward ---------------------------------------------------------------------------------
+//
+// Gradient wrt the log gates. Differentiating the chunk's prefix sums of g gives, for token t,
+//   dg_t = sum_{s>=t} (q_s * dq_s + bt_s * dbt_s - k_s * dk_s) + <dH_end, H_end>   (per channel)
+// (seed paper, Backward Recurrence; the delta rule's erase rows bt decay like queries). Written
+// out, terms of equal magnitude and opposite sign in it cancel exactly: the diagonal scores, and
+// the keys j >= t against the boundary term. What remains, evaluated without forming the
+// cancelling pairs, is
+//   dg_t = sum_{s>=t} (q_s * dq'_s + bt_s * dbt_s - k_s * dk'_s) + sum_{j<t} k_j * dk_state_j
+//          + P_{L-1} * <dH_end, H0>
+// with dq', dk' the parts of dq, dk that are strictly causal or go through H0, and
+// dk_state = R * (values dH^T). So strong decay keeps its relative accuracy: every term carries
+// the decay that makes it small.
+
+// Additive family, scalar gate: summed over channels the pair terms are dscores_ij * scores_ij,
+// so sum_{s>=t} (q_s dq'_s - k_s dk'_s) is the rectangle sum over (i >= t, j < t) of those plus
+// the queries' state terms, O(L^2) on the score tiles. Call before intra_backward (it reads the
+// raw dscores and the state parts of dq). Row dot products in fp32, everything summed across rows
+// and pairs in float64: L^2 terms of both signs.
+template <class Ops>
+void scalar_gate_gradient(Chunk& ch, const float* dH, const float* H0) {
+  const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
+  double boundary = 0;
+  for (int c = 0; c < K; ++c) boundary += Ops::dot(dH + size_t(c) * VW, H0 + size_t(c) * VW, VW);
+  boundary *= ch.prefix[L - 1];
+
+  double* columns = ch.gate_columns;  // sum_{i>=t} X_ij for each j < t
+  for (int j = 0; j < L; ++j) columns[j] = 0.0;
+  double query_suffix = 0, pairs = 0;
+  for (int t = L - 1; t >= 0; --t) {
+    const float* dA = ch.dscores + size_t(t) * C;
+    const float* A = ch.scores + size_t(t) * C;
+    // pairs(t) = sum_{i>=t, j<t} X_ij = pairs(t+1) - sum_{i>t} X_it + sum_{j<t} X_tj
+    pairs -= columns[t];
+    for (int j = 0; j < t; ++j) {
+      const double x = double(dA[j]) * A[j];
+      columns[j] += x;
+      pairs += x;
+    }
+    query_suffix += Ops::dot(ch.q + size_t(t) * K, ch.dq + size_t(t) * K, K);
+    ch.dgate_acc[t] = query_suffix + pairs + boundary;
+  }
+  double key_prefix = 0;
+  for (int t = 0; t < L; ++t) {
+    ch.dgate[t] = float(ch.dgate_acc[t] + key_prefix);
+    key_prefix += Ops::dot(ch.k + size_t(t) * K, ch.dk_state + size_t(t) * K, K);
+  }
+}
+
+// Per channel into ch.dgate [L, K]: the pair terms need the per-channel factors F_ij, which only
+// the products in intra_backward apply, so this reads their strictly causal results (the
+// diagonal left out). Call after intra_backward.
+template <class Ops>
+void channel_gate_gradient(Chunk& ch, const float* dH, const float* H0) {
+  const int K = ch.K, VW = ch.VW, L = ch.L;
+  const size_t LK = size_t(L) * K;
+  for (size_t e = 0; e < LK; ++e) ch.dgate[e] = ch.q[e] * ch.dq[e] - ch.k[e] * ch.dk[e];
+  if (ch.delta)
+    for (size_t e = 0; e < LK; ++e) ch.dgate[e] += ch.bt[e] * ch.dbt[e];
+  for (int i = L - 2; i >= 0; --i)
+    for (int c = 0; c < K; ++c) ch.dgate[size_t(i) * K + c] += ch.dgate[size_t(i + 1) * K + c];
+  float* carry = ch.gate_carry;  // [K] boundary term plus the keys before t
+  const float* total = ch.gate_row(ch.prefix, L - 1);
+  for (int c = 0; c < K; ++c) carry[c] = total[ch.W == 1 ? 0 : c] * Ops::dot(dH + size_t(c) * VW, H0 + size_t(c) * VW, VW);
+  for (int t = 0; t < L; ++t) {
+    float* dg = ch.dgate + size_t(t) * K;
+    const float *kt = ch.k + size_t(t) * K, *dkt = ch.dk_state + size_t(t) * K;
+    for (int c = 0; c < K; ++c) {
+      dg[c] += carry[c];
+      carry[c] += kt[c] * dkt[c];
+    }
+  }
+}
+
+// Writes the gate gradient rows in the gate's own width: per channel, summed per group of G
+// channels, or summed over all channels for a scalar gate (the additive scalar path has it
+// summed already).
+void store_gate_gradient(const Params& p, const Item& item, int t0, Chunk& ch, const GradSinks& sinks) {
+  const int K = ch.K, L = ch.L;
+  const bool per_channel = p.gate == GateKind::channel || ch.delta;
+  const int width = p.gate == GateKind::channel ? K / p.gate_group : 1;
+  const int group = p.gate == GateKind::channel ? p.gate_group : K;
+  for (int i = 0; i < L; ++i) {
+    float* row = ch.dgate + size_t(i) * (per_channel ? K : 1);
+    if (per_channel && group > 1) {
+      for (int x = 0; x < width; ++x) {
+        float s = 0.f;
+        for (int c = 0; c < group; ++c) s += row[x * group + c];
+        ch.pair[x] = s;
+      }
+      row = ch.pair;
+    }
+    store_row(sinks.dg, item.b, t0 + i, item.n0 / p.pack, row, width);
+  }
+}
+
+// The delta rule's backward through rv = T (vt - bp H0) and L, given drv:
+//   dz = T^T drv,  dL = -(dz rv^T) (strictly lower),  dvt = dz,  dbp = -dz H0^T,
+//   dbt = P * dbp + the queries' part of dL's gradient; the keys' part goes to dk.
+template <class Ops>
+void delta_backward(Chunk& ch, const float* H0) {
+  const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
+  gemm_tn<Ops>(L, VW, L, ch.solved, C, ch.drv, VW, ch.dz, VW, false, Triangle::a_upper);
+  gemm_nt<Ops>(ch, L, L, VW, ch.dz, VW, ch.rv, VW, ch.dlower, C, false, Triangle::c_lower);
+  for (int i = 0; i < L; ++i)
+    for (int j = 0; j < i; ++j) ch.dlower[size_t(i) * C + j] = -ch.dlower[size_t(i) * C + j];
+  gemm_nt<Ops>(ch, L, K, VW, ch.dz, VW, H0, VW, ch.dbp, K, false);
+  for (size_t e = 0; e < size_t(L) * K; ++e) ch.dbp[e] = -ch.dbp[e];
+  scale_rows(ch.dbt, ch.dbp, ch.prefix, L, K, ch.W);
+  intra_backward<Ops>(ch, ch.dlower, ch.bt, ch.k, ch.dbt, ch.dk, nullptr);
+}
+
+// dq, dk, dv, dg (and the strengths' gradients) of the loaded chunk from its start state H0 and
+// dH, the gradient wrt its end state:
+//   dq = P * (dY H0^T) + intra;  dk = R * (values dH^T) + intra;  dvalues = A^T dY + (k * R) dH
+// (values: v, or the delta rule's new values, whose gradient goes on through delta_backward).
+// The state part of dk and the diagonal of the intra part stay apart until after dg.
+template <class Ops>
+void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, const float* dH,
+               const GradSinks& sinks) {
+  const int C = ch.C, K = ch.K, V = ch.V, VW = ch.VW, L = ch.L;
+  if (ch.delta) {
+    prepare_delta<Ops>(p, ch);
+    delta_values<Ops>(ch, H0);
+  }
+  float* dvalues = ch.delta ? ch.drv : ch.dv;
+  scale_rows(ch.qg, ch.q, ch.prefix, L, K, ch.W);
+  scale_rows(ch.kd, ch.k, ch.suffix, L, K, ch.W);
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk_bf16);
+  gemm_nt<Ops>(ch, L, L, VW, ch.dy, VW, ch.values(), VW, ch.dscores, C, false, Triangle::c_lower);
+  gemm_nt<Ops>(ch, L, K, VW, ch.dy, VW, H0, VW, ch.panel, K, false);
+  scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
+  gemm_nt<Ops>(ch, L, K, VW, ch.values(), VW, dH, VW, ch.panel, K, false);
+  scale_rows(ch.dk_state, ch.panel, ch.suffix, L, K, ch.W);
+  zero(ch.dk, size_t(L) * K);
+  gemm_tn<Ops>(L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, false, Triangle::a_upper);
+  gemm_nn<Ops>(L, VW, K, ch.kd, K, dH, VW, dvalues, VW, true);
+  const bool rectangle = p.gate == GateKind::scalar && !ch.delta;
+  if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0);
+  intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.dq, ch.dk, ch.diag);
+  if (ch.delta) delta_backward<Ops>(ch, H0);
+  if (p.gate != GateKind::none) {
+    if (!rectangle) channel_gate_gradient<Ops>(ch, dH, H0);
+    store_gate_gradient(p, item, t0, ch, sinks);
+  }
+
+  const int m = item.n0 / p.pack;
+  for (int i = 0; i < L; ++i) {
+    float* dqi = ch.dq + size_t(i) * K;
+    float* dki = ch.dk + size_t(i) * K;
+    const float *qi = ch.q + size_t(i) * K, *ki = ch.k + size_t(i) * K;
+    const float *dk_state = ch.dk_state + size_t(i) * K, w = ch.diag[i];
+    for (int c = 0; c < K; ++c) {
+      dqi[c] += w * ki[c];
+      dki[c] += w * qi[c] + dk_state[c];
+    }
+    float* dvi = ch.dv + size_t(i) * VW;
+    if (ch.delta) {
+      // bt = b * k and vt = w * v: the strengths' gradients and the rest of dk, dv.
+      const float *dbti = ch.dbt + size_t(i) * K, *dvti = ch.dz + size_t(i) * VW, *vi = ch.v + size_t(i) * VW;
+      if (p.delta == Delta::beta) {
+        const float beta = ch.beta[i];
+        const float dbeta = Ops::dot(ki, dbti, K) + Ops::dot(vi, dvti, VW);
+        for (int c = 0; c < K; ++c) dki[c] += beta * dbti[c];
+        for (int j = 0; j < VW; ++j) dvi[j] = beta * dvti[j];
+        store_row(sinks.dbeta, item.b, t0 + i, m, &dbeta, 1);
+      } else {
+        const float *erase = ch.erase + size_t(i) * K, *write = ch.write + size_t(i) * VW;
+        float* db = ch.panel;
+        float* dw = ch.drv + size_t(i) * VW;  // drv is spent
+        for (int c = 0; c < K; ++c) {
+          db[c] = ki[c] * dbti[c];
+          dki[c] += erase[c] * dbti[c];
+        }
+        for (int j = 0; j < VW; ++j) {
+          dw[j] = vi[j] * dvti[j];
+          dvi[j] = write[j] * dvti[j];
+        }
+        store_row(sinks.db, item.b, t0 + i, m, db, K);
+        item.store_wide(sinks.dw, t0 + i, 1, dw, V);
+      }
+    }
+    if (p.l2norm_qk) {
+      l2norm_backward<Ops>(qi, ch.q_rstd[i], dqi, K);
+      l2norm_backward<Ops>(ki, ch.k_rstd[i], dki, K);
+    }
+    store_row(sinks.dq, item.b, t0 + i, m, dqi, K);
+    store_row(sinks.dk, item.b, t0 + i, m, dki, K);
+    item.store_wide(sinks.dv, t0 + i, 1, dvi, V);
+  }
+}
+
+// dH <- P_{L-1} * dH + (q * P)^T dY (- bp^T dz for the delta rule) over the loaded chunk: the
+// gradient wrt its start state. Reads ch.qg (and bp, dz), which `gradients` leaves in place;
+// consumes dz.
+template <class Ops>
+void propagate_state_gradient(Chunk& ch, float* dH) {
+  decay_state(ch, dH);
+  gemm_tn<Ops>(ch.K, ch.VW, ch.L, ch.qg, ch.K, ch.dy, ch.VW, dH, ch.VW, true);
+  if (ch.delta) {
+    for (size_t e = 0; e < size_t(ch.L) * ch.VW; ++e) ch.dz[e] = -ch.dz[e];
+    gemm_tn<Ops>(ch.K, ch.VW, ch.L, ch.bp, ch.K, ch.dz, ch.VW, dH, ch.VW, true);
+  }
+}
+
+void initial_state_gradient(const Params& p, int b, int m, float* dH) {
+  Item{p, b, m * p.pack}.load_state(p.dht, dH);
+}
+
+void final_state_gradient(const Params& p, int b, int m, const float* dH) {
+  if (p.dh0.present()) Item{p, b, m * p.pack}.store_state(p.dh0, dH);
+}
+
+template <class Ops>
+void backward_sequence(const Params& p, int64_t index, void* workspace, const float* states, float* dH,
+                       const GradSinks& sinks) {
+  Chunk ch(p, workspace);
+  const Item item = item_at(p, index);
+  const size_t KV = size_t(ch.K) * ch.VW;
+  const Loader<Ops> load{p, item};
+  const int items = p.N / p.pack, b = int(index / items), m = int(index % items);
+  initial_state_gradient(p, b, m, dH);
+  for (int c = chunk_count(p) - 1; c >= 0; --c) {
+    const int t0 = c * ch.C;
+    load.chunk(ch, t0, Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads);
+    gradients<Ops>(p, item, t0, ch, states + size_t(c) * KV, dH, sinks);
+    propagate_state_gradient<Ops>(ch, dH);
+  }
+  final_state_gradient(p, b, m, dH);
+}
+
+}  // namespace
+}  // namespace flat::cpu::stages

@@ -1,0 +1,182 @@
+// The chunk stages' working set: one item's rows for one chunk (Chunk, in the workspace arena),
+// the item's rows of the tensors (Item), and the elementwise steps on them.
+//
+// Everything here has internal linkage (an anonymous namespace): each target's translation unit
+// (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
+// built for one instruction set is picked by the linker for another. For the same reason it uses
+// no standard-library templates but header-only ones that inline.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include "cpu/arena.h"
+#include "cpu/rows.h"
+#include "params.h"
+
+namespace flat::cpu::stages {
+namespace {
+
+constexpr int kDiagBlock = 16;  // tokens per diagonal block of exact pairwise factors
+constexpr float kL2NormEps = 1e-6f;
+
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
+
+void zero(float* x, size_t n) { std::memset(x, 0, sizeof(float) * n); }
+
+// Floats of scratch the delta rule's chunk solves use beside T (docs/algorithm.md): the doubling
+// solve's panel X A^-1 is at most (C/2) x (C/2) (a block of s < C rows merges with at most
+// min(s, C - s) rows below it), the blocked solve's T L[I, :I] at most 16 x (C - 16).
+size_t solve_scratch(int C) {
+  const size_t doubling = size_t(C / 2) * size_t(C / 2), blocked = size_t(kDiagBlock) * size_t(C - kDiagBlock);
+  return doubling > blocked ? doubling : blocked;
+}
+
+// The working set of one item for one chunk: [C, K] and [C, VW] tiles that stay in L1/L2. An
+// item is R heads that share q, k, g and beta / b ("packed" heads, p.pack): their values, outputs
+// and states sit side by side, VW = R * V wide, so one set of scores, one chunk solve and one
+// pass of every product serve all of them (SLA's value heads sharing a key head).
+struct Chunk {
+  Chunk(const Params& p, void* workspace)
+      : C(p.chunk),
+        K(p.K),
+        V(p.V),
+        R(p.pack),
+        VW(p.pack * p.V),
+        W(p.gate == GateKind::channel ? p.K : 1),
+        delta(p.delta != Delta::none),
+        qk_bf16(p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16 && !p.l2norm_qk),
+        v_bf16(p.v.dtype == DType::bf16) {
+    Arena arena(workspace);
+    const size_t CK = size_t(C) * K, CV = size_t(C) * VW, CW = size_t(C) * W, CC = size_t(C) * C;
+    for (float** t : {&q, &k, &qg, &kd, &qs, &post, &dq, &dk, &dk_state}) *t = arena.take<float>(CK);
+    panel = arena.take<float>(CK > solve_scratch(C) ? CK : solve_scratch(C));
+    for (float** t : {&v, &dy, &out, &dv}) *t = arena.take<float>(CV);
+    for (float** t : {&decay, &prefix, &suffix}) *t = arena.take<float>(CW);
+    dgate = arena.take<float>(CK);
+    for (float** t : {&scores, &dscores}) *t = arena.take<float>(CC);
+    for (float** t : {&ks, &pre}) *t = arena.take<float>(size_t(kDiagBlock) * K);
+    for (float** t : {&q_rstd, &k_rstd, &diag, &beta}) *t = arena.take<float>(size_t(C));
+    for (float** t : {&pair, &gate_carry}) *t = arena.take<float>(size_t(K + 15) / 16 * 16);  // whole vectors
+    for (double** t : {&gate_columns, &dgate_acc}) *t = arena.take<double>(size_t(C));
+    log_total = arena.take<double>(size_t(W));
+    if (delta) {
+      for (float** t : {&erase, &bt, &bp, &dbt, &dbp}) *t = arena.take<float>(CK);
+      for (float** t : {&write, &vt, &rv, &drv, &dz}) *t = arena.take<float>(CV);
+      for (float** t : {&lower, &solved, &dlower}) *t = arena.take<float>(CC);
+    }
+    // B^T of an A B^T product: at most [max(K, VW), max(C, K, VW)].
+    const size_t widest = size_t(imax(K, VW)), longest = size_t(imax(C, imax(K, VW)));
+    packed = arena.take<float>(widest * longest);
+    bytes = arena.used();
+  }
+
+  const int C, K, V, R, VW;  // VW = R * V: the packed heads' values side by side
+  const int W;               // decay width: K for per-channel (and grouped) gates, 1 otherwise
+  const bool delta;
+  // The loaded q and k rows (v rows) are bf16 values: products of them alone may run on bf16
+  // dot-product units, exactly.
+  const bool qk_bf16, v_bf16;
+  int L = 0;  // tokens in this chunk
+  size_t bytes = 0;
+
+  float *q, *k, *v, *dy;        // [C, K], [C, K], [C, VW], [C, VW]; dy pre-scaled
+  float *q_rstd, *k_rstd;       // [C] reciprocal norms when q, k are L2-normalised
+  float* decay;                 // [C, W] a_t
+  float *prefix, *suffix;       // [C, W] P_i, R_i
+  float *qg, *kd;               // [C, K] q * P, k * R
+  float *scores, *dscores;      // [C, C] intra-chunk scores (zero above the diagonal)
+  float *pre, *ks;              // [b, K] F_rj and keys_j * F_rj for a block's keys
+  float *post, *qs;             // [C, K] F_ir and queries_i * F_ir for the queries after it
+  float* panel;                 // [C, K] product scratch, and the solves' (solve_scratch)
+  float* pair;                  // [K] running pairwise factor
+  float* gate_carry;            // [K] gate-gradient terms carried along the chunk
+  double* log_total;            // [W] the chunk's log-gates summed: log P_{L-1}
+  double *gate_columns, *dgate_acc;  // [C] scalar-gate gradient accumulators
+  float* out;                   // [C, VW] y
+  float *dq, *dk, *dv;          // [C, K], [C, K], [C, VW]
+  float* dgate;                 // [C, K] per channel (or [C] for the additive scalar gate)
+  float* dk_state;              // [C, K] the part of dk that flows through the chunk-end state
+  float* diag;                  // [C] dscores_ii, kept out of dq, dk until the gate gradient
+  float* packed;                // transposed operand
+  // The delta rule (docs/algorithm.md): erase bt = b * k, write vt = w * v, L, T = (I + L)^-1,
+  // bp = bt * P, new values rv = T (vt - bp H0), and their gradients.
+  float* beta;                  // [C] beta per token (Delta::beta)
+  float *erase, *write;         // [C, K] b, [C, VW] w (Delta::erase_write)
+  float *bt, *bp, *dbt, *dbp;   // [C, K]
+  float *vt, *rv, *drv, *dz;    // [C, VW]
+  float *lower, *solved, *dlower;  // [C, C] L, T, dL
+
+  const float* gate_row(const float* t, int i) const { return t + size_t(i) * W; }
+  // The values the additive stages read: v itself, or the delta rule's new values.
+  float* values() const { return delta ? rv : v; }
+};
+
+// Multiplies each row of x [L, width] by its gate factors (broadcast when the gate is scalar).
+void scale_rows(float* out, const float* x, const float* factors, int L, int width, int W) {
+  for (int i = 0; i < L; ++i) {
+    const float* f = factors + size_t(i) * W;
+    float* o = out + size_t(i) * width;
+    const float* xi = x + size_t(i) * width;
+    if (W == 1) {
+      const float s = f[0];
+      for (int c = 0; c < width; ++c) o[c] = xi[c] * s;
+    } else {
+      for (int c = 0; c < width; ++c) o[c] = xi[c] * f[c];
+    }
+  }
+}
+
+// acc += x * factors elementwise over rows [L, width] (per-channel factors).
+void add_scaled_rows(float* acc, const float* x, const float* factors, int L, int width) {
+  for (size_t e = 0; e < size_t(L) * width; ++e) acc[e] += x[e] * factors[e];
+}
+
+// Rows of one item: (batch b, packed heads n0 .. n0 + R - 1).
+struct Item {
+  const Params& p;
+  int b, n0;
+
+  // The input head of x shared by the item's heads, and the head of x read by its r-th head.
+  int shared(int group) const { return n0 / group; }
+  int head(int r, int group) const { return (n0 + r) / group; }
+
+  // Per-head rows [R * width] side by side: v, w, dy read; y, dv, dw written.
+  void load_wide(const RowView& view, int t, int group, float* dst, int width) const {
+    for (int r = 0; r < p.pack; ++r) load_row(view, b, t, head(r, group), dst + size_t(r) * width, width);
+  }
+  void store_wide(const RowView& view, int t, int group, const float* src, int width) const {
+    for (int r = 0; r < p.pack; ++r) store_row(view, b, t, head(r, group), src + size_t(r) * width, width);
+  }
+  // States [B, N, K, V] of the item's heads as one [K, R * V] matrix.
+  void load_state(const RowView& view, float* H) const {
+    const int VW = p.pack * p.V;
+    if (!view.present()) {
+      zero(H, size_t(p.K) * VW);
+      return;
+    }
+    for (int c = 0; c < p.K; ++c)
+      for (int r = 0; r < p.pack; ++r) load_row(view, b, n0 + r, c, H + size_t(c) * VW + size_t(r) * p.V, p.V);
+  }
+  void store_state(const RowView& view, const float* H) const {
+    const int VW = p.pack * p.V;
+    for (int c = 0; c < p.K; ++c)
+      for (int r = 0; r < p.pack; ++r) store_row(view, b, n0 + r, c, H + size_t(c) * VW + size_t(r) * p.V, p.V);
+  }
+};
+
+// H [K, VW] rows scaled by the chunk's total decay P_{L-1}.
+void decay_state(const Chunk& ch, float* H) {
+  const float* total = ch.gate_row(ch.prefix, ch.L - 1);
+  for (int c = 0; c < ch.K; ++c) {
+    const float f = total[ch.W == 1 ? 0 : c];
+    float* row = H + size_t(c) * ch.VW;
+    for (int j = 0; j < ch.VW; ++j) row[j] *= f;
+  }
+}
+
+int chunk_count(const Params& p) { return (p.S + p.chunk - 1) / p.chunk; }
+
+}  // namespace
+}  // namespace flat::cpu::stages

@@ -1,0 +1,96 @@
+// Inside a chunk of L <= C tokens, with a_t = exp(g_t) in [0, 1] (per channel or per head),
+//   P_i = prod_{s<=i} a_s        (decay from the chunk start through token i)
+//   R_j = prod_{j<s<L} a_s       (decay from token j to the chunk end)
+//   F_ij = prod_{j<s<=i} a_s     (decay from key j to query i, j <= i)
+// the forward is
+//   y_i   = scale * ( (q_i * P_i)^T H0 + sum_{j<=i} <q_i * F_ij, k_j> v_j )
+//   H_end = P_{L-1} * H0 + sum_j (k_j * R_j) v_j^T
+// Every factor is a product of numbers in [0, 1]: no exponent of a positive log-decay is ever
+// formed, so any finite g <= 0 gives finite results (products underflow to 0 gracefully).
+// Per-channel F is factored through the last row r of a 16-token block for all queries after the
+// block (F_ij = F_ir * F_rj, both <= 1), which makes the cross-block scores one matrix product;
+// inside the diagonal blocks the pairwise factors are exact running products.
+// docs/algorithm.md has the derivation and the backward.
+//
+// This file is compiled with different target flags per instruction set: everything in it has
+//
+// This header: the forward of one chunk (output, state update) and the fused forward of a run of
+// items chunk by chunk.
+//
+// Everything here has internal linkage (an anonymous namespace): each target's translation unit
+// (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
+// built for one instruction set is picked by the linker for another. For the same reason it uses
+// no standard-library templates but header-only ones that inline.
+#pragma once
+
+#include <cstring>
+
+#include "cpu/sequence_kernels.h"
+#include "cpu/stages/loader.h"
+#include "cpu/stages/solve.h"
+
+namespace flat::cpu::stages {
+namespace {
+
+// ---- Chunk stages shared by both families -----------------------------------------------------
+
+// y of the loaded chunk from its start state H0: scale * ((q * P) H0 + A values).
+template <class Ops>
+void output(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0) {
+  const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
+  scale_rows(ch.qg, ch.q, ch.prefix, L, K, ch.W);
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk_bf16);
+  gemm_nn<Ops>(L, VW, K, ch.qg, K, H0, VW, ch.out, VW, false);
+  gemm_nn<Ops>(L, VW, L, ch.scores, C, ch.values(), VW, ch.out, VW, true, Triangle::a_lower);
+  for (int i = 0; i < L; ++i) {
+    float* row = ch.out + size_t(i) * VW;
+    for (int j = 0; j < VW; ++j) row[j] *= p.scale;
+    item.store_wide(p.y, t0 + i, 1, row, ch.V);
+  }
+}
+
+// H <- P_{L-1} * H + (k * R)^T values over the loaded chunk. Without a gate (R = 1) and without
+// the delta rule the product's operands are k and v themselves.
+template <class Ops>
+void update_state(const Params& p, Chunk& ch, float* H) {
+  scale_rows(ch.kd, ch.k, ch.suffix, ch.L, ch.K, ch.W);
+  decay_state(ch, H);
+  const bool bf16_values = p.gate == GateKind::none && !ch.delta && ch.qk_bf16 && ch.v_bf16;
+  gemm_tn<Ops>(ch.K, ch.VW, ch.L, ch.kd, ch.K, ch.values(), ch.VW, H, ch.VW, true, Triangle::none, bf16_values);
+}
+
+// Item `index` of the sequence stages: batch index / (N / pack), heads from (index % (N / pack)) * pack.
+Item item_at(const Params& p, int64_t index) {
+  const int items = p.N / p.pack;
+  return Item{p, int(index / items), int(index % items) * p.pack};
+}
+
+template <class Ops>
+void forward_sequence(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
+                      bool write_y) {
+  Chunk ch(p, workspace);
+  const size_t KV = size_t(ch.K) * ch.VW, per_item = KV * size_t(chunk_count(p) + 1);
+  const int parts = Loader<Ops>::keys_values | (write_y ? Loader<Ops>::with_queries : 0);
+  for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, H + size_t(i) * KV);
+  for (int c = 0, t0 = 0; t0 < p.S; ++c, t0 += ch.C)
+    for (int i = 0; i < count; ++i) {
+      const Item item = item_at(p, first + i);
+      float* Hi = H + size_t(i) * KV;
+      Loader<Ops>{p, item}.chunk(ch, t0, parts);
+      if (states) std::memcpy(states + size_t(i) * per_item + size_t(c) * KV, Hi, sizeof(float) * KV);
+      if (ch.delta) {
+        prepare_delta<Ops>(p, ch);
+        delta_values<Ops>(ch, Hi);
+      }
+      if (write_y) output<Ops>(p, item, t0, ch, Hi);
+      update_state<Ops>(p, ch, Hi);
+    }
+  for (int i = 0; i < count; ++i) {
+    const float* Hi = H + size_t(i) * KV;
+    if (states) std::memcpy(states + size_t(i) * per_item + size_t(chunk_count(p)) * KV, Hi, sizeof(float) * KV);
+    if (p.ht.present()) item_at(p, first + i).store_state(p.ht, Hi);
+  }
+}
+
+}  // namespace
+}  // namespace flat::cpu::stages

@@ -1,0 +1,128 @@
+// Loading one chunk of an item: rows of q, k, v (L2-normalised when asked), the delta rule's
+// strengths, output gradients, and the decays with their prefix and suffix products.
+//
+// Everything here has internal linkage (an anonymous namespace): each target's translation unit
+// (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
+// built for one instruction set is picked by the linker for another. For the same reason it uses
+// no standard-library templates but header-only ones that inline.
+#pragma once
+
+#include <cstring>
+
+#include "cpu/stages/chunk.h"
+
+namespace flat::cpu::stages {
+namespace {
+
+template <class Ops>
+void load_normalised_row(const RowView& view, int b, int t, int head, bool l2norm, float* dst,
+                         float* rstd, int K) {
+  load_row(view, b, t, head, dst, K);
+  if (!l2norm) return;
+  const float r = 1.0f / __builtin_sqrtf(Ops::dot(dst, dst, K) + kL2NormEps);
+  for (int c = 0; c < K; ++c) dst[c] *= r;
+  *rstd = r;
+}
+
+// Gradient through x_hat = x * rstd: dx = rstd * (dx_hat - x_hat <x_hat, dx_hat>), in place.
+template <class Ops>
+void l2norm_backward(const float* x_hat, float rstd, float* d, int K) {
+  const float along = Ops::dot(x_hat, d, K);
+  for (int c = 0; c < K; ++c) d[c] = rstd * (d[c] - x_hat[c] * along);
+}
+
+template <class Ops>
+struct Loader {
+  const Params& p;
+  const Item& item;
+
+  void queries(Chunk& ch, int t0) const {
+    for (int i = 0; i < ch.L; ++i)
+      load_normalised_row<Ops>(p.q, item.b, t0 + i, item.shared(p.group_q), p.l2norm_qk, ch.q + size_t(i) * ch.K,
+                          ch.q_rstd + i, ch.K);
+  }
+  void keys(Chunk& ch, int t0) const {
+    for (int i = 0; i < ch.L; ++i)
+      load_normalised_row<Ops>(p.k, item.b, t0 + i, item.shared(p.group_k), p.l2norm_qk, ch.k + size_t(i) * ch.K,
+                          ch.k_rstd + i, ch.K);
+  }
+  void values(Chunk& ch, int t0) const {
+    for (int i = 0; i < ch.L; ++i) item.load_wide(p.v, t0 + i, p.group_v, ch.v + size_t(i) * ch.VW, ch.V);
+  }
+  // dy pre-multiplied by scale: every gradient below is then that of the unscaled products.
+  void output_grads(Chunk& ch, int t0) const {
+    for (int i = 0; i < ch.L; ++i) {
+      float* row = ch.dy + size_t(i) * ch.VW;
+      item.load_wide(p.dy, t0 + i, 1, row, ch.V);
+      for (int c = 0; c < ch.VW; ++c) row[c] *= p.scale;
+    }
+  }
+  // The delta rule's write strengths: beta per token, or gdn2's b [K] and w [V] rows.
+  void strengths(Chunk& ch, int t0) const {
+    for (int i = 0; i < ch.L; ++i) {
+      if (p.delta == Delta::beta) {
+        load_row(p.beta, item.b, t0 + i, item.shared(p.group_b), ch.beta + i, 1);
+      } else {
+        load_row(p.b, item.b, t0 + i, item.shared(p.group_b), ch.erase + size_t(i) * ch.K, ch.K);
+        item.load_wide(p.w, t0 + i, p.group_w, ch.write + size_t(i) * ch.VW, ch.V);
+      }
+    }
+  }
+  // a_t = exp(g_t) (a grouped gate spread over its channels) and the prefix and suffix
+  // products P, R.
+  void decays(Chunk& ch, int t0) const {
+    const int W = ch.W, L = ch.L, G = p.gate_group;
+    if (p.gate == GateKind::none) {
+      for (int i = 0; i < L; ++i) ch.decay[i] = 1.0f;
+    } else {
+      for (int i = 0; i < L; ++i) {
+        float* a = ch.decay + size_t(i) * W;
+        if (G == 1) {
+          load_row(p.g, item.b, t0 + i, item.shared(p.group_g), a, W);
+        } else {
+          load_row(p.g, item.b, t0 + i, item.shared(p.group_g), ch.pair, W / G);
+          for (int c = 0; c < W; ++c) a[c] = ch.pair[c / G];
+        }
+      }
+      for (int c = 0; c < W; ++c) ch.log_total[c] = 0.0;
+      for (int i = 0; i < L; ++i)
+        for (int c = 0; c < W; ++c) ch.log_total[c] += ch.decay[size_t(i) * W + c];
+      Ops::exp(ch.decay, L * W);
+    }
+    std::memcpy(ch.prefix, ch.decay, sizeof(float) * W);
+    for (int i = 1; i < L; ++i)
+      for (int c = 0; c < W; ++c) ch.prefix[size_t(i) * W + c] = ch.prefix[size_t(i - 1) * W + c] * ch.decay[size_t(i) * W + c];
+    // The chunk's total decay P_{L-1} carries the state from chunk to chunk, so an error in it
+    // compounds over the whole sequence: under a gate just below 1 (memory of thousands of tokens)
+    // every factor a_t is rounded the same way, and the running product above is off by L such
+    // roundings in the same direction. So it is taken from the exact sum of the chunk's log-gates
+    // instead (float64, rounded once), within an ulp; the factors inside the chunk keep their
+    // running products, whose error stays bounded by the chunk length.
+    if (p.gate != GateKind::none) {
+      float* total = ch.prefix + size_t(L - 1) * W;
+      for (int c = 0; c < W; ++c) total[c] = float(ch.log_total[c]);
+      Ops::exp(total, W);
+    }
+    for (int c = 0; c < W; ++c) ch.suffix[size_t(L - 1) * W + c] = 1.0f;
+    for (int i = L - 2; i >= 0; --i)
+      for (int c = 0; c < W; ++c)
+        ch.suffix[size_t(i) * W + c] = ch.suffix[size_t(i + 1) * W + c] * ch.decay[size_t(i + 1) * W + c];
+  }
+  // What a chunk's stages read (t0: the chunk's first token): the decays always, and the
+  // keys and values (with the delta rule's strengths), queries, output gradients as asked.
+  enum Parts { keys_values = 1, with_queries = 2, with_output_grads = 4 };
+  void chunk(Chunk& ch, int t0, int parts) const {
+    ch.L = imin(ch.C, p.S - t0);
+    decays(ch, t0);
+    if (parts & keys_values) {
+      keys(ch, t0);
+      values(ch, t0);
+      if (ch.delta) strengths(ch, t0);
+    }
+    if (parts & with_queries) queries(ch, t0);
+    if (parts & with_output_grads) output_grads(ch, t0);
+  }
+};
+
+}  // namespace
+}  // namespace flat::cpu::stages

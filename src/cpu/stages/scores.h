@@ -1,0 +1,107 @@
+// Intra-chunk scores A_ij = <q_i * F_ij, k_j> and their adjoint, for scalar and per-channel
+// decay (the cross-block factorisation through a reference row; exact pairwise factors in the
+// diagonal blocks).
+//
+// Everything here has internal linkage (an anonymous namespace): each target's translation unit
+// (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
+// built for one instruction set is picked by the linker for another. For the same reason it uses
+// no standard-library templates but header-only ones that inline.
+#pragma once
+
+#include "cpu/stages/products.h"
+
+namespace flat::cpu::stages {
+namespace {
+
+// Per-channel factors for the block [j0, j1) with reference row r = j1 - 1:
+//   pre_j  = F_rj for the block's keys, ks_j = keys_j * pre_j
+//   post_i = F_ir for the queries i in [j1, L), qs_i = queries_i * post_i
+void block_factors(Chunk& ch, const float* queries, const float* keys, int j0, int j1) {
+  const int K = ch.K, L = ch.L;
+  const int r = j1 - 1;
+  for (int c = 0; c < K; ++c) ch.pre[size_t(r - j0) * K + c] = 1.0f;
+  for (int j = r - 1; j >= j0; --j)
+    for (int c = 0; c < K; ++c)
+      ch.pre[size_t(j - j0) * K + c] = ch.pre[size_t(j + 1 - j0) * K + c] * ch.decay[size_t(j + 1) * K + c];
+  std::memcpy(ch.post, ch.decay + size_t(j1) * K, sizeof(float) * K);
+  for (int i = j1 + 1; i < L; ++i)
+    for (int c = 0; c < K; ++c)
+      ch.post[size_t(i - j1) * K + c] = ch.post[size_t(i - 1 - j1) * K + c] * ch.decay[size_t(i) * K + c];
+  for (size_t e = 0; e < size_t(j1 - j0) * K; ++e) ch.ks[e] = keys[size_t(j0) * K + e] * ch.pre[e];
+  for (size_t e = 0; e < size_t(L - j1) * K; ++e) ch.qs[e] = queries[size_t(j1) * K + e] * ch.post[e];
+}
+
+// Scalar gate: D_ij = F_ij for j <= i (j < i when strict), 0 elsewhere, applied in place.
+void apply_scalar_decay(Chunk& ch, float* m, bool strict) {
+  const int C = ch.C, L = ch.L;
+  for (int i = 0; i < L; ++i) {
+    float* row = m + size_t(i) * C;
+    float f = 1.0f;
+    for (int j = i; j >= 0; --j) {
+      row[j] *= f;
+      f *= ch.decay[j];
+    }
+    for (int j = i + 1; j < L; ++j) row[j] = 0.f;
+    if (strict) row[i] = 0.f;
+  }
+}
+
+// out_ij = <queries_i * F_ij, keys_j> for j <= i (j < i when strict), 0 elsewhere: [L, L].
+// bf16_values: queries and keys are bf16 values (used where the gate is scalar: the decay is
+// applied to the product).
+template <class Ops>
+void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out, bool strict, bool bf16_values) {
+  const int C = ch.C, K = ch.K, L = ch.L;
+  if (ch.W == 1) {
+    gemm_nt<Ops>(ch, L, L, K, queries, K, keys, K, out, C, false, Triangle::c_lower, bf16_values);
+    apply_scalar_decay(ch, out, strict);
+    return;
+  }
+  for (int i = 0; i < L; ++i) zero(out + size_t(i) * C, size_t(L));
+  for (int j0 = 0; j0 < L; j0 += kDiagBlock) {
+    const int j1 = imin(j0 + kDiagBlock, L);
+    const size_t row = size_t(j0) * K;
+    Ops::diagonal_scores(j1 - j0, K, queries + row, keys + row, ch.decay + row, out + size_t(j0) * C + j0, C, ch.pair);
+    if (j1 < L) {
+      block_factors(ch, queries, keys, j0, j1);
+      gemm_nt<Ops>(ch, L - j1, j1 - j0, K, ch.qs, K, ch.ks, K, out + size_t(j1) * C + j0, C, false);
+    }
+  }
+  if (strict)
+    for (int i = 0; i < L; ++i) out[size_t(i) * C + i] = 0.f;
+}
+
+// Adds the strictly causal (j < i) intra-chunk parts of the gradients of the queries and keys
+// given dS, the gradient of intra_scores' output (only j <= i is read). The diagonal dS_ii goes
+// to `diagonal` when given (its share of q * dq and k * dk cancels exactly in the gate gradient,
+// so it is added only after that); a strict dS has none.
+template <class Ops>
+void intra_backward(Chunk& ch, float* dS, const float* queries, const float* keys, float* dqueries, float* dkeys,
+                    float* diagonal) {
+  const int C = ch.C, K = ch.K, L = ch.L;
+  if (diagonal)
+    for (int i = 0; i < L; ++i) diagonal[i] = dS[size_t(i) * C + i];
+  if (ch.W == 1) {
+    apply_scalar_decay(ch, dS, true);
+    gemm_nn<Ops>(L, K, L, dS, C, keys, K, dqueries, K, true, Triangle::a_lower);
+    gemm_tn<Ops>(L, K, L, dS, C, queries, K, dkeys, K, true, Triangle::a_upper);
+    return;
+  }
+  for (int j0 = 0; j0 < L; j0 += kDiagBlock) {
+    const int j1 = imin(j0 + kDiagBlock, L);
+    const size_t row = size_t(j0) * K;
+    Ops::diagonal_gradients(j1 - j0, K, queries + row, keys + row, ch.decay + row, dS + size_t(j0) * C + j0, C,
+                       dqueries + row, dkeys + row, ch.pair);
+    if (j1 < L) {
+      block_factors(ch, queries, keys, j0, j1);
+      const float* panel_dS = dS + size_t(j1) * C + j0;
+      gemm_nn<Ops>(L - j1, K, j1 - j0, panel_dS, C, ch.ks, K, ch.panel, K, false);
+      add_scaled_rows(dqueries + size_t(j1) * K, ch.panel, ch.post, L - j1, K);
+      gemm_tn<Ops>(j1 - j0, K, L - j1, panel_dS, C, ch.qs, K, ch.panel, K, false);
+      add_scaled_rows(dkeys + size_t(j0) * K, ch.panel, ch.pre, j1 - j0, K);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flat::cpu::stages

@@ -1,0 +1,30 @@
+// The avx512_bf16 target: avx512 with AVX512-BF16. The products whose operands are all bf16
+// values (the scores q k^T of bf16 q and k under a scalar or no gate; linear attention's state
+// update k^T v) run on the bf16 dot-product microkernel, exactly; every other product keeps fp32
+// operands on the FMA microkernel (kernels/gemm_bf16_6x64__avx512bf16.h says why); the
+// convolution rounds to bf16 with vcvtne2ps2bf16. Compiled with those flags (CMakeLists.txt) and
+// run only where targets.cpp found the CPU has them.
+#include "conv/conv_rows__avx512.h"
+#include "cpu/kernels/diagonal_f32_16xk__avx512.h"
+#include "cpu/kernels/elementwise_f32_16__avx512.h"
+#include "cpu/kernels/gemm_bf16_6x64__avx512bf16.h"
+#include "cpu/kernels/gemm_f32_6x64__avx512.h"
+#include "cpu/make_target.h"
+
+namespace flat::cpu {
+namespace {
+
+constexpr MicroKernels kAvx512Bf16{gemm_f32_6x64__avx512,           gemm_bf16_6x64__avx512bf16,
+                                   transpose_f32_16x16__avx512,     exp_f32_16__avx512,
+                                   dot_f32_16__avx512,              diagonal_scores_f32_16xk__avx512,
+                                   diagonal_gradients_f32_16xk__avx512};
+
+}  // namespace
+
+const Target& target_avx512_bf16() {
+  static const Target target = make_target<kAvx512Bf16, ConvRowsAvx512<true>>(
+      "avx512_bf16", "products of bf16 inputs on bf16 dot products, the others on fp32 FMA");
+  return target;
+}
+
+}  // namespace flat::cpu

@@ -1,0 +1,24 @@
+// The portable target: the chunk stages and the convolution's leaves in plain C++, vectorised by
+// the compiler for the baseline instruction set. Runs on any CPU.
+#include "conv/conv_rows__generic.h"
+#include "cpu/kernels/diagonal_f32_1xk__generic.h"
+#include "cpu/kernels/elementwise_f32__generic.h"
+#include "cpu/kernels/gemm_f32_1xn__generic.h"
+#include "cpu/make_target.h"
+
+namespace flat::cpu {
+namespace {
+
+constexpr MicroKernels kGeneric{gemm_f32_1xn__generic,           gemm_f32_1xn__generic,
+                                transpose_f32__generic,          exp_f32__generic,
+                                dot_f32__generic,                diagonal_scores_f32_1xk__generic,
+                                diagonal_gradients_f32_1xk__generic};
+
+}  // namespace
+
+const Target& target_generic() {
+  static const Target target = make_target<kGeneric, ConvRowsGeneric>("generic", "chunk products in portable C++");
+  return target;
+}
+
+}  // namespace flat::cpu

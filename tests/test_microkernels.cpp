@@ -1,0 +1,223 @@
+// Every microkernel of every target this CPU supports (src/cpu/targets.h, MicroKernels) against
+// float64 on the same fp32 operands, sweeping sizes around their edges: the gemm tile (6 x 64),
+// the vector (16), the bf16 packed panel (128 k, 96 rows) and odd k (pairs); both layouts of A,
+// the triangles, accumulation; and nothing written outside what is asked (poisoned padding).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/targets.h"
+
+namespace flat::test {
+namespace {
+
+using cpu::Triangle;
+
+constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+constexpr double kUnit = 1.0 / (1 << 24);  // fp32's unit roundoff, 2^-24
+
+float to_bf16_value(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+bool is_zero(Triangle tri, int i, int p) {
+  return (tri == Triangle::a_lower && p > i) || (tri == Triangle::a_upper && p < i);
+}
+
+// Runs each supported target's microkernels through `check`, with the target's name traced.
+template <class Check>
+void on_every_target(Check&& check) {
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    SCOPED_TRACE(std::string("target ") + target->name);
+    check(target->micro);
+  }
+}
+
+// C (+)= A B against float64, every element within the fp32 summation bound of its terms: k + 1
+// additions of exact (bf16 values) or once-rounded (fp32) products, in any order.
+void check_gemm(cpu::MicroKernels::Gemm gemm, bool bf16_values) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const auto draw = [&] { return bf16_values ? to_bf16_value(uniform(rng)) : uniform(rng); };
+  for (int m : {1, 6, 7, 97})                           // tile rows 6, row block 96
+    for (int n : {1, 15, 17, 64, 65})                   // vectors of 16, tiles of 64
+      for (int k : {0, 1, 2, 3, 31, 128, 129, 257})     // pairs, panels of 128
+        for (Triangle tri : {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower})
+          for (bool a_transposed : {false, true})
+            for (bool accumulate : {false, true}) {
+              // A(i, p) at a[i*a_rs + p*a_cs]; padded leading dimensions, so strides are not widths.
+              const int lda = a_transposed ? m + 3 : k + 5, ldb = n + 2, ldc = n + 1;
+              const int a_rs = a_transposed ? 1 : lda, a_cs = a_transposed ? lda : 1;
+              std::vector<float> a(size_t(a_transposed ? k : m) * lda + 1), b(size_t(k) * ldb + 1);
+              for (float& x : a) x = draw();
+              for (float& x : b) x = draw();
+              for (int i = 0; i < m; ++i)
+                for (int p = 0; p < k; ++p)
+                  if (is_zero(tri, i, p)) a[size_t(i) * a_rs + size_t(p) * a_cs] = 0.0f;
+              std::vector<float> c(size_t(m) * ldc);
+              for (int i = 0; i < m; ++i)
+                for (int j = 0; j < ldc; ++j) c[size_t(i) * ldc + j] = j < n ? uniform(rng) : kPoison;
+              const std::vector<float> c0 = c;
+              gemm(m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, accumulate, tri);
+              const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                       " k=" + std::to_string(k) + " tri=" + std::to_string(int(tri)) +
+                                       (a_transposed ? " A^T" : " A") + (accumulate ? " +=" : " =");
+              for (int i = 0; i < m; ++i) {
+                for (int j = 0; j < n; ++j) {
+                  if (tri == Triangle::c_lower && j > i) continue;
+                  const double start = accumulate ? c0[size_t(i) * ldc + j] : 0.0;
+                  double want = start, magnitude = std::abs(start);
+                  for (int p = 0; p < k; ++p) {
+                    const double term = double(a[size_t(i) * a_rs + size_t(p) * a_cs]) * double(b[size_t(p) * ldb + j]);
+                    want += term;
+                    magnitude += std::abs(term);
+                  }
+                  const double bound = (k + 2) * kUnit * magnitude;
+                  ASSERT_LE(std::abs(double(c[size_t(i) * ldc + j]) - want), bound)
+                      << what << " at (" << i << ", " << j << ")";
+                }
+                for (int j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i) * ldc + j])) << what << ": padding written";
+              }
+            }
+}
+
+TEST(MicroKernels, GemmMatchesFloat64) {
+  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro.gemm, false); });
+}
+
+TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
+  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro.gemm_bf16_values, true); });
+}
+
+// A transpose is exact; the destination's padding stays untouched.
+TEST(MicroKernels, TransposeIsExact) {
+  on_every_target([](const cpu::MicroKernels& micro) {
+    for (int rows : {1, 15, 16, 17, 40})
+      for (int cols : {1, 15, 16, 17, 33}) {
+        const int lds = cols + 3, ldd = rows + 2;
+        std::vector<float> src(size_t(rows) * lds), dst(size_t(cols) * ldd, kPoison);
+        for (size_t e = 0; e < src.size(); ++e) src[e] = float(e) * 0.25f - 7.0f;
+        micro.transpose(rows, cols, src.data(), lds, dst.data(), ldd);
+        for (int c = 0; c < cols; ++c) {
+          for (int r = 0; r < rows; ++r)
+            ASSERT_EQ(dst[size_t(c) * ldd + r], src[size_t(r) * lds + c]) << rows << "x" << cols << " at " << r << "," << c;
+          for (int r = rows; r < ldd; ++r) ASSERT_TRUE(std::isnan(dst[size_t(c) * ldd + r])) << "padding written";
+        }
+      }
+  });
+}
+
+// exp within an ulp of the float64 value over the gates' range (the decay factors compound over
+// a sequence: tests/test_kernels.cpp, NearOneGates), 0 far below fp32's range, NaN kept NaN.
+TEST(MicroKernels, ExpWithinAnUlp) {
+  on_every_target([](const cpu::MicroKernels& micro) {
+    std::vector<float> x;
+    for (int e = 1; e <= 24; ++e) x.push_back(-std::ldexp(1.0f, -e));  // gates just below 0
+    for (int i = 0; i <= 2000; ++i) x.push_back(-0.05f * float(i));     // 0 to -100
+    x.push_back(0.0f);
+    const size_t finite = x.size();
+    x.insert(x.end(), {-150.0f, -1736.0f, std::numeric_limits<float>::quiet_NaN()});
+    for (int n : {1, 15, 16, 17, int(x.size())}) {
+      std::vector<float> y(x.begin(), x.begin() + n);
+      micro.exp(y.data(), n);
+      for (int i = 0; i < n; ++i) {
+        if (size_t(i) >= finite) continue;
+        const double want = std::exp(double(x[size_t(i)]));
+        const double ulp = std::ldexp(1.0, std::ilogb(float(want)) - 23);
+        if (want < 1e-37) {
+          ASSERT_LE(double(y[size_t(i)]), 2e-37) << "exp(" << x[size_t(i)] << ")";
+          continue;
+        }
+        ASSERT_LE(std::abs(double(y[size_t(i)]) - want), ulp) << "exp(" << x[size_t(i)] << ") = " << y[size_t(i)];
+      }
+    }
+    std::vector<float> tail(x.begin() + long(finite), x.end());
+    micro.exp(tail.data(), int(tail.size()));
+    EXPECT_EQ(tail[0], 0.0f);
+    EXPECT_EQ(tail[1], 0.0f);
+    EXPECT_TRUE(std::isnan(tail[2]));
+  });
+}
+
+TEST(MicroKernels, DotMatchesFloat64) {
+  on_every_target([](const cpu::MicroKernels& micro) {
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int n : {1, 2, 15, 16, 17, 31, 32, 33, 128, 255, 256}) {
+      std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        a[size_t(i)] = uniform(rng);
+        b[size_t(i)] = uniform(rng);
+      }
+      double want = 0, magnitude = 0;
+      for (int i = 0; i < n; ++i) {
+        want += double(a[size_t(i)]) * b[size_t(i)];
+        magnitude += std::abs(double(a[size_t(i)]) * b[size_t(i)]);
+      }
+      EXPECT_LE(std::abs(double(micro.dot(a.data(), b.data(), n)) - want), (n + 1) * kUnit * magnitude) << "n=" << n;
+    }
+  });
+}
+
+// The diagonal blocks' pairwise factors (n <= 16 tokens, per-channel decays) against float64:
+//   A[i, j] = sum_c q[i, c] k[j, c] prod_{j<s<=i} a[s, c]  (j <= i),
+//   dq[i] += dA[i, j] F_ij k[j],  dk[j] += dA[i, j] F_ij q[i]  (j < i).
+TEST(MicroKernels, DiagonalBlocksMatchFloat64) {
+  on_every_target([](const cpu::MicroKernels& micro) {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f), decay(0.2f, 1.0f);
+    for (int n : {1, 2, 7, 16})
+      for (int K : {1, 3, 15, 16, 17, 64, 100, 256}) {
+        const int lda = n + 3;
+        std::vector<float> q(size_t(n) * K), k(q.size()), a(q.size()), dA(size_t(n) * lda);
+        for (size_t e = 0; e < q.size(); ++e) {
+          q[e] = uniform(rng);
+          k[e] = uniform(rng);
+          a[e] = decay(rng);
+        }
+        for (float& x : dA) x = uniform(rng);
+        std::vector<float> A(size_t(n) * lda, kPoison), f((size_t(K) + 15) / 16 * 16);
+        std::vector<float> dq(q.size(), 0.5f), dk(q.size(), -0.5f);
+        micro.diagonal_scores(n, K, q.data(), k.data(), a.data(), A.data(), lda, f.data());
+        micro.diagonal_gradients(n, K, q.data(), k.data(), a.data(), dA.data(), lda, dq.data(), dk.data(), f.data());
+        std::vector<double> want_dq(q.size(), 0.5), want_dk(q.size(), -0.5), mag_dq(q.size(), 0.5),
+            mag_dk(q.size(), 0.5);
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j <= i; ++j) {
+            double score = 0, magnitude = 0;
+            for (int c = 0; c < K; ++c) {
+              double F = 1;
+              for (int s = j + 1; s <= i; ++s) F *= a[size_t(s) * K + c];
+              const double term = double(q[size_t(i) * K + c]) * k[size_t(j) * K + c] * F;
+              score += term;
+              magnitude += std::abs(term);
+              if (j == i) continue;
+              const double w = dA[size_t(i) * lda + j] * F;
+              want_dq[size_t(i) * K + c] += w * k[size_t(j) * K + c];
+              want_dk[size_t(j) * K + c] += w * q[size_t(i) * K + c];
+              mag_dq[size_t(i) * K + c] += std::abs(w * k[size_t(j) * K + c]);
+              mag_dk[size_t(j) * K + c] += std::abs(w * q[size_t(i) * K + c]);
+            }
+            // The factor is a running product of up to 16 roundings, the sum K + 1.
+            ASSERT_LE(std::abs(double(A[size_t(i) * lda + j]) - score), (K + 2 * n + 2) * kUnit * magnitude)
+                << "A n=" << n << " K=" << K << " at " << i << "," << j;
+          }
+        for (size_t e = 0; e < q.size(); ++e) {
+          ASSERT_LE(std::abs(double(dq[e]) - want_dq[e]), (3 * n + 4) * kUnit * mag_dq[e]) << "dq n=" << n << " K=" << K;
+          ASSERT_LE(std::abs(double(dk[e]) - want_dk[e]), (3 * n + 4) * kUnit * mag_dk[e]) << "dk n=" << n << " K=" << K;
+        }
+      }
+  });
+}
+
+}  // namespace
+}  // namespace flat::test

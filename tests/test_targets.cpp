@@ -1,0 +1,142 @@
+// The target list and the backend boundary: which targets are compiled and supported, which one a
+// call runs on (the same for the recurrence and the convolution), the per-thread scope, and the
+// execution context (threads; a host framework's parallel-for running the ranges instead of
+// flat's own workers, with the same results).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "checks.h"
+#include "cpu/recurrence.h"
+#include "cpu/targets.h"
+#include "harness.h"
+#include "test_conv_harness.h"
+
+namespace flat::test {
+namespace {
+
+TEST(Targets, ListStartsPortableAndNamesAreUnique) {
+  const auto targets = cpu::compiled_targets();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_STREQ(targets.front()->name, "generic");
+  std::set<std::string> names;
+  for (const cpu::Target* t : targets) {
+    EXPECT_TRUE(names.insert(t->name).second) << t->name;
+    EXPECT_EQ(cpu::find_target(t->name), t);
+  }
+  EXPECT_EQ(cpu::find_target("no such target"), nullptr);
+  EXPECT_TRUE(cpu::supported(*targets.front()));
+}
+
+// The default is supported, and is what FLAT_ISA asks for when this CPU runs it.
+TEST(Targets, DefaultIsSupportedAndHonoursFlatIsa) {
+  const cpu::Target& chosen = cpu::default_target();
+  EXPECT_TRUE(cpu::supported(chosen));
+  const cpu::Target* asked = cpu::find_target(cpu::requested_target());
+  if (asked && cpu::supported(*asked)) {
+    EXPECT_EQ(&chosen, asked);
+  }
+}
+
+// A small gla problem in fp32, its output to a buffer of the caller's.
+struct Gla {
+  static constexpr int64_t B = 2, S = 100, N = 4, K = 32, V = 16;
+  std::vector<float> q = std::vector<float>(B * S * N * K), k = q, v = std::vector<float>(B * S * N * V), g = q;
+  Gla() {
+    for (size_t i = 0; i < q.size(); ++i) {
+      q[i] = float((i * 7) % 13) / 13.0f - 0.5f;
+      k[i] = float((i * 5) % 11) / 11.0f - 0.5f;
+      g[i] = -float(i % 5) / 10.0f;
+    }
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float((i * 3) % 7) / 7.0f;
+  }
+  ForwardArgs args(std::vector<float>& y) {
+    y.assign(v.size(), std::numeric_limits<float>::quiet_NaN());
+    ForwardArgs a;
+    a.q = Tensor::contiguous(q.data(), DType::f32, {B, S, N, K});
+    a.k = Tensor::contiguous(k.data(), DType::f32, {B, S, N, K});
+    a.v = Tensor::contiguous(v.data(), DType::f32, {B, S, N, V});
+    a.g = Tensor::contiguous(g.data(), DType::f32, {B, S, N, K});
+    a.y = Tensor::contiguous(y.data(), DType::f32, {B, S, N, V});
+    return a;
+  }
+};
+
+// The public entry points run the default target, the recurrence and the convolution alike:
+// their results are bitwise those of the drivers on that target.
+TEST(Targets, PublicCallsRunTheDefaultTarget) {
+  Gla gla;
+  std::vector<float> through_api, on_default;
+  ExecutionContext context;
+  context.threads = 2;
+  forward(Variant::gla, gla.args(through_api), {}, context);
+  cpu::recurrence_forward(describe_forward(Variant::gla, gla.args(on_default), {}), {cpu::default_target(), {2}});
+  EXPECT_EQ(through_api, on_default);
+
+  ConvCase conv;
+  conv.x_dtype = conv.y_dtype = DType::bf16;
+  const ConvData data(conv);
+  const ConvResults conv_api = run_conv(data, true, 2, nullptr);
+  const ConvResults conv_default = run_conv(data, true, 2, &cpu::default_target());
+  EXPECT_EQ(conv_api.y, conv_default.y);
+  EXPECT_EQ(conv_api.dx, conv_default.dx);
+  EXPECT_EQ(conv_api.dweight, conv_default.dweight);
+}
+
+// A host framework's parallel-for runs the ranges: it is called, with at most `threads` parts,
+// every part runs once, and the results are bitwise those of flat's own workers.
+TEST(ExecutionContext, HostParallelForRunsTheRanges) {
+  Gla gla;
+  std::vector<float> own, hosted;
+  ExecutionContext context;
+  context.threads = 3;
+  forward(Variant::gla, gla.args(own), {}, context);
+
+  int calls = 0, most_parts = 0, parts_run = 0;
+  context.parallel_for = [&](int parts, const std::function<void(int)>& run_part) {
+    ++calls;
+    most_parts = std::max(most_parts, parts);
+    for (int p = parts - 1; p >= 0; --p) {  // in any order, here on the calling thread
+      run_part(p);
+      ++parts_run;
+    }
+  };
+  forward(Variant::gla, gla.args(hosted), {}, context);
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(most_parts, 3);
+  EXPECT_GE(parts_run, calls);
+  EXPECT_EQ(own, hosted);
+}
+
+// Each worker range runs inside the target's per-thread scope: entered before, left after, on the
+// range's own thread.
+int entered = 0, left = 0;
+thread_local int depth = 0;
+
+TEST(Targets, DriversEnterThePerThreadScope) {
+  cpu::Target scoped = cpu::default_target();
+  scoped.enter_thread = [] {
+    ++depth;
+    __atomic_add_fetch(&entered, 1, __ATOMIC_RELAXED);
+  };
+  scoped.leave_thread = [] {
+    --depth;
+    __atomic_add_fetch(&left, 1, __ATOMIC_RELAXED);
+  };
+  Case c;
+  c.S = 40;
+  c.Nq = c.Nk = c.Nv = c.Ng = 4;
+  const Problem problem(c);
+  entered = left = 0;
+  run_kernel(problem, true, 2, scoped);
+  EXPECT_GT(entered, 0);
+  EXPECT_EQ(entered, left);
+  EXPECT_EQ(depth, 0);
+}
+
+}  // namespace
+}  // namespace flat::test
