@@ -163,16 +163,18 @@ FLAT_INLINE void silu_gradient_rows(const __m512* z, __m512* g) {
 // Rows per SiLU batch in a group of R.
 constexpr int silu_batch(int R) { return R % 2 == 0 ? 2 : 1; }
 
-void load_row(const char* src, DType dtype, int n, float* dst) {
-  int c = 0;
-  if (dtype == DType::bf16) {
-    for (; c + 16 <= n; c += 16) _mm512_storeu_ps(dst + c, load16<true, false>(src, c, 0));
-    if (c < n) _mm512_storeu_ps(dst + c, load16<true, true>(src, c, first_lanes(n - c)));
-  } else {
-    for (; c + 16 <= n; c += 16) _mm512_storeu_ps(dst + c, load16<false, false>(src, c, 0));
-    if (c < n) _mm512_storeu_ps(dst + c, load16<false, true>(src, c, first_lanes(n - c)));
-  }
+// z[r] = bias + sum_w tap[w] win[r + w] for P rows, the taps from the oldest input: the forward
+// and the backward's recomputation sum alike.
+template <int W, int P>
+FLAT_INLINE void pre_activations(__m512 bias, const __m512* tap, const __m512* win, __m512* z) {
+#pragma GCC unroll 8
+  for (int r = 0; r < P; ++r) z[r] = bias;
+#pragma GCC unroll 8
+  for (int w = 0; w < W; ++w)
+#pragma GCC unroll 8
+    for (int r = 0; r < P; ++r) z[r] = _mm512_fmadd_ps(tap[w], win[r + w], z[r]);
 }
+
 
 // ---- Forward ----------------------------------------------------------------------------------
 
@@ -188,18 +190,12 @@ FLAT_INLINE void forward_vector(int c, __mmask16 m, const char* x, int64_t xs, f
   for (int w = 0; w < W - 1; ++w) win[w] = _mm512_load_ps(ring + 16 * w);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) win[W - 1 + r] = load16<XBf16, Masked>(x + xs * r, c, m);
-  // z = bias, then the taps from the oldest input (the backward recomputes z alike); a batch of
-  // rows at a time through the SiLU and out.
+  // A batch of rows at a time through the SiLU and out.
   constexpr int P = silu_batch(R);
 #pragma GCC unroll 8
   for (int r0 = 0; r0 < R; r0 += P) {
     __m512 z[P];
-#pragma GCC unroll 8
-    for (int r = 0; r < P; ++r) z[r] = bias;
-#pragma GCC unroll 8
-    for (int w = 0; w < W; ++w)
-#pragma GCC unroll 8
-      for (int r = 0; r < P; ++r) z[r] = _mm512_fmadd_ps(tap[w], win[r0 + r + w], z[r]);
+    pre_activations<W, P>(bias, tap, win + r0, z);
     if (Silu) silu_rows<P, !(XBf16 && YBf16)>(z);
     store_rows<Native, P, YBf16, Masked>(y + ys * r0, ys, c, z, m);
   }
@@ -207,13 +203,6 @@ FLAT_INLINE void forward_vector(int c, __mmask16 m, const char* x, int64_t xs, f
   for (int w = 0; w < W - 1; ++w) _mm512_store_ps(ring + 16 * w, win[R + w]);
 }
 
-template <bool Native, int W, int R, bool Silu, bool XBf16, bool YBf16>
-void forward_rows(int n, const char* x, int64_t xs, float* ring, const float* taps, char* y, int64_t ys) {
-  int c = 0;
-  for (; c + 16 <= n; c += 16, ring += 16 * (W - 1), taps += 16 * (W + 1))
-    forward_vector<Native, W, R, Silu, XBf16, YBf16, false>(c, 0, x, xs, ring, taps, y, ys);
-  if (c < n) forward_vector<Native, W, R, Silu, XBf16, YBf16, true>(c, first_lanes(n - c), x, xs, ring, taps, y, ys);
-}
 
 // ---- Backward ---------------------------------------------------------------------------------
 
@@ -241,12 +230,7 @@ FLAT_INLINE void backward_vector(int c, __mmask16 m, const char* x, int64_t xs, 
 #pragma GCC unroll 8
     for (int r0 = 0; r0 < R; r0 += P) {
       __m512 z[P];
-#pragma GCC unroll 8
-      for (int r = 0; r < P; ++r) z[r] = bias;
-#pragma GCC unroll 8
-      for (int w = 0; w < W; ++w)
-#pragma GCC unroll 8
-        for (int r = 0; r < P; ++r) z[r] = _mm512_fmadd_ps(tap[w], xw[r0 + r + w], z[r]);
+      pre_activations<W, P>(bias, tap, xw + r0, z);
       silu_gradient_rows<P, !(XBf16 && DyBf16)>(z, g + r0);
     }
   }
@@ -279,86 +263,88 @@ FLAT_INLINE void backward_vector(int c, __mmask16 m, const char* x, int64_t xs, 
   }
 }
 
-template <bool Native, int W, int R, bool Silu, bool XBf16, bool DyBf16>
-void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys, float* xring, float* dzring,
-                   const float* taps, float* partial, char* dx, int64_t dxs) {
-  int c = 0;
-  for (; c + 16 <= n;
-       c += 16, xring += 16 * (W - 1), dzring += 16 * (W - 1), taps += 16 * (W + 1), partial += 16 * (W + 1))
-    backward_vector<Native, W, R, Silu, XBf16, DyBf16, false>(c, 0, x, xs, dy, dys, xring, dzring, taps, partial, dx, dxs);
-  if (c < n)
-    backward_vector<Native, W, R, Silu, XBf16, DyBf16, true>(c, first_lanes(n - c), x, xs, dy, dys, xring, dzring, taps,
-                                                     partial, dx, dxs);
-}
 
-template <int W, bool Silu, bool Fine>
-void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own, float* xring, float* dzring,
-                  const float* taps, float* partial, float* dx) {
-  for (int c = 0; c < n;
-       c += 16, xring += 16 * (W - 1), dzring += 16 * (W - 1), taps += 16 * (W + 1), partial += 16 * (W + 1)) {
-    __m512 xw[W], dz[W];
-#pragma GCC unroll 8
-    for (int w = 0; w < W - 1; ++w) {
-      xw[w] = _mm512_load_ps(xring + 16 * w);
-      dz[w] = _mm512_load_ps(dzring + 16 * w);
-    }
-    xw[W - 1] = valid ? _mm512_loadu_ps(xt + c) : _mm512_setzero_ps();
-    __m512 g = _mm512_setzero_ps();
-    if (valid) {
-      g = _mm512_loadu_ps(dyt + c);
-      if (Silu) {
-        __m512 z = _mm512_load_ps(taps + 16 * W);
-#pragma GCC unroll 8
-        for (int w = 0; w < W; ++w) z = _mm512_fmadd_ps(_mm512_load_ps(taps + 16 * w), xw[w], z);
-        silu_gradient_rows<1, Fine>(&z, &g);
-      }
-    }
-    dz[W - 1] = g;
-    if (own) {
-#pragma GCC unroll 8
-      for (int w = 0; w < W; ++w)
-        _mm512_store_ps(partial + 16 * w, _mm512_fmadd_ps(g, xw[w], _mm512_load_ps(partial + 16 * w)));
-      _mm512_store_ps(partial + 16 * W, _mm512_add_ps(g, _mm512_load_ps(partial + 16 * W)));
-    }
-    __m512 s = _mm512_mul_ps(_mm512_load_ps(taps), dz[W - 1]);
-#pragma GCC unroll 8
-    for (int w = 1; w < W; ++w) s = _mm512_fmadd_ps(_mm512_load_ps(taps + 16 * w), dz[W - 1 - w], s);
-    _mm512_storeu_ps(dx + c, s);
-#pragma GCC unroll 8
-    for (int w = 0; w < W - 1; ++w) {
-      _mm512_store_ps(xring + 16 * w, xw[w + 1]);
-      _mm512_store_ps(dzring + 16 * w, dz[w + 1]);
-    }
-  }
-}
 
 #undef FLAT_INLINE
 
-}  // namespace
-}  // namespace flat::cpu::conv_avx512
-
-namespace flat::cpu {
-namespace {
-
+// The row primitives of the AVX-512 leaves (contracts in conv_rows__generic.h), 16 channels to a
+// vector: fp32 rounds to bf16 with vcvtne2ps2bf16 when Native (AVX512-BF16), in integer
+// arithmetic otherwise.
 template <bool Native>
 struct ConvRowsAvx512 {
-  static void load_row(const char* src, DType dtype, int n, float* dst) { conv_avx512::load_row(src, dtype, n, dst); }
+  static void load_row(const char* src, DType dtype, int n, float* dst) {
+    int c = 0;
+    if (dtype == DType::bf16) {
+      for (; c + 16 <= n; c += 16) _mm512_storeu_ps(dst + c, load16<true, false>(src, c, 0));
+      if (c < n) _mm512_storeu_ps(dst + c, load16<true, true>(src, c, first_lanes(n - c)));
+    } else {
+      for (; c + 16 <= n; c += 16) _mm512_storeu_ps(dst + c, load16<false, false>(src, c, 0));
+      if (c < n) _mm512_storeu_ps(dst + c, load16<false, true>(src, c, first_lanes(n - c)));
+    }
+  }
+
   template <int W, int R, bool Silu, bool XBf16, bool YBf16>
   static void forward_rows(int n, const char* x, int64_t xs, float* ring, const float* taps, char* y, int64_t ys) {
-    conv_avx512::forward_rows<Native, W, R, Silu, XBf16, YBf16>(n, x, xs, ring, taps, y, ys);
+    int c = 0;
+    for (; c + 16 <= n; c += 16, ring += 16 * (W - 1), taps += 16 * (W + 1))
+      forward_vector<Native, W, R, Silu, XBf16, YBf16, false>(c, 0, x, xs, ring, taps, y, ys);
+    if (c < n) forward_vector<Native, W, R, Silu, XBf16, YBf16, true>(c, first_lanes(n - c), x, xs, ring, taps, y, ys);
   }
+
   template <int W, int R, bool Silu, bool XBf16, bool DyBf16>
   static void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys, float* xring,
                             float* dzring, const float* taps, float* partial, char* dx, int64_t dxs) {
-    conv_avx512::backward_rows<Native, W, R, Silu, XBf16, DyBf16>(n, x, xs, dy, dys, xring, dzring, taps, partial, dx,
-                                                                  dxs);
+    int c = 0;
+    for (; c + 16 <= n;
+         c += 16, xring += 16 * (W - 1), dzring += 16 * (W - 1), taps += 16 * (W + 1), partial += 16 * (W + 1))
+      backward_vector<Native, W, R, Silu, XBf16, DyBf16, false>(c, 0, x, xs, dy, dys, xring, dzring, taps, partial,
+                                                                dx, dxs);
+    if (c < n)
+      backward_vector<Native, W, R, Silu, XBf16, DyBf16, true>(c, first_lanes(n - c), x, xs, dy, dys, xring, dzring,
+                                                               taps, partial, dx, dxs);
   }
+
   template <int W, bool Silu, bool Fine>
   static void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own, float* xring,
                            float* dzring, const float* taps, float* partial, float* dx) {
-    conv_avx512::backward_one<W, Silu, Fine>(n, xt, dyt, valid, own, xring, dzring, taps, partial, dx);
+    for (int c = 0; c < n;
+         c += 16, xring += 16 * (W - 1), dzring += 16 * (W - 1), taps += 16 * (W + 1), partial += 16 * (W + 1)) {
+      __m512 xw[W], dz[W];
+  #pragma GCC unroll 8
+      for (int w = 0; w < W - 1; ++w) {
+        xw[w] = _mm512_load_ps(xring + 16 * w);
+        dz[w] = _mm512_load_ps(dzring + 16 * w);
+      }
+      xw[W - 1] = valid ? _mm512_loadu_ps(xt + c) : _mm512_setzero_ps();
+      __m512 g = _mm512_setzero_ps();
+      if (valid) {
+        g = _mm512_loadu_ps(dyt + c);
+        if (Silu) {
+          __m512 z = _mm512_load_ps(taps + 16 * W);
+  #pragma GCC unroll 8
+          for (int w = 0; w < W; ++w) z = _mm512_fmadd_ps(_mm512_load_ps(taps + 16 * w), xw[w], z);
+          silu_gradient_rows<1, Fine>(&z, &g);
+        }
+      }
+      dz[W - 1] = g;
+      if (own) {
+  #pragma GCC unroll 8
+        for (int w = 0; w < W; ++w)
+          _mm512_store_ps(partial + 16 * w, _mm512_fmadd_ps(g, xw[w], _mm512_load_ps(partial + 16 * w)));
+        _mm512_store_ps(partial + 16 * W, _mm512_add_ps(g, _mm512_load_ps(partial + 16 * W)));
+      }
+      __m512 s = _mm512_mul_ps(_mm512_load_ps(taps), dz[W - 1]);
+  #pragma GCC unroll 8
+      for (int w = 1; w < W; ++w) s = _mm512_fmadd_ps(_mm512_load_ps(taps + 16 * w), dz[W - 1 - w], s);
+      _mm512_storeu_ps(dx + c, s);
+  #pragma GCC unroll 8
+      for (int w = 0; w < W - 1; ++w) {
+        _mm512_store_ps(xring + 16 * w, xw[w + 1]);
+        _mm512_store_ps(dzring + 16 * w, dz[w + 1]);
+      }
+    }
   }
 };
 
 }  // namespace
-}  // namespace flat::cpu
+}  // namespace flat::cpu::conv_avx512

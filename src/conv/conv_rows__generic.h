@@ -14,7 +14,6 @@
 namespace flat::cpu::conv_generic {
 namespace {
 
-
 template <bool Bf16>
 inline float load1(const char* row, int c) {
   if (Bf16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
@@ -25,16 +24,6 @@ template <bool Bf16>
 inline void store1(char* row, int c, float v) {
   if (Bf16) reinterpret_cast<uint16_t*>(row)[c] = f32_to_bf16(v);
   else reinterpret_cast<float*>(row)[c] = v;
-}
-
-// dst[0, n) = the n elements at src as fp32; dst[n, round16(n)) = 0.
-void load_row(const char* src, DType dtype, int n, float* dst) {
-  if (dtype == DType::f32) {
-    std::memcpy(dst, src, sizeof(float) * size_t(n));
-  } else {
-    for (int c = 0; c < n; ++c) dst[c] = load1<true>(src, c);
-  }
-  for (int c = n; c < ((n + 15) & ~15); ++c) dst[c] = 0.0f;
 }
 
 // sigmoid(z) and 1 - sigmoid(z) = sigmoid(-z) from e = exp(-|z|) in (0, 1]: neither overflows,
@@ -71,116 +60,105 @@ inline float pre_activation(const float* win, const float* taps, int c) {
   return z;
 }
 
-// Forward of R consecutive positions t .. t+R-1, channels [0, n) of a block. Row r of x is at
-// x + xs*r (bytes), of y at y + ys*r. taps: the block's taps and bias (ConvTaps layout). ring
-// (packed, W-1 values per channel) holds x_{t-W+1+w} on entry and x_{t+R-W+1+w} on exit.
-//   y_{t+r} = act(bias + sum_w taps[w] x_{t+r-W+1+w})     act: SiLU or identity
-template <int W, int R, bool Silu, bool XBf16, bool YBf16>
-void forward_rows(int n, const char* x, int64_t xs, float* ring, const float* taps, char* y, int64_t ys) {
-  for (int c = 0; c < n; ++c) {
-    float win[W - 1 + R];
-    for (int w = 0; w < W - 1; ++w) win[w] = ring[at(c, w, W - 1)];
-    for (int r = 0; r < R; ++r) win[W - 1 + r] = load1<XBf16>(x + xs * r, c);
-    for (int r = 0; r < R; ++r) {
-      const float z = pre_activation<W>(win + r, taps, c);
-      store1<YBf16>(y + ys * r, c, Silu ? silu(z) : z);
-    }
-    for (int w = 0; w < W - 1; ++w) ring[at(c, w, W - 1)] = win[R + w];
-  }
-}
-
-// Backward of R consecutive positions t .. t+R-1, all before S and owned by the block, channels
-// [0, n). x, dy rows as in forward_rows; xring and dzring (packed, W-1 values per channel) hold x
-// and dz at t-W+1+w on entry and at t+R-W+1+w on exit. partial: the block's sums (ConvKernels).
-//   dz_{t+r} = dy_{t+r} act'(z_{t+r})                      SiLU' = s (1 + z (1 - s))
-//   partial[w] += sum_r dz_{t+r} x_{t+r-W+1+w},   partial[W] += sum_r dz_{t+r}
-//   dx row r (at dx + dxs*r, x's dtype) = dx_q for q = t-W+1+r = sum_w taps[w] dz_{q+W-1-w}
-template <int W, int R, bool Silu, bool XBf16, bool DyBf16>
-void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys, float* xring, float* dzring,
-                   const float* taps, float* partial, char* dx, int64_t dxs) {
-  for (int c = 0; c < n; ++c) {
-    float xw[W - 1 + R], dz[W - 1 + R];
-    for (int w = 0; w < W - 1; ++w) {
-      xw[w] = xring[at(c, w, W - 1)];
-      dz[w] = dzring[at(c, w, W - 1)];
-    }
-    for (int r = 0; r < R; ++r) xw[W - 1 + r] = load1<XBf16>(x + xs * r, c);
-    for (int r = 0; r < R; ++r) {
-      const float g = load1<DyBf16>(dy + dys * r, c);
-      dz[W - 1 + r] = Silu ? silu_gradient(pre_activation<W>(xw + r, taps, c), g) : g;
-    }
-    for (int w = 0; w <= W; ++w) {
-      float acc = partial[at(c, w, W + 1)];
-      for (int r = 0; r < R; ++r) acc += w < W ? dz[W - 1 + r] * xw[r + w] : dz[W - 1 + r];
-      partial[at(c, w, W + 1)] = acc;
-    }
-    for (int r = 0; r < R; ++r) {
-      float s = taps[at(c, 0, W + 1)] * dz[r + W - 1];
-      for (int w = 1; w < W; ++w) s += taps[at(c, w, W + 1)] * dz[r + W - 1 - w];
-      store1<XBf16>(dx + dxs * r, c, s);
-    }
-    for (int w = 0; w < W - 1; ++w) {
-      xring[at(c, w, W - 1)] = xw[R + w];
-      dzring[at(c, w, W - 1)] = dz[R + w];
-    }
-  }
-}
-
-// One position t, any case, channels [0, round16(n)): with `valid`, dz_t = dy_t act'(z_t) from
-// the fp32 rows xt and dyt, else dz_t = 0 (t is past the sequence); with `own`, the partial sums
-// take dz_t as in backward_rows. dx (an fp32 row) = dx_{t-W+1}. Both rings shift by one.
-// Fine selects the SiLU's precision in the vector kernels (conv_rows__avx512.h); here it is always
-// expf and a division.
-template <int W, bool Silu, bool Fine>
-void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own, float* xring, float* dzring,
-                  const float* taps, float* partial, float* dx) {
-  for (int c = 0; c < ((n + 15) & ~15); ++c) {
-    float xw[W], dz[W];
-    for (int w = 0; w < W - 1; ++w) {
-      xw[w] = xring[at(c, w, W - 1)];
-      dz[w] = dzring[at(c, w, W - 1)];
-    }
-    xw[W - 1] = valid ? xt[c] : 0.0f;
-    float g = 0.0f;
-    if (valid) g = Silu ? silu_gradient(pre_activation<W>(xw, taps, c), dyt[c]) : dyt[c];
-    dz[W - 1] = g;
-    if (own) {
-      for (int w = 0; w < W; ++w) partial[at(c, w, W + 1)] += g * xw[w];
-      partial[at(c, W, W + 1)] += g;
-    }
-    float s = taps[at(c, 0, W + 1)] * dz[W - 1];
-    for (int w = 1; w < W; ++w) s += taps[at(c, w, W + 1)] * dz[W - 1 - w];
-    dx[c] = s;
-    for (int w = 0; w < W - 1; ++w) {
-      xring[at(c, w, W - 1)] = xw[w + 1];
-      dzring[at(c, w, W - 1)] = dz[w + 1];
-    }
-  }
-}
-
-}  // namespace
-}  // namespace flat::cpu::conv_generic
-
-namespace flat::cpu {
-namespace {
-
+// The row primitives of the portable leaves.
 struct ConvRowsGeneric {
-  static void load_row(const char* src, DType dtype, int n, float* dst) { conv_generic::load_row(src, dtype, n, dst); }
+  // dst[0, n) = the n elements at src as fp32; dst[n, round16(n)) = 0.
+  static void load_row(const char* src, DType dtype, int n, float* dst) {
+    if (dtype == DType::f32) {
+      std::memcpy(dst, src, sizeof(float) * size_t(n));
+    } else {
+      for (int c = 0; c < n; ++c) dst[c] = load1<true>(src, c);
+    }
+    for (int c = n; c < ((n + 15) & ~15); ++c) dst[c] = 0.0f;
+  }
+
+  // Forward of R consecutive positions t .. t+R-1, channels [0, n) of a block. Row r of x is at
+  // x + xs*r (bytes), of y at y + ys*r. taps: the block's taps and bias (ConvTaps layout). ring
+  // (packed, W-1 values per channel) holds x_{t-W+1+w} on entry and x_{t+R-W+1+w} on exit.
+  //   y_{t+r} = act(bias + sum_w taps[w] x_{t+r-W+1+w})     act: SiLU or identity
   template <int W, int R, bool Silu, bool XBf16, bool YBf16>
   static void forward_rows(int n, const char* x, int64_t xs, float* ring, const float* taps, char* y, int64_t ys) {
-    conv_generic::forward_rows<W, R, Silu, XBf16, YBf16>(n, x, xs, ring, taps, y, ys);
+    for (int c = 0; c < n; ++c) {
+      float win[W - 1 + R];
+      for (int w = 0; w < W - 1; ++w) win[w] = ring[at(c, w, W - 1)];
+      for (int r = 0; r < R; ++r) win[W - 1 + r] = load1<XBf16>(x + xs * r, c);
+      for (int r = 0; r < R; ++r) {
+        const float z = pre_activation<W>(win + r, taps, c);
+        store1<YBf16>(y + ys * r, c, Silu ? silu(z) : z);
+      }
+      for (int w = 0; w < W - 1; ++w) ring[at(c, w, W - 1)] = win[R + w];
+    }
   }
+
+  // Backward of R consecutive positions t .. t+R-1, all before S and owned by the block, channels
+  // [0, n). x, dy rows as in forward_rows; xring and dzring (packed, W-1 values per channel) hold x
+  // and dz at t-W+1+w on entry and at t+R-W+1+w on exit. partial: the block's sums (ConvKernels).
+  //   dz_{t+r} = dy_{t+r} act'(z_{t+r})                      SiLU' = s (1 + z (1 - s))
+  //   partial[w] += sum_r dz_{t+r} x_{t+r-W+1+w},   partial[W] += sum_r dz_{t+r}
+  //   dx row r (at dx + dxs*r, x's dtype) = dx_q for q = t-W+1+r = sum_w taps[w] dz_{q+W-1-w}
   template <int W, int R, bool Silu, bool XBf16, bool DyBf16>
   static void backward_rows(int n, const char* x, int64_t xs, const char* dy, int64_t dys, float* xring,
                             float* dzring, const float* taps, float* partial, char* dx, int64_t dxs) {
-    conv_generic::backward_rows<W, R, Silu, XBf16, DyBf16>(n, x, xs, dy, dys, xring, dzring, taps, partial, dx, dxs);
+    for (int c = 0; c < n; ++c) {
+      float xw[W - 1 + R], dz[W - 1 + R];
+      for (int w = 0; w < W - 1; ++w) {
+        xw[w] = xring[at(c, w, W - 1)];
+        dz[w] = dzring[at(c, w, W - 1)];
+      }
+      for (int r = 0; r < R; ++r) xw[W - 1 + r] = load1<XBf16>(x + xs * r, c);
+      for (int r = 0; r < R; ++r) {
+        const float g = load1<DyBf16>(dy + dys * r, c);
+        dz[W - 1 + r] = Silu ? silu_gradient(pre_activation<W>(xw + r, taps, c), g) : g;
+      }
+      for (int w = 0; w <= W; ++w) {
+        float acc = partial[at(c, w, W + 1)];
+        for (int r = 0; r < R; ++r) acc += w < W ? dz[W - 1 + r] * xw[r + w] : dz[W - 1 + r];
+        partial[at(c, w, W + 1)] = acc;
+      }
+      for (int r = 0; r < R; ++r) {
+        float s = taps[at(c, 0, W + 1)] * dz[r + W - 1];
+        for (int w = 1; w < W; ++w) s += taps[at(c, w, W + 1)] * dz[r + W - 1 - w];
+        store1<XBf16>(dx + dxs * r, c, s);
+      }
+      for (int w = 0; w < W - 1; ++w) {
+        xring[at(c, w, W - 1)] = xw[R + w];
+        dzring[at(c, w, W - 1)] = dz[R + w];
+      }
+    }
   }
+
+  // One position t, any case, channels [0, round16(n)): with `valid`, dz_t = dy_t act'(z_t) from
+  // the fp32 rows xt and dyt, else dz_t = 0 (t is past the sequence); with `own`, the partial sums
+  // take dz_t as in backward_rows. dx (an fp32 row) = dx_{t-W+1}. Both rings shift by one.
+  // Fine selects the SiLU's precision in the vector kernels (conv_rows__avx512.h); here it is always
+  // expf and a division.
   template <int W, bool Silu, bool Fine>
   static void backward_one(int n, const float* xt, const float* dyt, bool valid, bool own, float* xring,
                            float* dzring, const float* taps, float* partial, float* dx) {
-    conv_generic::backward_one<W, Silu, Fine>(n, xt, dyt, valid, own, xring, dzring, taps, partial, dx);
+    for (int c = 0; c < ((n + 15) & ~15); ++c) {
+      float xw[W], dz[W];
+      for (int w = 0; w < W - 1; ++w) {
+        xw[w] = xring[at(c, w, W - 1)];
+        dz[w] = dzring[at(c, w, W - 1)];
+      }
+      xw[W - 1] = valid ? xt[c] : 0.0f;
+      float g = 0.0f;
+      if (valid) g = Silu ? silu_gradient(pre_activation<W>(xw, taps, c), dyt[c]) : dyt[c];
+      dz[W - 1] = g;
+      if (own) {
+        for (int w = 0; w < W; ++w) partial[at(c, w, W + 1)] += g * xw[w];
+        partial[at(c, W, W + 1)] += g;
+      }
+      float s = taps[at(c, 0, W + 1)] * dz[W - 1];
+      for (int w = 1; w < W; ++w) s += taps[at(c, w, W + 1)] * dz[W - 1 - w];
+      dx[c] = s;
+      for (int w = 0; w < W - 1; ++w) {
+        xring[at(c, w, W - 1)] = xw[w + 1];
+        dzring[at(c, w, W - 1)] = dz[w + 1];
+      }
+    }
   }
 };
 
 }  // namespace
-}  // namespace flat::cpu
+}  // namespace flat::cpu::conv_generic

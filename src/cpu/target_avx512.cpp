@@ -2,23 +2,18 @@
 // microkernel. Compiled with those flags (CMakeLists.txt) and run only where targets.cpp found
 // the CPU has them.
 #include "conv/conv_rows__avx512.h"
-#include "cpu/kernels/diagonal_f32_16xk__avx512.h"
-#include "cpu/kernels/elementwise_f32_16__avx512.h"
-#include "cpu/kernels/gemm_f32_6x64__avx512.h"
+#include "cpu/kernels/micro_kernels__avx512.h"
 #include "cpu/make_target.h"
 
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels kAvx512{gemm_f32_6x64__avx512,           gemm_f32_6x64__avx512,
-                               transpose_f32_16x16__avx512,     exp_f32_16__avx512,
-                               dot_f32_16__avx512,              diagonal_scores_f32_16xk__avx512,
-                               diagonal_gradients_f32_16xk__avx512};
+constexpr MicroKernels kAvx512 = micro_kernels_avx512(gemm_f32_6x64__avx512);
 
 }  // namespace
 
 const Target& target_avx512() {
-  static const Target target = make_target<kAvx512, ConvRowsAvx512<false>>("avx512", "chunk products on fp32 FMA");
+  static const Target target = make_target<kAvx512, conv_avx512::ConvRowsAvx512<false>>("avx512", "chunk products on fp32 FMA");
   return target;
 }
 

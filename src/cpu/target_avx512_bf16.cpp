@@ -5,24 +5,19 @@
 // convolution rounds to bf16 with vcvtne2ps2bf16. Compiled with those flags (CMakeLists.txt) and
 // run only where targets.cpp found the CPU has them.
 #include "conv/conv_rows__avx512.h"
-#include "cpu/kernels/diagonal_f32_16xk__avx512.h"
-#include "cpu/kernels/elementwise_f32_16__avx512.h"
 #include "cpu/kernels/gemm_bf16_6x64__avx512bf16.h"
-#include "cpu/kernels/gemm_f32_6x64__avx512.h"
+#include "cpu/kernels/micro_kernels__avx512.h"
 #include "cpu/make_target.h"
 
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels kAvx512Bf16{gemm_f32_6x64__avx512,           gemm_bf16_6x64__avx512bf16,
-                                   transpose_f32_16x16__avx512,     exp_f32_16__avx512,
-                                   dot_f32_16__avx512,              diagonal_scores_f32_16xk__avx512,
-                                   diagonal_gradients_f32_16xk__avx512};
+constexpr MicroKernels kAvx512Bf16 = micro_kernels_avx512(gemm_bf16_6x64__avx512bf16);
 
 }  // namespace
 
 const Target& target_avx512_bf16() {
-  static const Target target = make_target<kAvx512Bf16, ConvRowsAvx512<true>>(
+  static const Target target = make_target<kAvx512Bf16, conv_avx512::ConvRowsAvx512<true>>(
       "avx512_bf16", "products of bf16 inputs on bf16 dot products, the others on fp32 FMA");
   return target;
 }

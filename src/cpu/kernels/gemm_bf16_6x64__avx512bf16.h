@@ -35,32 +35,17 @@ namespace {
 template <int MR, int NV>
 void gemm_bf16_tile__avx512bf16(int pairs, const uint32_t* a, int a_rs, int a_ps, const uint32_t* b, float* c, int ldc,
                                 __mmask16 tail, bool accumulate) {
-  __mmask16 mask[NV];
-#pragma GCC unroll 16
-  for (int v = 0; v < NV; ++v) mask[v] = v == NV - 1 ? tail : __mmask16(0xffff);
-  __m512 acc[MR][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v)
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], c + size_t(i) * ldc + 16 * v) : _mm512_setzero_ps();
-  for (int p = 0; p < pairs; ++p) {
-    const uint32_t* bp = b + size_t(p) * kStripColumns;
-    __m512bh bv[NV];
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) bv[v] = reinterpret_cast<__m512bh>(_mm512_load_si512(bp + 16 * v));
-    const uint32_t* ap = a + size_t(p) * a_ps;
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const __m512bh ai = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(ap[size_t(i) * a_rs])));
-#pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(c + size_t(i) * ldc + 16 * v, mask[v], acc[i][v]);
+  TileAccumulators<MR, NV> t(c, ldc, tail, accumulate);
+  t.run(
+      pairs,
+      [&](int p, int v) {
+        return reinterpret_cast<__m512bh>(_mm512_load_si512(b + size_t(p) * kStripColumns + 16 * v));
+      },
+      [&](int p, int i) {
+        return reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(a[size_t(p) * a_ps + size_t(i) * a_rs])));
+      },
+      [](__m512 acc, __m512bh ai, __m512bh bv) { return _mm512_dpbf16_ps(acc, ai, bv); });
+  t.store(c, ldc);
 }
 
 using PairTile = void (*)(int, const uint32_t*, int, int, const uint32_t*, float*, int, __mmask16, bool);

@@ -18,41 +18,62 @@ constexpr int kTileRows = 6;     // MR
 constexpr int kTileVectors = 4;  // NR = 16 * kTileVectors = 64 columns
 
 
+// The MR x NV accumulators of a tile of C in zmm registers: loaded from C (accumulate) or zero,
+// and stored back, the last column vector masked by `tail` for widths that are not multiples of
+// 16. Inlined into the tile kernels, so the array lives in registers.
+template <int MR, int NV>
+struct TileAccumulators {
+  __m512 acc[MR][NV];
+  __mmask16 mask[NV];
+
+  [[gnu::always_inline]] TileAccumulators(const float* c, int ldc, __mmask16 tail, bool accumulate) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) mask[v] = v == NV - 1 ? tail : __mmask16(0xffff);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v)
+        acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], c + size_t(i) * ldc + 16 * v) : _mm512_setzero_ps();
+  }
+  // The k loop: per step p, the NV vectors of B's row (load_b(p, v)), and for each row i of the
+  // tile its operand broadcast once (broadcast(p, i)) and multiplied into all NV accumulators:
+  // acc[i][v] = multiply_add(acc[i][v], a_i, b_v).
+  template <class LoadB, class Broadcast, class MultiplyAdd>
+  [[gnu::always_inline]] void run(int steps, LoadB&& load_b, Broadcast&& broadcast, MultiplyAdd&& multiply_add) {
+    for (int p = 0; p < steps; ++p) {
+      decltype(load_b(p, 0)) b[NV];
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) b[v] = load_b(p, v);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const auto ai = broadcast(p, i);
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) acc[i][v] = multiply_add(acc[i][v], ai, b[v]);
+      }
+    }
+  }
+  [[gnu::always_inline]] void store(float* c, int ldc) const {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(c + size_t(i) * ldc + 16 * v, mask[v], acc[i][v]);
+  }
+};
+
 // C[MR, 16*NV] (+)= A[MR, k] B[k, 16*NV]. The MR x NV accumulators stay in zmm registers for the
 // whole k loop: at 6 x 4 that is 24 accumulators + 4 B vectors + 1 broadcast of the 32 registers,
 // and 24 independent FMAs cover the 2 FMA ports x 4-cycle latency = 8 needed in flight. Per k
 // step: 4 B loads and 6 broadcasts feed 24 FMAs (12 cycles of FMA for 10 loads, well inside the
 // 2 loads per cycle); measured 5-10% ahead of 8 x 2 on the chunk products.
-// The last column vector is masked (`tail`) for widths that are not multiples of 16.
 template <int MR, int NV>
 void gemm_f32_tile__avx512(int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c, int ldc,
                            __mmask16 tail, bool accumulate) {
-  __mmask16 mask[NV];
-#pragma GCC unroll 16
-  for (int v = 0; v < NV; ++v) mask[v] = v == NV - 1 ? tail : __mmask16(0xffff);
-  __m512 acc[MR][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v)
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(mask[v], c + size_t(i) * ldc + 16 * v) : _mm512_setzero_ps();
-  for (int p = 0; p < k; ++p) {
-    const float* bp = b + size_t(p) * ldb;
-    __m512 bv[NV];
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_maskz_loadu_ps(mask[v], bp + 16 * v);
-    const float* ap = a + size_t(p) * a_cs;
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const __m512 ai = _mm512_set1_ps(ap[size_t(i) * a_rs]);
-#pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(c + size_t(i) * ldc + 16 * v, mask[v], acc[i][v]);
+  TileAccumulators<MR, NV> t(c, ldc, tail, accumulate);
+  t.run(
+      k, [&](int p, int v) { return _mm512_maskz_loadu_ps(t.mask[v], b + size_t(p) * ldb + 16 * v); },
+      [&](int p, int i) { return _mm512_set1_ps(a[size_t(p) * a_cs + size_t(i) * a_rs]); },
+      [](__m512 acc, __m512 ai, __m512 bv) { return _mm512_fmadd_ps(ai, bv, acc); });
+  t.store(c, ldc);
 }
 
 using Tile = void (*)(int, const float*, int, int, const float*, int, float*, int, __mmask16, bool);

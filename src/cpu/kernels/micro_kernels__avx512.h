@@ -1,0 +1,25 @@
+// The microkernels the AVX-512 targets share, as their table (src/cpu/targets.h), with the
+// product of bf16 values on the one the target gives: the fp32 FMA tile itself, or the bf16
+// dot-product tile where the target has AVX512-BF16.
+#pragma once
+
+#include "cpu/kernels/diagonal_f32_16xk__avx512.h"
+#include "cpu/kernels/elementwise_f32_16__avx512.h"
+#include "cpu/kernels/gemm_f32_6x64__avx512.h"
+#include "cpu/targets.h"
+
+namespace flat::cpu {
+namespace {
+
+constexpr MicroKernels micro_kernels_avx512(MicroKernels::Gemm gemm_bf16_values) {
+  return {gemm_f32_6x64__avx512,
+          gemm_bf16_values,
+          transpose_f32_16x16__avx512,
+          exp_f32_16__avx512,
+          dot_f32_16__avx512,
+          diagonal_scores_f32_16xk__avx512,
+          diagonal_gradients_f32_16xk__avx512};
+}
+
+}  // namespace
+}  // namespace flat::cpu
