@@ -108,17 +108,17 @@ void store_gate_gradient(const Params& p, const Item& item, int t0, Chunk& ch, c
   }
 }
 
-// The delta rule's backward through rv = T (vt - bp H0) and L, given drv:
+// The delta rule's backward through rv = T (vt - bp H0) and L, given drv and H0^T packed:
 //   dz = T^T drv,  dL = -(dz rv^T) (strictly lower),  dvt = dz,  dbp = -dz H0^T,
 //   dbt = P * dbp + the queries' part of dL's gradient; the keys' part goes to dk.
 template <class Ops>
-void delta_backward(Chunk& ch, const float* H0) {
+void delta_backward(Chunk& ch, PackedB H0_t) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
   gemm_tn<Ops>(L, VW, L, ch.solved, C, ch.drv, VW, ch.dz, VW, false, Triangle::a_upper);
   gemm_nt<Ops>(ch, L, L, VW, ch.dz, VW, ch.rv, VW, ch.dlower, C, false, Triangle::c_lower);
   for (int i = 0; i < L; ++i)
     for (int j = 0; j < i; ++j) ch.dlower[size_t(i) * C + j] = -ch.dlower[size_t(i) * C + j];
-  gemm_nt<Ops>(ch, L, K, VW, ch.dz, VW, H0, VW, ch.dbp, K, false);
+  gemm_packed<Ops>(L, K, VW, ch.dz, VW, H0_t, ch.dbp, K, false);
   for (size_t e = 0; e < size_t(L) * K; ++e) ch.dbp[e] = -ch.dbp[e];
   scale_rows(ch.dbt, ch.dbp, ch.prefix, L, K, ch.W);
   intra_backward<Ops>(ch, ch.dlower, ch.bt, ch.k, ch.dbt, ch.dk, nullptr);
@@ -142,7 +142,10 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   scale_rows(ch.kd, ch.k, ch.suffix, L, K, ch.W);
   intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk_bf16);
   gemm_nt<Ops>(ch, L, L, VW, ch.dy, VW, ch.values(), VW, ch.dscores, C, false, Triangle::c_lower);
-  gemm_nt<Ops>(ch, L, K, VW, ch.dy, VW, H0, VW, ch.panel, K, false);
+  // H0^T packed once for dY H0^T here and, with the delta rule, dz H0^T in delta_backward (into its
+  // own array; without the delta rule the product panel serves, used once).
+  const PackedB H0_t = pack_transposed<Ops>(K, VW, H0, VW, ch.delta ? ch.state_t : ch.packed);
+  gemm_packed<Ops>(L, K, VW, ch.dy, VW, H0_t, ch.panel, K, false);
   scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
   gemm_nt<Ops>(ch, L, K, VW, ch.values(), VW, dH, VW, ch.panel, K, false);
   scale_rows(ch.dk_state, ch.panel, ch.suffix, L, K, ch.W);
@@ -152,7 +155,7 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   const bool rectangle = p.gate == GateKind::scalar && !ch.delta;
   if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0);
   intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.dq, ch.dk, ch.diag);
-  if (ch.delta) delta_backward<Ops>(ch, H0);
+  if (ch.delta) delta_backward<Ops>(ch, H0_t);
   if (p.gate != GateKind::none) {
     if (!rectangle) channel_gate_gradient<Ops>(ch, dH, H0);
     store_gate_gradient(p, item, t0, ch, sinks);

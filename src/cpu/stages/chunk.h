@@ -69,6 +69,7 @@ struct Chunk {
     // B^T of an A B^T product: at most [max(K, VW), max(C, K, VW)].
     const size_t widest = size_t(imax(K, VW)), longest = size_t(imax(C, imax(K, VW)));
     packed = arena.take<float>(widest * longest);
+    if (delta) state_t = arena.take<float>(size_t(K) * VW);
     bytes = arena.used();
   }
 
@@ -99,7 +100,8 @@ struct Chunk {
   float* dgate;                 // [C, K] per channel (or [C] for the additive scalar gate)
   float* dk_state;              // [C, K] the part of dk that flows through the chunk-end state
   float* diag;                  // [C] dscores_ii, kept out of dq, dk until the gate gradient
-  float* packed;                // transposed operand
+  float* packed;                // a transposed operand, packed for one product
+  float* state_t = nullptr;     // [VW, K] the chunk-start state transposed (delta rule, backward)
   // The delta rule (docs/algorithm.md): erase bt = b * k, write vt = w * v, L, T = (I + L)^-1,
   // bp = bt * P, new values rv = T (vt - bp H0), and their gradients.
   float* beta;                  // [C] beta per token (Delta::beta)
