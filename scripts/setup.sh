@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages flat needs to build and test, where they are missing.
+# Installs what flat needs to build, test and benchmark, where it is missing: the Debian packages,
+# and a Python virtual environment created once and reused ($FLAT_VENV, by default
+# ~/.cache/flat-venv) with torch, jax and the package's build tools. Prints nothing when all is
+# there.
 set -euo pipefail
 packages=(cmake g++ make libgtest-dev)
+# Debian's python3 needs its venv module and headers; another python3 (pyenv's, say) has them.
+if ! command -v python3 > /dev/null || [ "$(command -v python3)" = /usr/bin/python3 ]; then
+  packages+=(python3 python3-venv python3-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -13,4 +20,16 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+venv="${FLAT_VENV:-$HOME/.cache/flat-venv}"
+python_packages=(torch jax numpy pytest nanobind scikit-build-core)
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating the Python environment $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+fi
+if ! "$venv/bin/python" -c "import torch, jax, numpy, pytest, nanobind, scikit_build_core" 2> /dev/null; then
+  echo "setup: installing ${python_packages[*]} into $venv (torch brings about 3.5 GB, once)"
+  "$venv/bin/python" -m pip install -q "${python_packages[@]}"
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the whole test suite, every test on every CPU target this machine runs (in one
 # process; the worker threads also under TSan; the installed package through a find_package
-# consumer), optimised, then under ASan + UBSan.
+# consumer), optimised, then under ASan + UBSan; then builds the Python wheel, installs it into the
+# environment of setup.sh and runs the Python tests (tests/python).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh"
@@ -18,3 +19,7 @@ echo "== ASan + UBSan build and tests"
 bash "$root/scripts/build.sh" "$root/build-sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLAT_SANITIZE=ON
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$root/build-sanitize" --output-on-failure -j "$jobs"
+
+echo "== Python wheel and tests"
+python="$(bash "$root/scripts/python.sh")"
+(cd "$root/tests/python" && "$python" -m pytest -q -p no:cacheprovider)

@@ -1,0 +1,61 @@
+"""What the framework bindings share: the variants' inputs and the shapes of their outputs."""
+
+from typing import NamedTuple, Optional, Sequence
+
+from . import VARIANTS
+
+GATE = {name: gate for name, gate, _, _ in VARIANTS}
+UPDATE = {name: update for name, _, update, _ in VARIANTS}
+DEFAULT_GATE_GROUP = {name: group for name, _, _, group in VARIANTS}
+SOLVES = ("auto", "subst", "blocked", "doubling")
+
+
+class Shapes(NamedTuple):
+    B: int
+    S: int
+    N: int
+    K: int
+    V: int
+
+
+def _rank(name: str, shape: Sequence[int], rank: int, axes: str) -> None:
+    if len(shape) != rank:
+        raise ValueError(f"flat: {name}: expected rank {rank} [{axes}], got rank {len(shape)} {list(shape)}")
+
+
+def shapes(variant: str, q, v, g, beta, b, w) -> Shapes:
+    """B, S, N (the largest head count), K, V of a call, from its inputs' shapes (anything with
+    .shape); the library checks the rest and names what does not fit."""
+    if variant not in GATE:
+        raise ValueError(f"flat: unknown variant '{variant}' (expected one of {', '.join(GATE)})")
+    _rank("q", q.shape, 4, "B, S, Nq, K")
+    _rank("v", v.shape, 4, "B, S, Nv, V")
+    heads = [q.shape[2], v.shape[2]]
+    if g is not None and len(g.shape) >= 3:
+        heads.append(g.shape[2])
+    if g is not None and GATE[variant] == "per_sequence" and len(g.shape) == 1:
+        heads.append(g.shape[0])
+    for x in (beta, b, w):
+        if x is not None and len(x.shape) >= 3:
+            heads.append(x.shape[2])
+    B, S, _, K = q.shape
+    return Shapes(int(B), int(S), int(max(heads)), int(K), int(v.shape[3]))
+
+
+class Call(NamedTuple):
+    """A call's options, as the library takes them (flat::Options)."""
+
+    scale: float  # NaN: K^-1/2
+    chunk: int
+    l2norm: bool
+    solve: str
+    gate_group: int  # 0: the variant's default, or g's last axis
+    check_values: bool
+
+
+def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool, solve: str, gate_group: Optional[int],
+         check_values: bool) -> Call:
+    if solve not in SOLVES:
+        raise ValueError(f"flat: solve: expected one of {', '.join(SOLVES)}, got '{solve}'")
+    return Call(float(scale) if scale is not None else float("nan"), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
+                int(gate_group or 0), bool(check_values))

@@ -1,0 +1,139 @@
+"""python -m flat.bench [--shape B,T,H,K,V] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
+
+Times, side by side in one process on the same inputs (gla, bf16, PyTorch's threads):
+
+1. the overhead of the Python binding: flat.torch.gla (the custom op: dispatch, allocation,
+   autograd bookkeeping) against the library's entry point called alone through flat._core;
+2. flat.torch.gla against the same variant written in plain PyTorch, chunked as users write it
+   (FLA's naive chunk form: decays as exp of cumulative log-gates, one chunk's state at a time),
+   eagerly and under torch.compile, forward and forward+backward; the ratio is their time over
+   flat's.
+
+Medians of --repeats runs after a warm-up.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import flat
+import flat.torch as ft
+from flat import _core
+
+
+def median_ms(function, repeats):
+    # Warm-up: three calls at least and 0.2 s (the first calls compile, allocate and fault pages in).
+    start = time.perf_counter()
+    for calls in range(1, 1000):
+        function()
+        if calls >= 3 and time.perf_counter() - start > 0.2:
+            break
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def chunk_gla_torch(q, k, v, g, scale, chunk=64):
+    """GLA in plain PyTorch, chunked: [B, T, H, K] inputs, g log-decays. Intra-chunk scores from
+    q exp(G) and k exp(-G) (G the chunk's cumulative log-gate), states carried chunk to chunk; matmuls
+    in the inputs' dtype, decays in fp32."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    n = T // chunk
+    split = lambda x: x.transpose(1, 2).reshape(B, H, n, chunk, x.shape[-1])  # noqa: E731
+    q, k, v, g = split(q), split(k), split(v), split(g.float())
+    G = g.cumsum(-2)
+    mask = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+    state = torch.zeros(B, H, K, V, dtype=torch.float32)
+    outputs = []
+    for i in range(n):
+        Gi = G[:, :, i]
+        qg = (q[:, :, i].float() * Gi.exp()).to(q.dtype)
+        kg = (k[:, :, i].float() * (-Gi).exp()).to(k.dtype)
+        scores = (qg @ kg.transpose(-1, -2)).float().masked_fill(~mask, 0) * scale
+        o = scores.to(v.dtype) @ v[:, :, i] + ((qg.float() @ state) * scale).to(v.dtype)
+        outputs.append(o)
+        decay = (Gi[:, :, -1:] - Gi).exp()
+        state = state * Gi[:, :, -1].exp()[..., None] + ((k[:, :, i].float() * decay).transpose(-1, -2)
+                                                          @ v[:, :, i].float())
+    return torch.stack(outputs, 2).reshape(B, H, T, V).transpose(1, 2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m flat.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="2,4096,16,128,128", help="B,T,H,K,V")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--json", help="write the numbers to this file")
+    args = parser.parse_args(argv)
+    B, T, H, K, V = (int(x) for x in args.shape.split(","))
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    torch.manual_seed(0)
+    q, k = (torch.randn(B, T, H, K, dtype=dtype) for _ in range(2))
+    v = torch.randn(B, T, H, V, dtype=dtype)
+    g = -0.1 * torch.rand(B, T, H, K)
+    scale = K ** -0.5
+    threads = torch.get_num_threads()
+    print(f"flat.bench: gla B={B} T={T} H={H} K={K} V={V} {args.dtype}, {threads} threads (PyTorch's), "
+          f"target {flat.target()}, torch {torch.__version__}")
+
+    # 1. The binding's overhead.
+    y = torch.empty(B, T, H, V, dtype=dtype)
+    view = ft._view
+    direct = lambda: _core.forward("gla", view("q", q), view("k", k), view("v", v), view("g", g), None, None,  # noqa: E731
+                                   None, None, view("y", y), None, float("nan"), 64, False, "auto", 0, True, threads,
+                                   "openmp")
+    through_op = lambda: ft.gla(q, k, v, g)  # noqa: E731
+    results = {"shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": args.dtype, "threads": threads,
+               "target": flat.target()}
+    rows = []
+    for _ in range(2):  # alternate, so that neither gets the quieter moments alone
+        rows.append((median_ms(direct, args.repeats), median_ms(through_op, args.repeats)))
+    library_ms = min(r[0] for r in rows)
+    op_ms = min(r[1] for r in rows)
+    results["library_forward_ms"], results["torch_op_forward_ms"] = library_ms, op_ms
+    print("\n| call | forward ms |\n|---|---:|")
+    print(f"| library entry point (flat._core) | {library_ms:.2f} |")
+    print(f"| flat.torch.gla (custom op) | {op_ms:.2f} |")
+    print(f"\nPython op over the library call: x{op_ms / library_ms:.3f}")
+
+    # 2. Against plain PyTorch.
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, g)]
+
+    def forward_backward(function):
+        def run():
+            o = function(*leaves)
+            o.float().sum().backward()
+        return run
+
+    flat_fn = lambda q, k, v, g: ft.gla(q, k, v, g)[0]  # noqa: E731
+    plain = lambda q, k, v, g: chunk_gla_torch(q, k, v, g, scale)  # noqa: E731
+    contenders = [("flat.torch.gla", flat_fn), ("plain PyTorch, eager", plain)]
+    if not args.no_compile:
+        contenders.append(("plain PyTorch, torch.compile", torch.compile(plain)))
+    print("\n| implementation | forward ms | forward+backward ms | forward ratio | fwd+bwd ratio |")
+    print("|---|---:|---:|---:|---:|")
+    base = None
+    results["implementations"] = []
+    for name, function in contenders:
+        with torch.no_grad():
+            forward_ms = median_ms(lambda: function(q, k, v, g), args.repeats)  # noqa: B023
+        both_ms = median_ms(forward_backward(function), args.repeats)
+        base = base or (forward_ms, both_ms)
+        print(f"| {name} | {forward_ms:.1f} | {both_ms:.1f} | x{forward_ms / base[0]:.2f} | x{both_ms / base[1]:.2f} |")
+        results["implementations"].append(dict(name=name, forward_ms=forward_ms, forward_backward_ms=both_ms))
+    print("\n(ratio: the time over flat.torch.gla's)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""flat's kernels as PyTorch operations, on CPU tensors in float32 or bfloat16.
+
+One function per variant, named as ``flat run`` names it, with FLA's argument names where the
+meaning is the same; layout ``[B, T, H, K]``; returns ``(o, final_state)``::
+
+    o, final_state = flat.torch.gla(q, k, v, g, scale=None, initial_state=None,
+                                    output_final_state=False)
+
+Every function is a ``torch.library`` custom op (``flat::forward``, ``flat::backward``,
+``flat::conv_forward``, ``flat::conv_backward``) with its autograd formula and a fake
+implementation, so it runs eagerly, under ``torch.compile`` without graph breaks, and under
+``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included.
+
+Inputs are read in place: ``q``, ``k``, ``v`` may be column slices of one fused projection (only
+their last axis must be contiguous; otherwise it is made so). The kernels run without the GIL on
+PyTorch's intra-op threads (``torch.get_num_threads()``: the OpenMP runtime torch loaded, which
+this module shares by being imported after torch). A bad argument raises ``ValueError`` with the
+library's message; nothing is written then.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _api, _args
+from . import _core  # after torch: the extension then shares torch's OpenMP runtime
+
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+# When a list, the data pointers of q, k, v each forward call hands to the kernels (tests check
+# that strided inputs are read in place).
+_trace: Optional[List[Tuple[int, int, int]]] = None
+
+
+def _view(name: str, t: Optional[Tensor]):
+    """The library's view of a tensor: (data pointer, dtype, shape, strides). The tensor must
+    outlive the call that reads the view (see _dense)."""
+    if t is None:
+        return None
+    if t.device.type != "cpu":
+        raise ValueError(f"flat: {name}: expected a tensor on the CPU, got one on {t.device}")
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"flat: {name}: expected dtype float32 or bfloat16, got {t.dtype}")
+    return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+def _dense(*tensors: Optional[Tensor]):
+    """The tensors with a contiguous last axis, as the kernels read them: strided slices as they are,
+    the others copied. Hold the results until the call returns."""
+    return tuple(t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def _absent(t: Tensor) -> Optional[Tensor]:
+    """An output the call does not have comes back as an empty tensor (custom ops return tensors)."""
+    return None if t.numel() == 0 and t.dim() == 1 else t
+
+
+def _none() -> Tensor:
+    return torch.empty(0, dtype=torch.float32)
+
+
+def _like(t: Optional[Tensor]) -> Tensor:
+    return _none() if t is None else torch.empty(t.shape, dtype=t.dtype)
+
+
+# ---- The recurrences -------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flat::forward", mutates_args=())
+def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+             b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], scale: float, chunk: int, l2norm: bool,
+             solve: str, gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
+    q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
+    s = _args.shapes(variant, q, v, g, beta, b, w)
+    y = torch.empty((s.B, s.S, s.N, s.V), dtype=v.dtype)
+    ht = torch.empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if final_state else _none()
+    if _trace is not None:
+        _trace.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
+    _core.forward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
+                  _view("b", b), _view("w", w), _view("initial_state", h0), _view("o", y),
+                  _view("final_state", ht) if final_state else None, scale, chunk, l2norm, solve, gate_group,
+                  check_values, _threads(), "openmp")
+    return y, ht
+
+
+@_forward.register_fake
+def _(variant, q, k, v, g, beta, b, w, h0, scale, chunk, l2norm, solve, gate_group, check_values, final_state):
+    s = _args.shapes(variant, q, v, g, beta, b, w)
+    ht = q.new_empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if final_state else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype), ht
+
+
+@torch.library.custom_op("flat::backward", mutates_args=())
+def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+              b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], dy: Tensor, dht: Optional[Tensor],
+              scale: float, chunk: int, l2norm: bool, solve: str,
+              gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
+    s = _args.shapes(variant, q, v, g, beta, b, w)
+    dq, dk, dv, dg, dbeta, db, dw = (_like(t) for t in (q, k, v, g, beta, b, w))
+    dh0 = torch.empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if h0 is not None else _none()
+    _core.backward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
+                   _view("b", b), _view("w", w), _view("initial_state", h0), _view("do", dy),
+                   _view("dht", dht), _view("dq", dq), _view("dk", dk), _view("dv", dv),
+                   _view("dg", dg) if g is not None else None, _view("dbeta", dbeta) if beta is not None else None,
+                   _view("db", db) if b is not None else None, _view("dw", dw) if w is not None else None,
+                   _view("dh0", dh0) if h0 is not None else None, scale, chunk, l2norm, solve, gate_group, False,
+                   _threads(), "openmp")
+    return dq, dk, dv, dg, dbeta, db, dw, dh0
+
+
+@_backward.register_fake
+def _(variant, q, k, v, g, beta, b, w, h0, dy, dht, scale, chunk, l2norm, solve, gate_group):
+    s = _args.shapes(variant, q, v, g, beta, b, w)
+
+    def like(t):
+        return q.new_empty(0, dtype=torch.float32) if t is None else t.new_empty(t.shape)
+
+    dh0 = q.new_empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if h0 is not None else like(None)
+    return like(q), like(k), like(v), like(g), like(beta), like(b), like(w), dh0
+
+
+def _setup_forward(ctx, inputs, output):
+    (ctx.variant, q, k, v, g, beta, b, w, h0, ctx.scale, ctx.chunk, ctx.l2norm, ctx.solve, ctx.gate_group, _,
+     _) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, b, w, h0)
+
+
+def _backward_formula(ctx, dy, dht):
+    q, k, v, g, beta, b, w, h0 = ctx.saved_tensors
+    dht = None if dht is None or dht.numel() == 0 else dht
+    grads = _backward(ctx.variant, q, k, v, g, beta, b, w, h0, dy, dht, ctx.scale, ctx.chunk, ctx.l2norm,
+                      ctx.solve, ctx.gate_group)
+    dq, dk, dv, dg, dbeta, db, dw, dh0 = (_absent(t) for t in grads)
+    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None
+
+
+_forward.register_autograd(_backward_formula, setup_context=_setup_forward)
+
+
+def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
+         b: Optional[Tensor] = None, w: Optional[Tensor] = None, *, scale: Optional[float],
+         initial_state: Optional[Tensor], output_final_state: bool, chunk_size: int, use_qk_l2norm_in_kernel: bool,
+         solve: str, gate_group: Optional[int], check_values: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
+    o, final_state = _forward(variant, q, k, v, g, beta, b, w, initial_state, c.scale, c.chunk, c.l2norm, c.solve,
+                              c.gate_group, c.check_values, output_final_state)
+    return o, (final_state if output_final_state else None)
+
+
+# ---- One function per variant (python/flat/_api.py): la, retnet, mamba2, gla, deltanet,
+# gated_deltanet, kda, gdn2, sla ---------------------------------------------------------------
+
+globals().update(_api.variant_functions(_run))
+
+
+# ---- The short convolution -------------------------------------------------------------------
+
+
+@torch.library.custom_op("flat::conv_forward", mutates_args=())
+def _conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor], activation: str,
+                  final_state: bool) -> Tuple[Tensor, Tensor]:
+    x, weight, bias, state0 = _dense(x, weight, bias, state0)
+    y = torch.empty(x.shape, dtype=x.dtype)
+    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
+    state = torch.empty((B, C, W - 1), dtype=torch.float32) if final_state and W > 1 else _none()
+    _core.conv_forward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
+                       _view("y", y), _view("final_state", state) if state.numel() else None, activation,
+                       _threads(), "openmp")
+    return y, state
+
+
+@_conv_forward.register_fake
+def _(x, weight, bias, state0, activation, final_state):
+    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
+    state = x.new_empty((B, C, W - 1) if final_state and W > 1 else (0,), dtype=torch.float32)
+    return x.new_empty(x.shape), state
+
+
+@torch.library.custom_op("flat::conv_backward", mutates_args=())
+def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor], dy: Tensor,
+                   dstate: Optional[Tensor], activation: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    x, weight, bias, state0, dy, dstate = _dense(x, weight, bias, state0, dy, dstate)
+    dx, dweight, dbias = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias)
+    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
+    dstate0 = torch.empty((B, C, W - 1), dtype=torch.float32) if state0 is not None else _none()
+    _core.conv_backward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
+                        _view("dy", dy), _view("dstate", dstate), _view("dx", dx),
+                        _view("dweight", dweight), _view("dbias", dbias) if bias is not None else None,
+                        _view("dstate0", dstate0) if state0 is not None else None, activation, _threads(), "openmp")
+    return dx, dweight, dbias, dstate0
+
+
+@_conv_backward.register_fake
+def _(x, weight, bias, state0, dy, dstate, activation):
+    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
+    dbias = bias.new_empty(bias.shape) if bias is not None else x.new_empty(0, dtype=torch.float32)
+    dstate0 = x.new_empty((B, C, W - 1) if state0 is not None else (0,), dtype=torch.float32)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), dbias, dstate0
+
+
+def _setup_conv(ctx, inputs, output):
+    x, weight, bias, state0, ctx.activation, _ = inputs
+    ctx.save_for_backward(x, weight, bias, state0)
+
+
+def _conv_backward_formula(ctx, dy, dstate):
+    x, weight, bias, state0 = ctx.saved_tensors
+    dstate = None if dstate is None or dstate.numel() == 0 else dstate
+    dx, dweight, dbias, dstate0 = _conv_backward(x, weight, bias, state0, dy, dstate, ctx.activation)
+    return dx, dweight, _absent(dbias), _absent(dstate0), None, None
+
+
+_conv_forward.register_autograd(_conv_backward_formula, setup_context=_setup_conv)
+
+
+def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu"):
+    """The short causal depthwise convolution: x [B, T, C], weight [C, W] float32, bias [C]; positions
+    before 0 read initial_state [B, C, W-1] (FLA's causal_conv1d layout). Returns (y, final_state), the
+    final state the last W-1 inputs."""
+    y, state = _conv_forward(x, weight, bias, initial_state, activation, output_final_state)
+    return y, (state if output_final_state and state.numel() else None)

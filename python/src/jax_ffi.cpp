@@ -1,0 +1,297 @@
+// The library as XLA custom calls on the CPU (JAX's typed FFI): one handler per entry point, on
+// XLA's buffers (dense, row-major) and on XLA's intra-op thread pool. A tensor the call does not
+// have comes as an array of 0 elements; flags come as int64 attributes. Built only where jaxlib's
+// FFI headers were found (FLAT_WITH_JAX_FFI); flat/jax.py registers the handlers.
+#include "jax_ffi.h"
+
+#ifdef FLAT_WITH_JAX_FFI
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "flat/flat.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace flat::python {
+namespace {
+
+// A buffer as a dense view; absent (no tensor) when it has no elements.
+Tensor tensor_of(const ffi::AnyBuffer& buffer) {
+  if (buffer.element_count() == 0) return {};
+  Tensor t;
+  t.data = buffer.untyped_data();
+  switch (buffer.element_type()) {
+    case ffi::DataType::F32: t.dtype = DType::f32; break;
+    case ffi::DataType::BF16: t.dtype = DType::bf16; break;
+    default: throw Error("flat: dtype not supported (expected float32 or bfloat16)");
+  }
+  const auto dims = buffer.dimensions();
+  if (dims.size() > 4) throw Error("flat: an array of rank above 4");
+  t.rank = int(dims.size());
+  int64_t step = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    t.shape[size_t(d)] = dims[size_t(d)];
+    t.stride[size_t(d)] = step;
+    step *= dims[size_t(d)];
+  }
+  return t;
+}
+
+Tensor output_of(ffi::Result<ffi::AnyBuffer>& result) { return tensor_of(*result); }
+
+// Runs the parts on XLA's intra-op threads. Each thread, the caller's included, takes parts until
+// none is left, so the call finishes even when no pool thread is free (a task that starts after
+// that finds nothing to do); the state lives until the last task has looked at it.
+struct PoolRun {
+  std::atomic<int> next{0};
+  int parts = 0, done = 0;
+  std::mutex mutex;
+  std::condition_variable finished;
+  const std::function<void(int)>* run_part = nullptr;
+
+  void work() {
+    for (int part; (part = next.fetch_add(1)) < parts;) {
+      (*run_part)(part);
+      std::lock_guard<std::mutex> lock(mutex);
+      if (++done == parts) finished.notify_all();
+    }
+  }
+};
+
+ExecutionContext context_of(ffi::ThreadPool& pool) {
+  ExecutionContext context;
+  context.threads = int(pool.num_threads() > 0 ? pool.num_threads() : 1);
+  context.parallel_for = [&pool](int parts, const std::function<void(int)>& run_part) {
+    auto run = std::make_shared<PoolRun>();
+    run->parts = parts;
+    run->run_part = &run_part;
+    for (int t = 1; t < parts; ++t) pool.Schedule([run] { run->work(); });
+    run->work();
+    std::unique_lock<std::mutex> lock(run->mutex);
+    run->finished.wait(lock, [&] { return run->done == run->parts; });
+  };
+  return context;
+}
+
+Solve solve_of(std::string_view name) {
+  if (name == "subst") return Solve::substitution;
+  if (name == "blocked") return Solve::blocked;
+  if (name == "doubling") return Solve::doubling;
+  return Solve::automatic;
+}
+
+Options options_of(float scale, int64_t chunk, int64_t l2norm, std::string_view solve, int64_t gate_group,
+                   int64_t check_values) {
+  Options options;
+  if (!std::isnan(scale)) options.scale = scale;
+  options.chunk = int(chunk);
+  options.l2norm_qk = l2norm != 0;
+  options.solve = solve_of(solve);
+  options.gate_group = int(gate_group);
+  options.check_values = check_values != 0;
+  return options;
+}
+
+// The library's errors (flat::Error) as XLA's, which JAX raises with the message.
+template <class Body>
+ffi::Error guarded(Body&& body) {
+  try {
+    body();
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error::InvalidArgument(e.what());
+  }
+}
+
+ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t chunk, int64_t l2norm,
+                        std::string_view solve, int64_t gate_group, int64_t check_values, ffi::AnyBuffer q,
+                        ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer b,
+                        ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::AnyBuffer> ht) {
+  return guarded([&] {
+    ForwardArgs args;
+    args.q = tensor_of(q);
+    args.k = tensor_of(k);
+    args.v = tensor_of(v);
+    args.g = tensor_of(g);
+    args.beta = tensor_of(beta);
+    args.b = tensor_of(b);
+    args.w = tensor_of(w);
+    args.h0 = tensor_of(h0);
+    args.y = output_of(y);
+    args.ht = output_of(ht);
+    forward(parse_variant(variant), args, options_of(scale, chunk, l2norm, solve, gate_group, check_values),
+            context_of(pool));
+  });
+}
+
+ffi::Error backward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t chunk, int64_t l2norm,
+                         std::string_view solve, int64_t gate_group, int64_t check_values, ffi::AnyBuffer q,
+                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer b,
+                         ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::AnyBuffer dy, ffi::AnyBuffer dht,
+                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dg,
+                         ffi::Result<ffi::AnyBuffer> dbeta, ffi::Result<ffi::AnyBuffer> db,
+                         ffi::Result<ffi::AnyBuffer> dw, ffi::Result<ffi::AnyBuffer> dh0) {
+  return guarded([&] {
+    BackwardArgs args;
+    args.q = tensor_of(q);
+    args.k = tensor_of(k);
+    args.v = tensor_of(v);
+    args.g = tensor_of(g);
+    args.beta = tensor_of(beta);
+    args.b = tensor_of(b);
+    args.w = tensor_of(w);
+    args.h0 = tensor_of(h0);
+    args.dy = tensor_of(dy);
+    args.dht = tensor_of(dht);
+    args.dq = output_of(dq);
+    args.dk = output_of(dk);
+    args.dv = output_of(dv);
+    args.dg = output_of(dg);
+    args.dbeta = output_of(dbeta);
+    args.db = output_of(db);
+    args.dw = output_of(dw);
+    args.dh0 = output_of(dh0);
+    backward(parse_variant(variant), args, options_of(scale, chunk, l2norm, solve, gate_group, check_values),
+             context_of(pool));
+  });
+}
+
+ffi::Error conv_forward_impl(ffi::ThreadPool pool, std::string_view activation, ffi::AnyBuffer x,
+                             ffi::AnyBuffer weight, ffi::AnyBuffer bias, ffi::AnyBuffer state0,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> state) {
+  return guarded([&] {
+    ConvArgs args;
+    args.x = tensor_of(x);
+    args.weight = tensor_of(weight);
+    args.bias = tensor_of(bias);
+    args.state0 = tensor_of(state0);
+    args.y = output_of(y);
+    args.state = output_of(state);
+    ConvOptions options;
+    options.activation = parse_activation(activation);
+    conv_forward(args, options, context_of(pool));
+  });
+}
+
+ffi::Error conv_backward_impl(ffi::ThreadPool pool, std::string_view activation, ffi::AnyBuffer x,
+                              ffi::AnyBuffer weight, ffi::AnyBuffer bias, ffi::AnyBuffer state0, ffi::AnyBuffer dy,
+                              ffi::AnyBuffer dstate, ffi::Result<ffi::AnyBuffer> dx,
+                              ffi::Result<ffi::AnyBuffer> dweight, ffi::Result<ffi::AnyBuffer> dbias,
+                              ffi::Result<ffi::AnyBuffer> dstate0) {
+  return guarded([&] {
+    ConvBackwardArgs args;
+    args.x = tensor_of(x);
+    args.weight = tensor_of(weight);
+    args.bias = tensor_of(bias);
+    args.state0 = tensor_of(state0);
+    args.dy = tensor_of(dy);
+    args.dstate = tensor_of(dstate);
+    args.dx = output_of(dx);
+    args.dweight = output_of(dweight);
+    args.dbias = output_of(dbias);
+    args.dstate0 = output_of(dstate0);
+    ConvOptions options;
+    options.activation = parse_activation(activation);
+    conv_backward(args, options, context_of(pool));
+  });
+}
+
+// The attributes of the recurrence's calls, in their order.
+template <class Binding>
+auto with_options(Binding binding) {
+  return std::move(binding)
+      .template Attr<std::string_view>("variant")
+      .template Attr<float>("scale")
+      .template Attr<int64_t>("chunk")
+      .template Attr<int64_t>("l2norm")
+      .template Attr<std::string_view>("solve")
+      .template Attr<int64_t>("gate_group")
+      .template Attr<int64_t>("check_values");
+}
+
+// q, k, v, g, beta, b, w, h0.
+template <class Binding>
+auto with_inputs(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatForward, forward_impl,
+                              with_inputs(with_options(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatBackward, backward_impl,
+                              with_inputs(with_options(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatConvForward, conv_forward_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Attr<std::string_view>("activation")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatConvBackward, conv_backward_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Attr<std::string_view>("activation")
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+std::vector<std::pair<std::string, void*>> jax_ffi_handlers() {
+  return {{"flat_forward", reinterpret_cast<void*>(FlatForward)},
+          {"flat_backward", reinterpret_cast<void*>(FlatBackward)},
+          {"flat_conv_forward", reinterpret_cast<void*>(FlatConvForward)},
+          {"flat_conv_backward", reinterpret_cast<void*>(FlatConvBackward)}};
+}
+
+}  // namespace flat::python
+
+#else
+
+namespace flat::python {
+std::vector<std::pair<std::string, void*>> jax_ffi_handlers() { return {}; }
+}  // namespace flat::python
+
+#endif

@@ -1,0 +1,159 @@
+"""flat.torch: every operation forward and backward against the float64 oracle at the library's
+bounds; bitwise the library's results; torch.compile; the custom ops' registrations (opcheck);
+strided inputs read in place; bad input; PyTorch's thread count."""
+
+import numpy as np
+import pytest
+import torch
+
+import flat.torch as ft
+from flat import _core
+from oracle import BOUNDS, NAMES, Problem, expect_close
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def tensor(x, dtype, grad=True):
+    if x is None:
+        return None
+    t = torch.tensor(x, dtype=DTYPES[dtype] if dtype else torch.float32)
+    return t.requires_grad_(grad)
+
+
+def call(p: Problem, function=None, **options):
+    """The operation on the problem's inputs (gates and states float32): (o, final_state, inputs)."""
+    q, k, v, g, beta, b, w, h0 = p.inputs()
+    inputs = dict(q=tensor(q, p.dtype), k=tensor(k, p.dtype), v=tensor(v, p.dtype), g=tensor(g, None),
+                  beta=tensor(beta, p.dtype), b=tensor(b, p.dtype), w=tensor(w, p.dtype),
+                  initial_state=tensor(h0, None))
+    kwargs = {name: t for name, t in inputs.items() if t is not None}
+    if p.G and "gate_group" in (function or getattr(ft, p.variant)).__code__.co_varnames:
+        kwargs["gate_group"] = p.G
+    o, final_state = (function or getattr(ft, p.variant))(**kwargs, output_final_state=True, **options)
+    return o, final_state, inputs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("variant", NAMES)
+def test_forward_and_backward_match_the_oracle(variant, dtype):
+    # Head sharing: q and k read by every head (sla: every key-side input, its value heads side by side).
+    shared = {"q": 1, "k": 1, "g": 1, "b": 1} if variant == "sla" else {"q": 1, "k": 1}
+    p = Problem(variant, dtype, G=4 if variant == "sla" else None, heads=shared)
+    o, final_state, inputs = call(p)
+    (y, ht), grads = p.reference()
+    out_bound, grad_bound = BOUNDS[dtype]
+    expect_close("o", o.float().detach(), y, out_bound)
+    expect_close("final_state", final_state.detach(), ht, out_bound)
+    torch.autograd.backward([o, final_state], [torch.tensor(p.dy, dtype=o.dtype), torch.tensor(p.dht, dtype=torch.float32)])
+    names = ["q", "k", "v", "g", "beta", "b", "w", "initial_state"]
+    for name, want in zip(names, grads):
+        if want is None:
+            assert inputs[name] is None
+            continue
+        expect_close("d" + name, inputs[name].grad.float(), want, grad_bound)
+
+
+def test_results_are_the_librarys_bitwise():
+    """Through the custom op or through the binding's entry point alone: the same bits."""
+    p = Problem("kda", "bfloat16", B=2, S=100, H=4, K=32, V=16)
+    o, _, inputs = call(p)
+    q, k, v, g, beta = (inputs[n].detach() for n in ("q", "k", "v", "g", "beta"))
+    h0 = inputs["initial_state"].detach()
+    y = torch.empty_like(o)
+    view = ft._view
+    _core.forward("kda", view("q", q), view("k", k), view("v", v), view("g", g), view("beta", beta), None, None,
+                  view("h0", h0), view("y", y), None, float("nan"), 64, False, "auto", 0, True,
+                  torch.get_num_threads(), "openmp")
+    assert torch.equal(o.detach(), y)
+
+
+def test_strided_inputs_are_read_in_place():
+    """q, k, v as column slices of one fused projection reach the kernels without a copy."""
+    B, T, H, K = 2, 50, 2, 16
+    fused = torch.randn(B, T, 3 * H * K)
+    q, k, v = (fused[..., i * H * K:(i + 1) * H * K].view(B, T, H, K) for i in range(3))
+    g = -torch.rand(B, T, H, K)
+    ft._trace = []
+    try:
+        o, _ = ft.gla(q, k, v, g)
+        pointers = ft._trace[-1]
+    finally:
+        ft._trace = None
+    assert pointers == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    o_dense, _ = ft.gla(q.contiguous(), k.contiguous(), v.contiguous(), g)
+    assert torch.equal(o, o_dense)
+
+
+def test_torch_compile_gives_eager_results():
+    torch.manual_seed(0)
+    B, T, H, K = 1, 80, 2, 16
+    q, k, v = (torch.randn(B, T, H, K) for _ in range(3))
+    g = -torch.rand(B, T, H, K)
+    x, weight = torch.randn(B, T, H * K), torch.randn(H * K, 4)
+
+    def model(q, k, v, g, x, weight):
+        y, _ = ft.conv(x, weight)
+        o, state = ft.gla(q + y.view(B, T, H, K), k, v, g, output_final_state=True)
+        return o, state
+
+    eager = model(q, k, v, g, x, weight)
+    compiled = torch.compile(model, fullgraph=True)(q, k, v, g, x, weight)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_custom_op_registrations():
+    """torch.library.opcheck: schema, fake (meta) implementation, autograd registration."""
+    q, k, v = (torch.randn(1, 33, 2, 16, requires_grad=True) for _ in range(3))
+    g = (-torch.rand(1, 33, 2, 16)).requires_grad_()
+    h0 = torch.randn(1, 2, 16, 16, requires_grad=True)
+    torch.library.opcheck(torch.ops.flat.forward.default,
+                          ("gla", q, k, v, g, None, None, None, h0, float("nan"), 32, False, "auto", 0, True, True))
+    x = torch.randn(2, 20, 8, requires_grad=True)
+    weight, bias = torch.randn(8, 4, requires_grad=True), torch.randn(8, requires_grad=True)
+    torch.library.opcheck(torch.ops.flat.conv_forward.default, (x, weight, bias, None, "silu", True))
+
+
+def test_conv_matches_the_oracle():
+    rng = np.random.default_rng(3)
+    B, T, C, W = 2, 40, 24, 4
+    x, weight, bias = rng.standard_normal((B, T, C)), rng.standard_normal((C, W)), rng.standard_normal(C)
+    state0, dy, dstate = rng.standard_normal((B, C, W - 1)), rng.standard_normal((B, T, C)), rng.standard_normal(
+        (B, C, W - 1))
+    xs = [np.asarray(a, np.float32).astype(np.float64) for a in (x, weight, bias, state0, dy, dstate)]
+    want = _core.reference_conv(B, T, C, W, "silu", *xs)
+    tx, tw, tb, ts = (torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in xs[:4])
+    y, state = ft.conv(tx, tw, tb, initial_state=ts, output_final_state=True)
+    torch.autograd.backward([y, state], [torch.tensor(xs[4], dtype=torch.float32), torch.tensor(xs[5], dtype=torch.float32)])
+    for name, got, expected in zip(("y", "state", "dx", "dweight", "dbias", "dstate0"),
+                                   (y.detach(), state.detach(), tx.grad, tw.grad, tb.grad, ts.grad), want):
+        expect_close(name, got, expected, 1e-5)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda a: a.update(g=-torch.rand(2, 30, 3, 16)), "flat: g: head count Ng = 3 does not fit"),
+    (lambda a: a.update(g=torch.rand(2, 30, 2, 16) + 0.5), "flat: g: expected finite values <= 0"),
+    (lambda a: a.update(q=a["q"].to(torch.float16)), "flat: q: expected dtype float32 or bfloat16"),
+    (lambda a: a.update(q=a["q"][..., :8]), "flat: k: expected shape"),
+    (lambda a: a.update(chunk_size=20), "flat: options.chunk: expected a multiple of 16"),
+])
+def test_bad_input_raises_value_error(edit, message):
+    args = dict(q=torch.randn(2, 30, 2, 16), k=torch.randn(2, 30, 2, 16), v=torch.randn(2, 30, 2, 8),
+                g=-torch.rand(2, 30, 2, 16))
+    edit(args)
+    with pytest.raises(ValueError, match=message):
+        ft.gla(**args)
+
+
+def test_pytorchs_thread_count_is_used():
+    args = (torch.randn(2, 64, 8, 16), torch.randn(2, 64, 8, 16), torch.randn(2, 64, 8, 16), -torch.rand(2, 64, 8, 16))
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(ft.gla(*args)[0])
+            assert _core.last_openmp_team() == threads
+        assert torch.equal(results[0], results[1])
+    finally:
+        torch.set_num_threads(before)
