@@ -18,6 +18,21 @@ namespace flat {
 
 std::string_view dtype_name(DType dtype) { return dtype == DType::bf16 ? "bf16" : "f32"; }
 
+std::string_view activation_name(Activation activation) {
+  switch (activation) {
+    case Activation::none: return "none";
+    case Activation::silu: return "silu";
+    case Activation::sigmoid: return "sigmoid";
+  }
+  return "unknown";
+}
+
+Activation parse_activation(std::string_view name) {
+  for (Activation a : {Activation::none, Activation::silu, Activation::sigmoid})
+    if (activation_name(a) == name) return a;
+  throw Error("flat: unknown activation '" + std::string(name) + "' (expected none, silu or sigmoid)");
+}
+
 Tensor Tensor::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
   if (shape.size() > 4) throw Error("flat: Tensor::contiguous: at most 4 axes, got " + std::to_string(shape.size()));
   Tensor t;
@@ -284,13 +299,6 @@ Params describe_backward(Variant variant, const BackwardArgs& a, const Options& 
 
 namespace {
 
-// The device of a call's tensors, which must all be on one.
-Device device_of(const std::vector<validate::Named>& tensors) { return validate::common_device(tensors); }
-
-void check_context(const ExecutionContext& context) {
-  if (context.threads < 0) fail("context.threads", "expected 0 (all) or more, got " + std::to_string(context.threads));
-}
-
 // Values, once every shape is known to fit, on the tensors' device: a gate above 0 would grow the
 // state without bound, and a non-finite gate, strength or initial state would end in NaN
 // everywhere it reaches, so these are refused. Activations (q, k, v, dy, dht) are not scanned:
@@ -309,22 +317,20 @@ void check_input_values(const Backend& backend, const Inputs& in, const Options&
 
 void forward(Variant variant, const ForwardArgs& args, const Options& options, const ExecutionContext& context) {
   const Params p = describe_forward(variant, args, options);
-  check_context(context);
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"y", &args.y}, {"ht", &args.ht}});
-  const Backend& backend = backend_for(device_of(tensors));
+  const Backend& backend = backend_for_call(tensors, context);
   check_input_values(backend, args, options, context);
   backend.forward(p, context);
 }
 
 void backward(Variant variant, const BackwardArgs& args, const Options& options, const ExecutionContext& context) {
   const Params p = describe_backward(variant, args, options);
-  check_context(context);
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dht", &args.dht}, {"dq", &args.dq}, {"dk", &args.dk},
                                  {"dv", &args.dv}, {"dg", &args.dg}, {"dh0", &args.dh0}, {"dbeta", &args.dbeta},
                                  {"db", &args.db}, {"dw", &args.dw}});
-  const Backend& backend = backend_for(device_of(tensors));
+  const Backend& backend = backend_for_call(tensors, context);
   check_input_values(backend, args, options, context);
   backend.backward(p, context);
 }

@@ -12,4 +12,10 @@ const Backend& backend_for(Device device) {
   throw Error("flat: no backend for device " + std::string(device_name(device)) + " in this build");
 }
 
+const Backend& backend_for_call(const std::vector<validate::Named>& tensors, const ExecutionContext& context) {
+  if (context.threads < 0)
+    validate::fail("context.threads", "expected 0 (all) or more, got " + std::to_string(context.threads));
+  return backend_for(validate::common_device(tensors));
+}
+
 }  // namespace flat

@@ -1,11 +1,14 @@
 // The boundary between the API and the devices' kernels. The API validates a call (shapes,
 // dtypes, strides, overlaps: nothing that reads a tensor's memory) and describes it as Params or
-// ConvParams; the backend of the tensors' device checks the values it is asked to and runs the
+// ConvParams or NormGateParams; the backend of the tensors' device checks the values it is asked to and runs the
 // kernels. One Backend per device; this build registers the CPU's (src/cpu/backend.cpp).
 #pragma once
 
+#include <vector>
+
 #include "conv/conv_params.h"
 #include "flat/flat.h"
+#include "norm/norm_params.h"
 #include "params.h"
 #include "validate.h"
 
@@ -20,10 +23,14 @@ struct Backend {
   void (*backward)(const Params& p, const ExecutionContext& context);
   void (*conv_forward)(const ConvParams& p, const ExecutionContext& context);
   void (*conv_backward)(const ConvParams& p, const ExecutionContext& context);
+  void (*norm_gate_forward)(const NormGateParams& p, const ExecutionContext& context);
+  void (*norm_gate_backward)(const NormGateParams& p, const ExecutionContext& context);
 };
 
 // The backend of a device; flat::Error when this build has none.
 const Backend& backend_for(Device device);
+// The backend of a call: its tensors' device (they must all be on one), after checking the context.
+const Backend& backend_for_call(const std::vector<validate::Named>& tensors, const ExecutionContext& context);
 
 namespace cpu {
 const Backend& backend();

@@ -14,14 +14,6 @@
 
 namespace flat {
 
-std::string_view activation_name(Activation activation) { return activation == Activation::silu ? "silu" : "none"; }
-
-Activation parse_activation(std::string_view name) {
-  for (Activation a : {Activation::none, Activation::silu})
-    if (activation_name(a) == name) return a;
-  throw Error("flat: unknown activation '" + std::string(name) + "' (expected silu or none)");
-}
-
 namespace {
 
 using validate::Axis;
@@ -70,7 +62,7 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options) {
   if (in.bias.present()) check_f32("bias", in.bias, {{"C", p.C}}, " (the bias is fp32)");
   if (in.state0.present()) check_state("state0", in.state0, p);
   if (options.activation != Activation::none && options.activation != Activation::silu)
-    fail("options.activation", "expected none or silu");
+    fail("options.activation", "the convolution takes none or silu, got " + std::string(activation_name(options.activation)));
 
   p.activation = options.activation;
   p.x = rows3(in.x);
@@ -128,21 +120,11 @@ ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& 
   return p;
 }
 
-namespace {
-
-// The backend of a call's tensors' device (they must all be on one).
-const Backend& backend_of(std::vector<validate::Named> tensors, const ExecutionContext& context) {
-  if (context.threads < 0) fail("context.threads", "expected 0 (all) or more, got " + std::to_string(context.threads));
-  return backend_for(validate::common_device(tensors));
-}
-
-}  // namespace
-
 void conv_forward(const ConvArgs& args, const ConvOptions& options, const ExecutionContext& context) {
   const ConvParams p = describe_conv_forward(args, options);
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"y", &args.y}, {"state", &args.state}});
-  backend_of(tensors, context).conv_forward(p, context);
+  backend_for_call(tensors, context).conv_forward(p, context);
 }
 
 void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options, const ExecutionContext& context) {
@@ -150,7 +132,7 @@ void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options, con
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dstate", &args.dstate}, {"dx", &args.dx},
                                  {"dweight", &args.dweight}, {"dbias", &args.dbias}, {"dstate0", &args.dstate0}});
-  backend_of(tensors, context).conv_backward(p, context);
+  backend_for_call(tensors, context).conv_backward(p, context);
 }
 
 }  // namespace flat

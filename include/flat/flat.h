@@ -192,10 +192,15 @@ void backward(Variant variant, const BackwardArgs& args, const Options& options 
 // for any thread count. Precision: fp32 accumulation; the SiLU is evaluated to within 2e-6
 // relative, or 6.1e-5 when the call's inputs and outputs are all bf16 (30 times below bf16's own
 // rounding).
-enum class Activation { none, silu };
+//
+// Activations (the convolution takes none or silu; the output gate below any of them):
+//   none     act(z) = z
+//   silu     act(z) = z * sigmoid(z)   (FLA's "swish")
+//   sigmoid  act(z) = 1 / (1 + exp(-z))
+enum class Activation { none, silu, sigmoid };
 
 std::string_view activation_name(Activation activation);
-// Throws flat::Error for an unknown name ("none" or "silu").
+// Throws flat::Error for an unknown name ("none", "silu" or "sigmoid").
 Activation parse_activation(std::string_view name);
 
 struct ConvOptions {
@@ -222,6 +227,55 @@ struct ConvBackwardArgs : ConvInputs {
 void conv_forward(const ConvArgs& args, const ConvOptions& options = {}, const ExecutionContext& context = {});
 void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options = {},
                    const ExecutionContext& context = {});
+
+// ---------------------------------------------------------------------------------------------
+// The output norm and gate of a linear-attention layer, fused (FLA's FusedRMSNormGated): per row
+// of D channels (one head's values [B, S, N, D], or a group of heads viewed as one row), with
+// rms(u) = sqrt(mean_d u_d^2 + eps),
+//   norm_before_gate (FLA's layers):          y = x / rms(x) * weight * act(g)
+//   gate before the norm (Mamba-2's block):   y = u / rms(u) * weight,   u = x * act(g)
+// and without g (no output gate), y = x / rms(x) * weight.
+//
+// Shapes and dtypes (B, S, N, D at least 1):
+//   x, g, y [B, S, N, D]   bf16 or fp32 each; only the last axis must be contiguous, so g can be a
+//                          column block of a fused projection and x the recurrence's output
+//   weight [D] or [N, D]   fp32: shared by the heads, or one row of weights per head (Mamba-2's
+//                          norm over groups of heads, each group its own weights)
+// Backward, from dy [B, S, N, D]:
+//   dx, dg [B, S, N, D]    the dtypes of x and g (dg required when g is given, and only then)
+//   dweight                weight's shape, fp32, summed over the rows in a fixed order (fp32
+//                          partial sums per block of rows, float64 across blocks): bitwise the
+//                          same for any thread count
+// Nothing per row is saved between the passes: the backward recomputes rms from x (and g).
+// Precision: fp32 arithmetic; relative L2 error per output within 1e-5 of the float64 oracle
+// with fp32 tensors.
+struct NormGateOptions {
+  Activation activation = Activation::silu;
+  bool norm_before_gate = true;
+  float eps = 1e-5f;  // finite and > 0
+};
+
+struct NormGateInputs {
+  Tensor x, g, weight;  // g optional
+};
+
+struct NormGateArgs : NormGateInputs {
+  NormGateArgs() = default;
+  explicit NormGateArgs(const NormGateInputs& inputs) : NormGateInputs(inputs) {}
+  Tensor y;  // output
+};
+
+struct NormGateBackwardArgs : NormGateInputs {
+  NormGateBackwardArgs() = default;
+  explicit NormGateBackwardArgs(const NormGateInputs& inputs) : NormGateInputs(inputs) {}
+  Tensor dy;
+  Tensor dx, dg, dweight;  // outputs
+};
+
+void norm_gate_forward(const NormGateArgs& args, const NormGateOptions& options = {},
+                       const ExecutionContext& context = {});
+void norm_gate_backward(const NormGateBackwardArgs& args, const NormGateOptions& options = {},
+                        const ExecutionContext& context = {});
 
 // bf16 storage helpers (round to nearest even).
 uint16_t to_bf16(float x);

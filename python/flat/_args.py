@@ -59,3 +59,27 @@ def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool,
         raise ValueError(f"flat: solve: expected one of {', '.join(SOLVES)}, got '{solve}'")
     return Call(float(scale) if scale is not None else float("nan"), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
                 int(gate_group or 0), bool(check_values))
+
+
+# The output norm and gate: FLA's activation names too ("swish" is SiLU).
+_NORM_ACTIVATIONS = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid", "none": "none"}
+
+
+def norm_activation(activation: str) -> str:
+    if activation not in _NORM_ACTIVATIONS:
+        raise ValueError(f"flat: activation: expected silu (swish), sigmoid or none, got '{activation}'")
+    return _NORM_ACTIVATIONS[activation]
+
+
+def rows4(shape: Sequence[int]) -> tuple:
+    """The [B, S, N, D] shape the library's norm takes for a tensor of shape [..., D]: leading axes
+    of 1 added below rank 4, the leading axes merged above it."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        raise ValueError("flat: x: expected at least one axis [..., D], got a scalar")
+    if len(shape) <= 4:
+        return (1,) * (4 - len(shape)) + shape
+    lead = 1
+    for s in shape[:-3]:
+        lead *= s
+    return (lead,) + shape[-3:]

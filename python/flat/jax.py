@@ -130,3 +130,40 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
     """The short causal depthwise convolution, as flat.torch.conv."""
     y, state = _conv(activation, bool(output_final_state), x, weight, bias, initial_state)
     return y, (state if output_final_state and state.size else None)
+
+
+# ---- The output norm and gate ----------------------------------------------------------------
+
+
+def _norm_attributes(activation, norm_before_gate, eps):
+    return dict(activation=activation, norm_before_gate=np.int64(norm_before_gate), eps=np.float32(eps))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _norm_gate(activation, norm_before_gate, eps, x, g, weight):
+    return jax.ffi.ffi_call("flat_norm_gate_forward", _result(x.shape, x.dtype), vmap_method="sequential")(
+        x, _given(g), weight, **_norm_attributes(activation, norm_before_gate, eps))
+
+
+def _norm_gate_forward(activation, norm_before_gate, eps, x, g, weight):
+    return _norm_gate(activation, norm_before_gate, eps, x, g, weight), (x, g, weight)
+
+
+def _norm_gate_backward(activation, norm_before_gate, eps, saved, dy):
+    x, g, weight = saved
+    results = (_result(x.shape, x.dtype), _result(g.shape if g is not None else (0,), g.dtype if g is not None
+                                                  else jnp.float32), _result(weight.shape, jnp.float32))
+    dx, dg, dweight = jax.ffi.ffi_call("flat_norm_gate_backward", results, vmap_method="sequential")(
+        x, _given(g), weight, dy, **_norm_attributes(activation, norm_before_gate, eps))
+    return dx, (dg if g is not None else None), dweight
+
+
+_norm_gate.defvjp(_norm_gate_forward, _norm_gate_backward)
+
+
+def rms_norm_gated(x, g, weight, activation="silu", eps=1e-5, norm_before_gate=True):
+    """The output norm and gate, as flat.torch.rms_norm_gated."""
+    shape = _args.rows4(x.shape)
+    y = _norm_gate(_args.norm_activation(activation), bool(norm_before_gate), float(eps), x.reshape(shape),
+                   None if g is None else g.reshape(shape), weight.astype(jnp.float32))
+    return y.reshape(x.shape)

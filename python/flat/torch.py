@@ -6,8 +6,9 @@ meaning is the same; layout ``[B, T, H, K]``; returns ``(o, final_state)``::
     o, final_state = flat.torch.gla(q, k, v, g, scale=None, initial_state=None,
                                     output_final_state=False)
 
-Every function is a ``torch.library`` custom op (``flat::forward``, ``flat::backward``,
-``flat::conv_forward``, ``flat::conv_backward``) with its autograd formula and a fake
+The short convolution is ``flat.torch.conv`` and the output norm and gate
+``flat.torch.rms_norm_gated``. Every function is a ``torch.library`` custom op (``flat::forward``,
+``flat::backward``, ``flat::conv_*``, ``flat::norm_gate_*``) with its autograd formula and a fake
 implementation, so it runs eagerly, under ``torch.compile`` without graph breaks, and under
 ``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included.
 
@@ -225,3 +226,65 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
     final state the last W-1 inputs."""
     y, state = _conv_forward(x, weight, bias, initial_state, activation, output_final_state)
     return y, (state if output_final_state and state.numel() else None)
+
+
+# ---- The output norm and gate ----------------------------------------------------------------
+
+
+@torch.library.custom_op("flat::norm_gate_forward", mutates_args=())
+def _norm_gate_forward(x: Tensor, g: Optional[Tensor], weight: Tensor, activation: str, norm_before_gate: bool,
+                       eps: float) -> Tensor:
+    x, g, weight = _dense(x, g, weight)
+    y = torch.empty(x.shape, dtype=x.dtype)
+    _core.norm_gate_forward(_view("x", x), _view("g", g), _view("weight", weight), _view("y", y), activation,
+                            norm_before_gate, eps, _threads(), "openmp")
+    return y
+
+
+@_norm_gate_forward.register_fake
+def _(x, g, weight, activation, norm_before_gate, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("flat::norm_gate_backward", mutates_args=())
+def _norm_gate_backward(x: Tensor, g: Optional[Tensor], weight: Tensor, dy: Tensor, activation: str,
+                        norm_before_gate: bool, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    x, g, weight, dy = _dense(x, g, weight, dy)
+    dx, dg, dweight = torch.empty(x.shape, dtype=x.dtype), _like(g), _like(weight)
+    _core.norm_gate_backward(_view("x", x), _view("g", g), _view("weight", weight), _view("dy", dy), _view("dx", dx),
+                             _view("dg", dg) if g is not None else None, _view("dweight", dweight), activation,
+                             norm_before_gate, eps, _threads(), "openmp")
+    return dx, dg, dweight
+
+
+@_norm_gate_backward.register_fake
+def _(x, g, weight, dy, activation, norm_before_gate, eps):
+    dg = g.new_empty(g.shape) if g is not None else x.new_empty(0, dtype=torch.float32)
+    return x.new_empty(x.shape), dg, weight.new_empty(weight.shape)
+
+
+def _setup_norm_gate(ctx, inputs, output):
+    x, g, weight, ctx.activation, ctx.norm_before_gate, ctx.eps = inputs
+    ctx.save_for_backward(x, g, weight)
+
+
+def _norm_gate_backward_formula(ctx, dy):
+    x, g, weight = ctx.saved_tensors
+    dx, dg, dweight = _norm_gate_backward(x, g, weight, dy, ctx.activation, ctx.norm_before_gate, ctx.eps)
+    return dx, _absent(dg), dweight, None, None, None
+
+
+_norm_gate_forward.register_autograd(_norm_gate_backward_formula, setup_context=_setup_norm_gate)
+
+
+def rms_norm_gated(x: Tensor, g: Optional[Tensor], weight: Tensor, activation: str = "silu", eps: float = 1e-5,
+                   norm_before_gate: bool = True) -> Tensor:
+    """The output norm and gate (FLA's ``rms_norm_gated``) over the last axis D of x [..., D]:
+    ``x / rms(x) * weight * act(g)``, or with ``norm_before_gate=False`` (Mamba-2's order)
+    ``u / rms(u) * weight`` with ``u = x * act(g)``; without g, ``x / rms(x) * weight``.
+    activation: "silu" (or "swish"), "sigmoid" or "none". g has x's shape; weight [D] is used in
+    float32 (a bfloat16 weight is widened, its gradient comes back in its dtype). y has x's dtype."""
+    shape = _args.rows4(x.shape)
+    y = _norm_gate_forward(x.reshape(shape), None if g is None else g.reshape(shape), weight.float(),
+                           _args.norm_activation(activation), bool(norm_before_gate), float(eps))
+    return y.reshape(x.shape)

@@ -206,6 +206,56 @@ ffi::Error conv_backward_impl(ffi::ThreadPool pool, std::string_view activation,
   });
 }
 
+NormGateOptions norm_gate_options(std::string_view activation, int64_t norm_before_gate, float eps) {
+  NormGateOptions options;
+  options.activation = parse_activation(activation);
+  options.norm_before_gate = norm_before_gate != 0;
+  options.eps = eps;
+  return options;
+}
+
+ffi::Error norm_gate_forward_impl(ffi::ThreadPool pool, std::string_view activation, int64_t norm_before_gate,
+                                  float eps, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer weight,
+                                  ffi::Result<ffi::AnyBuffer> y) {
+  return guarded([&] {
+    NormGateArgs args;
+    args.x = tensor_of(x);
+    args.g = tensor_of(g);
+    args.weight = tensor_of(weight);
+    args.y = output_of(y);
+    norm_gate_forward(args, norm_gate_options(activation, norm_before_gate, eps), context_of(pool));
+  });
+}
+
+ffi::Error norm_gate_backward_impl(ffi::ThreadPool pool, std::string_view activation, int64_t norm_before_gate,
+                                   float eps, ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::AnyBuffer weight,
+                                   ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dg,
+                                   ffi::Result<ffi::AnyBuffer> dweight) {
+  return guarded([&] {
+    NormGateBackwardArgs args;
+    args.x = tensor_of(x);
+    args.g = tensor_of(g);
+    args.weight = tensor_of(weight);
+    args.dy = tensor_of(dy);
+    args.dx = output_of(dx);
+    args.dg = output_of(dg);
+    args.dweight = output_of(dweight);
+    norm_gate_backward(args, norm_gate_options(activation, norm_before_gate, eps), context_of(pool));
+  });
+}
+
+// The norm's attributes and inputs x, g, weight.
+template <class Binding>
+auto with_norm_gate(Binding binding) {
+  return std::move(binding)
+      .template Attr<std::string_view>("activation")
+      .template Attr<int64_t>("norm_before_gate")
+      .template Attr<float>("eps")
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>();
+}
+
 // The attributes of the recurrence's calls, in their order.
 template <class Binding>
 auto with_options(Binding binding) {
@@ -279,11 +329,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatConvBackward, conv_backward_impl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatNormGateForward, norm_gate_forward_impl,
+                              with_norm_gate(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()).Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatNormGateBackward, norm_gate_backward_impl,
+                              with_norm_gate(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
 std::vector<std::pair<std::string, void*>> jax_ffi_handlers() {
   return {{"flat_forward", reinterpret_cast<void*>(FlatForward)},
           {"flat_backward", reinterpret_cast<void*>(FlatBackward)},
           {"flat_conv_forward", reinterpret_cast<void*>(FlatConvForward)},
-          {"flat_conv_backward", reinterpret_cast<void*>(FlatConvBackward)}};
+          {"flat_conv_backward", reinterpret_cast<void*>(FlatConvBackward)},
+          {"flat_norm_gate_forward", reinterpret_cast<void*>(FlatNormGateForward)},
+          {"flat_norm_gate_backward", reinterpret_cast<void*>(FlatNormGateBackward)}};
 }
 
 }  // namespace flat::python

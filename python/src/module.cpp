@@ -23,6 +23,7 @@
 #include "host_threads.h"
 #include "jax_ffi.h"
 #include "ref/conv_reference.h"
+#include "ref/norm_reference.h"
 #include "ref/reference.h"
 #include "variants.h"
 
@@ -182,6 +183,44 @@ void conv_backward(const View& x, const View& weight, const Opt& bias, const Opt
   flat::conv_backward(args, options, context);
 }
 
+NormGateOptions norm_gate_options(const std::string& activation, bool norm_before_gate, float eps) {
+  NormGateOptions options;
+  options.activation = parse_activation(activation);
+  options.norm_before_gate = norm_before_gate;
+  options.eps = eps;
+  return options;
+}
+
+void norm_gate_forward(const View& x, const Opt& g, const View& weight, const View& y, const std::string& activation,
+                       bool norm_before_gate, float eps, int threads, const std::string& pool) {
+  NormGateArgs args;
+  args.x = tensor_of(x);
+  args.g = tensor_of(g);
+  args.weight = tensor_of(weight);
+  args.y = tensor_of(y);
+  const NormGateOptions options = norm_gate_options(activation, norm_before_gate, eps);
+  const ExecutionContext context = context_of(threads, pool);
+  nb::gil_scoped_release unlocked;
+  flat::norm_gate_forward(args, options, context);
+}
+
+void norm_gate_backward(const View& x, const Opt& g, const View& weight, const View& dy, const View& dx,
+                        const Opt& dg, const View& dweight, const std::string& activation, bool norm_before_gate,
+                        float eps, int threads, const std::string& pool) {
+  NormGateBackwardArgs args;
+  args.x = tensor_of(x);
+  args.g = tensor_of(g);
+  args.weight = tensor_of(weight);
+  args.dy = tensor_of(dy);
+  args.dx = tensor_of(dx);
+  args.dg = tensor_of(dg);
+  args.dweight = tensor_of(dweight);
+  const NormGateOptions options = norm_gate_options(activation, norm_before_gate, eps);
+  const ExecutionContext context = context_of(threads, pool);
+  nb::gil_scoped_release unlocked;
+  flat::norm_gate_backward(args, options, context);
+}
+
 // ---- The float64 oracles, on dense numpy arrays ---------------------------------------------
 
 using Array = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
@@ -260,6 +299,12 @@ NB_MODULE(_core, m) {
         nb::arg("pool"));
 
   // The variants' table: name -> (gate, update, default gate group).
+  m.def("norm_gate_forward", &python::norm_gate_forward, nb::arg("x"), nb::arg("g").none(), nb::arg("weight"),
+        nb::arg("y"), nb::arg("activation"), nb::arg("norm_before_gate"), nb::arg("eps"), nb::arg("threads"),
+        nb::arg("pool"));
+  m.def("norm_gate_backward", &python::norm_gate_backward, nb::arg("x"), nb::arg("g").none(), nb::arg("weight"),
+        nb::arg("dy"), nb::arg("dx"), nb::arg("dg").none(), nb::arg("dweight"), nb::arg("activation"),
+        nb::arg("norm_before_gate"), nb::arg("eps"), nb::arg("threads"), nb::arg("pool"));
   m.def("variants", [] {
     std::vector<std::tuple<std::string, std::string, std::string, int>> out;
     static const char* kGates[] = {"none", "per_sequence", "per_token", "per_channel", "grouped"};
@@ -338,6 +383,33 @@ NB_MODULE(_core, m) {
       nb::arg("B"), nb::arg("S"), nb::arg("C"), nb::arg("W"), nb::arg("activation"), nb::arg("x"),
       nb::arg("weight"), nb::arg("bias").none(), nb::arg("state0").none(), nb::arg("dy"), nb::arg("dstate").none(),
       "The convolution's float64 oracle: (y, state, dx, dweight, dbias, dstate0).");
+
+  m.def(
+      "reference_norm_gate",
+      [](int rows, int N, int D, const std::string& activation, bool norm_before_gate, double eps, const Array& x,
+         const std::optional<Array>& g, const Array& weight, const Array& dy) {
+        ref::NormGateProblem p;
+        p.rows = rows;
+        p.N = N;
+        p.D = D;
+        p.activation = parse_activation(activation);
+        p.norm_before_gate = norm_before_gate;
+        p.eps = eps;
+        ref::NormGateInputs in;
+        in.x = vector_of(x);
+        in.g = vector_of(g);
+        in.weight = vector_of(weight);
+        std::vector<double> y = ref::norm_gate_forward(p, in);
+        ref::NormGateGradients d = ref::norm_gate_backward(p, in, vector_of(dy));
+        const std::vector<size_t> shape{size_t(rows), size_t(D)};
+        return std::make_tuple(array_of(std::move(y), shape), array_of(std::move(d.dx), shape),
+                               g ? std::optional<Result>(array_of(std::move(d.dg), shape)) : std::nullopt,
+                               array_of(std::move(d.dweight), {d.dweight.size() / size_t(D), size_t(D)}));
+      },
+      nb::arg("rows"), nb::arg("N"), nb::arg("D"), nb::arg("activation"), nb::arg("norm_before_gate"), nb::arg("eps"), nb::arg("x"),
+      nb::arg("g").none(), nb::arg("weight"), nb::arg("dy"),
+      "The output norm's float64 oracle on [rows, D] arrays, head r % N for row r, weight [D] or [N, D]: (y, dx, "
+      "dg or None, dweight as [1 or N, D]).");
 
   m.def(
       "jax_ffi_targets",

@@ -6,6 +6,7 @@
 #include "backend.h"
 #include "conv/conv.h"
 #include "cpu/recurrence.h"
+#include "norm/norm.h"
 
 namespace flat::cpu {
 namespace {
@@ -25,11 +26,16 @@ void forward(const Params& p, const ExecutionContext& context) { recurrence_forw
 void backward(const Params& p, const ExecutionContext& context) { recurrence_backward(p, run_of(context)); }
 void forward_conv(const ConvParams& p, const ExecutionContext& context) { conv_forward(p, run_of(context)); }
 void backward_conv(const ConvParams& p, const ExecutionContext& context) { conv_backward(p, run_of(context)); }
+void forward_norm_gate(const NormGateParams& p, const ExecutionContext& context) { norm_gate_forward(p, run_of(context)); }
+void backward_norm_gate(const NormGateParams& p, const ExecutionContext& context) {
+  norm_gate_backward(p, run_of(context));
+}
 
 }  // namespace
 
 const Backend& backend() {
-  static const Backend cpu{Device::cpu, check_values, forward, backward, forward_conv, backward_conv};
+  static const Backend cpu{Device::cpu,  check_values,      forward,           backward,
+                           forward_conv, backward_conv,     forward_norm_gate, backward_norm_gate};
   return cpu;
 }
 

@@ -1,11 +1,13 @@
 // What a target's translation unit (src/cpu/target_<name>.cpp) builds its Target with: the chunk
-// stages and the convolution's leaves instantiated on the target's microkernels. Include only
-// there: everything here has internal linkage, a copy per target compiled with its flags.
+// stages and the leaves of the convolution and of the output norm, instantiated on the target's
+// microkernels. Include only there: everything here has internal linkage, a copy per target
+// compiled with its flags.
 #pragma once
 
 #include "conv/conv_leaf.h"
 #include "cpu/stages/single_chunk.h"
 #include "cpu/targets.h"
+#include "norm/norm_leaf.h"
 
 namespace flat::cpu {
 namespace {
@@ -40,7 +42,8 @@ struct TableOps {
 // A target from its microkernels and the convolution's row primitives.
 template <const MicroKernels& M, class ConvRows>
 Target make_target(const char* name, const char* products) {
-  return {name, products, stages::make_sequence_kernels<TableOps<M>>(), make_conv_kernels<ConvRows>(), M};
+  return {name, products, stages::make_sequence_kernels<TableOps<M>>(), make_conv_kernels<ConvRows>(),
+          make_norm_gate_kernels<M>(), M};
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The instruction-set targets of the CPU backend. One list, FLAT_CPU_TARGETS in CMakeLists.txt,
 // decides what is compiled: each target is a translation unit src/cpu/target_<name>.cpp built
 // with the target's flags, which instantiates the chunk stages (src/cpu/stages/) and the
-// convolution's leaves (src/conv/conv_leaf.h) on its own microkernels (src/cpu/kernels/) and
+// convolution's and the output norm's leaves (src/conv/conv_leaf.h, src/norm/norm_leaf.h) on its
+// own microkernels (src/cpu/kernels/) and
 // returns a Target. CMake passes the list on (flat_cpu_targets.inc), and from it come the dispatch
 // below, the name flat bench prints and the targets the tests run. targets.cpp says which ones
 // the CPU runs and which one a call runs on.
@@ -14,6 +15,7 @@
 #include "conv/conv_kernels.h"
 #include "cpu/kernels/product.h"
 #include "cpu/sequence_kernels.h"
+#include "norm/norm_kernels.h"
 
 namespace flat::cpu {
 
@@ -39,6 +41,7 @@ struct Target {
   const char* products;  // what its chunk products run on, in words (flat bench's title)
   SequenceKernels sequence;
   ConvKernels conv;
+  NormGateKernels norm;
   MicroKernels micro;
   // The per-thread scope: entered by the drivers on each worker thread before its range of work
   // and left after it, for state a target keeps per thread (a tile configuration); may be null.

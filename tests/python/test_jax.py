@@ -107,6 +107,27 @@ def test_conv_matches_the_oracle():
         expect_close(name, np.asarray(got), expected, 1e-5)
 
 
+@pytest.mark.parametrize("activation, norm_before_gate", [("silu", True), ("sigmoid", False)])
+def test_rms_norm_gated_matches_the_oracle(activation, norm_before_gate):
+    rng = np.random.default_rng(5)
+    B, T, H, D = 2, 17, 3, 20
+    xs = [np.asarray(a, np.float32).astype(np.float64) for a in (
+        rng.standard_normal((B, T, H, D)), 2 * rng.standard_normal((B, T, H, D)), 1 + rng.standard_normal(D),
+        rng.standard_normal((B, T, H, D)))]
+    rows = B * T * H
+    want = _core.reference_norm_gate(rows, H, D, activation, norm_before_gate, 1e-5, xs[0].reshape(rows, D),
+                                     xs[1].reshape(rows, D), xs[2], xs[3].reshape(rows, D))
+    x, g, weight, dy = (jnp.asarray(a, jnp.float32) for a in xs)
+
+    def loss(x, g, weight):
+        return jnp.sum(fj.rms_norm_gated(x, g, weight, activation, norm_before_gate=norm_before_gate) * dy)
+
+    y = fj.rms_norm_gated(x, g, weight, activation, norm_before_gate=norm_before_gate)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, g, weight)
+    for name, got, expected in zip(("y", "dx", "dg", "dweight"), (y, *grads), want):
+        expect_close(name, np.asarray(got).reshape(expected.shape), expected, 1e-5)
+
+
 def test_bad_input_raises_with_the_librarys_message():
     q = jnp.zeros((2, 30, 2, 16))
     with pytest.raises(Exception, match="flat: g: expected finite values <= 0"):

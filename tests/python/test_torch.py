@@ -130,6 +130,44 @@ def test_conv_matches_the_oracle():
         expect_close(name, got, expected, 1e-5)
 
 
+@pytest.mark.parametrize("activation, norm_before_gate, gate", [
+    ("silu", True, True), ("sigmoid", True, True), ("silu", False, True), ("sigmoid", False, True),
+    ("silu", True, False)])
+def test_rms_norm_gated_matches_the_oracle(activation, norm_before_gate, gate):
+    """The gate read in place as a column block of a wider projection [B, T, 3 H D]."""
+    rng = np.random.default_rng(5)
+    B, T, H, D = 2, 33, 3, 20
+    x, z, weight, dy = (np.asarray(a, np.float32).astype(np.float64) for a in (
+        rng.standard_normal((B, T, H, D)), 2 * rng.standard_normal((B, T, H, D)), 1 + rng.standard_normal(D),
+        rng.standard_normal((B, T, H, D))))
+    rows = B * T * H
+    want = _core.reference_norm_gate(rows, H, D, activation, norm_before_gate, 1e-5, x.reshape(rows, D),
+                                     z.reshape(rows, D) if gate else None, weight, dy.reshape(rows, D))
+    tx, tw = (torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (x, weight))
+    projection = torch.zeros(B, T, 3 * H * D)
+    projection[..., H * D:2 * H * D] = torch.tensor(z, dtype=torch.float32).reshape(B, T, H * D)
+    projection.requires_grad_()
+    tg = projection[..., H * D:2 * H * D].view(B, T, H, D) if gate else None
+    y = ft.rms_norm_gated(tx, tg, tw, activation=activation, norm_before_gate=norm_before_gate)
+    y.backward(torch.tensor(dy, dtype=torch.float32))
+    got = [y.detach(), tx.grad, projection.grad[..., H * D:2 * H * D].reshape(B, T, H, D) if gate else None, tw.grad]
+    for name, g, w in zip(("y", "dx", "dg", "dweight"), got, want):
+        if w is not None:
+            expect_close(name, g.reshape(w.shape), w, 1e-5)
+    if gate:
+        assert torch.count_nonzero(projection.grad[..., :H * D]) == 0
+
+
+def test_rms_norm_gated_opcheck_and_bad_input():
+    x, g = (torch.randn(2, 5, 2, 8, requires_grad=True) for _ in range(2))
+    weight = torch.randn(8, requires_grad=True)
+    torch.library.opcheck(torch.ops.flat.norm_gate_forward.default, (x, g, weight, "sigmoid", True, 1e-5))
+    with pytest.raises(ValueError, match="flat: weight: expected shape \\[D=8\\], got \\[7\\]"):
+        ft.rms_norm_gated(x, g, torch.randn(7))
+    with pytest.raises(ValueError, match="flat: activation: expected silu"):
+        ft.rms_norm_gated(x, g, weight, activation="gelu")
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda a: a.update(g=-torch.rand(2, 30, 3, 16)), "flat: g: head count Ng = 3 does not fit"),
     (lambda a: a.update(g=torch.rand(2, 30, 2, 16) + 0.5), "flat: g: expected finite values <= 0"),

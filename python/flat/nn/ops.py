@@ -1,0 +1,158 @@
+"""The three operations a layer is built from, in two implementations with one signature:
+
+- ``KERNELS``: flat's kernels (flat.torch), float32 or bfloat16;
+- ``REFERENCE``: the same operations in plain PyTorch, any dtype (the layer tests run it in
+  float64): the recurrence token by token exactly as docs/variants.md writes it, the convolution
+  as ``F.conv1d`` over the state and the input, the norm as its formula. Autograd differentiates
+  it, so it checks the kernels' gradients independently of their derivation.
+
+A layer takes ``ops=`` (``"kernels"``, the default, or ``"reference"``), so one module can be
+checked against itself.
+"""
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import torch as ft
+from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, norm_activation
+
+
+class Ops(NamedTuple):
+    # recurrence(variant, q, k, v, g=, beta=, b=, w=, scale=, initial_state=, output_final_state=,
+    #            use_qk_l2norm_in_kernel=, gate_group=) -> (o [B, T, N, V], final_state or None)
+    recurrence: object
+    # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation)
+    #   -> (y, final_state or None)
+    conv: object
+    # norm(x [..., D], g or None, weight [D] or [N, D], activation, eps, norm_before_gate) -> y
+    norm: object
+
+
+def _kernel_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
+                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None):
+    inputs = {name: t for name, t in dict(g=g, beta=beta, b=b, w=w).items() if t is not None}
+    if gate_group is not None:
+        inputs["gate_group"] = gate_group
+    return getattr(ft, variant)(q, k, v, **inputs, scale=scale, initial_state=initial_state,
+                                output_final_state=output_final_state,
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu"):
+    # The kernel's taps, bias and state are float32 whatever the model's dtype.
+    return ft.conv(x, weight.float(), None if bias is None else bias.float(),
+                   None if initial_state is None else initial_state.float(), output_final_state, activation)
+
+
+KERNELS = Ops(recurrence=_kernel_recurrence, conv=_kernel_conv, norm=ft.rms_norm_gated)
+
+
+# ---- Plain PyTorch ----------------------------------------------------------------------------
+
+
+def _heads(x: Optional[Tensor], N: int, axis: int = 2) -> Optional[Tensor]:
+    """x with its head axis widened to N heads: head n reads input head n // (N / Nx)."""
+    if x is None:
+        return None
+    return x.repeat_interleave(N // x.shape[axis], dim=axis)
+
+
+def _l2norm(x: Tensor) -> Tensor:
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
+                         output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None):
+    """The recurrence one token at a time (docs/variants.md), in q's dtype."""
+    B, T, _, K = q.shape
+    V = v.shape[-1]
+    heads = [q.shape[2], k.shape[2], v.shape[2]]
+    heads += [x.shape[2] for x in (g, beta, b, w) if x is not None and x.dim() >= 3]
+    if g is not None and g.dim() == 1:
+        heads.append(g.shape[0])
+    N = max(heads)
+    dtype = q.dtype
+    q, k, v = (_heads(x.to(dtype), N) for x in (q, k, v))
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    scale = K ** -0.5 if scale is None else scale
+    gate = GATE[variant]
+    if gate == "per_sequence":  # [Ng]: the same decay at every batch and token
+        g = _heads(g.to(dtype), N, axis=0).view(1, 1, N, 1).expand(B, T, N, 1)
+    elif gate == "per_token":  # [B, T, Ng]
+        g = _heads(g.to(dtype), N).unsqueeze(-1)
+    elif gate in ("per_channel", "grouped"):  # [B, T, Ng, K / G]
+        group = gate_group or (K // g.shape[-1]) or DEFAULT_GATE_GROUP[variant]
+        g = _heads(g.to(dtype), N).repeat_interleave(group, dim=-1)
+    update = UPDATE[variant]
+    if update == "delta":
+        b = w = _heads(beta.to(dtype), N).unsqueeze(-1)
+    elif update == "erase_write":
+        b, w = _heads(b.to(dtype), N), _heads(w.to(dtype), N)
+    h = torch.zeros(B, N, K, V, dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    outputs = []
+    for t in range(T):
+        if g is not None:
+            h = torch.exp(g[:, t]).unsqueeze(-1) * h  # Diag(exp g) H: the rows of H
+        kt, vt = k[:, t], v[:, t]
+        if update == "additive":
+            h = h + kt.unsqueeze(-1) * vt.unsqueeze(-2)
+        else:
+            r = w[:, t] * vt - torch.einsum("bnkv,bnk->bnv", h, b[:, t] * kt)
+            h = h + kt.unsqueeze(-1) * r.unsqueeze(-2)
+        outputs.append(scale * torch.einsum("bnkv,bnk->bnv", h, q[:, t]))
+    o = torch.stack(outputs, dim=1).to(v.dtype)
+    return o, (h.float() if dtype == torch.float32 else h) if output_final_state else None
+
+
+def reference_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu"):
+    """The short causal depthwise convolution as F.conv1d over [state, x] (positions before 0 read
+    initial_state, or zeros)."""
+    B, T, C = x.shape
+    W = weight.shape[1]
+    dtype = x.dtype
+    state = torch.zeros(B, C, W - 1, dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    window = torch.cat([state, x.transpose(1, 2)], dim=2)  # [B, C, W - 1 + T]
+    z = F.conv1d(window, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype), groups=C)
+    y = (F.silu(z) if activation == "silu" else z).transpose(1, 2)
+    final = window[:, :, window.shape[2] - (W - 1):] if output_final_state and W > 1 else None
+    return y, final
+
+
+def reference_norm(x, g, weight, activation="silu", eps=1e-5, norm_before_gate=True):
+    """x / rms(x) * weight * act(g), or gate first (u = x * act(g), u / rms(u) * weight)."""
+    activation = norm_activation(activation)
+    act = {"silu": F.silu, "sigmoid": torch.sigmoid, "none": lambda z: z}[activation]
+    weight = weight.to(x.dtype)
+    if g is not None and not norm_before_gate:
+        x = x * act(g.to(x.dtype))
+    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    y = y * (weight if weight.dim() == 1 else weight.view(*([1] * (y.dim() - 2)), *weight.shape))
+    if g is not None and norm_before_gate:
+        y = y * act(g.to(x.dtype))
+    return y
+
+
+REFERENCE = Ops(recurrence=reference_recurrence, conv=reference_conv, norm=reference_norm)
+
+
+def ops_named(name: str) -> Ops:
+    if name == "kernels":
+        return KERNELS
+    if name == "reference":
+        return REFERENCE
+    raise ValueError(f"flat.nn: ops: expected 'kernels' or 'reference', got '{name}'")
+
+
+class State(NamedTuple):
+    """A layer's state between calls (chunked prefill, decoding): the recurrent state
+    [B, N, K, V] float32 and the convolution's last inputs [B, C, W-1] (None without a
+    convolution)."""
+
+    recurrent: Tensor
+    conv: Optional[Tensor]
+
+

@@ -1,0 +1,128 @@
+// The public entry points of the output norm and gate: validate every argument, describe the
+// problem as NormGateParams (src/norm/norm_params.h), then hand it to the tensors' backend.
+// Nothing is written before validation has passed. Messages follow src/api.cpp:
+// "flat: <tensor>: <what was expected>, got <what came>".
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "flat/flat.h"
+#include "norm/norm_params.h"
+#include "validate.h"
+
+namespace flat {
+namespace {
+
+using validate::check_dtype;
+using validate::check_tensor;
+using validate::fail;
+
+// A [B, S, N, D] tensor as rows (b, s, n).
+RowView rows4(const Tensor& t) {
+  RowView r;
+  if (!t.present()) return r;
+  r.base = static_cast<char*>(t.data);
+  r.dtype = t.dtype;
+  r.stride0 = t.stride[0];
+  r.stride1 = t.stride[1];
+  r.stride2 = t.stride[2];
+  return r;
+}
+
+void check_rows(const std::string& name, const Tensor& t, const NormGateParams& p) {
+  check_tensor(name, t, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"D", p.D}});
+}
+
+// [D], or [N, D] with one row of weights per head; dense.
+void check_weight(const std::string& name, const Tensor& t, const NormGateParams& p, int rows) {
+  if (rows == 1) check_tensor(name, t, {{"D", p.D}});
+  else check_tensor(name, t, {{"N", p.N}, {"D", p.D}});
+  check_dtype(name, t, DType::f32, " (the norm's weight is fp32)");
+  if (rows > 1 && t.stride[0] != p.D)
+    fail(name, "expected contiguous rows (stride " + std::to_string(p.D) + " on axis N), got stride " +
+                   std::to_string(t.stride[0]));
+}
+
+int weight_rows_of(const Tensor& weight, const NormGateParams& p) {
+  if (weight.rank == 2) return p.N;
+  return 1;
+}
+
+NormGateParams describe_inputs(const NormGateInputs& in, const NormGateOptions& options) {
+  NormGateParams p;
+  check_tensor("x", in.x, {{"B", -1}, {"S", -1}, {"N", -1}, {"D", -1}});
+  p.B = int(in.x.shape[0]);
+  p.S = int(in.x.shape[1]);
+  p.N = int(in.x.shape[2]);
+  p.D = int(in.x.shape[3]);
+  if (in.g.present()) check_rows("g", in.g, p);
+  if (!in.weight.present()) fail("weight", "required tensor is missing");
+  p.weight_rows = weight_rows_of(in.weight, p);
+  check_weight("weight", in.weight, p, p.weight_rows);
+  const Activation a = options.activation;
+  if (a != Activation::none && a != Activation::silu && a != Activation::sigmoid)
+    fail("options.activation", "expected none, silu or sigmoid, got value " + std::to_string(int(a)));
+  if (!std::isfinite(options.eps) || options.eps <= 0.0f)
+    fail("options.eps", "expected a finite value > 0, got " + std::to_string(options.eps));
+  p.activation = a;
+  p.norm_before_gate = options.norm_before_gate;
+  p.eps = options.eps;
+  p.x = rows4(in.x);
+  p.g = rows4(in.g);
+  p.weight = static_cast<const float*>(in.weight.data);
+  return p;
+}
+
+std::vector<validate::Named> input_views(const NormGateInputs& in) {
+  return {{"x", &in.x}, {"g", &in.g}, {"weight", &in.weight}};
+}
+
+}  // namespace
+
+NormGateParams describe_norm_gate_forward(const NormGateArgs& a, const NormGateOptions& options) {
+  NormGateParams p = describe_inputs(a, options);
+  check_rows("y", a.y, p);
+  validate::check_no_overlap({{"y", &a.y}}, input_views(a));
+  p.y = rows4(a.y);
+  return p;
+}
+
+NormGateParams describe_norm_gate_backward(const NormGateBackwardArgs& a, const NormGateOptions& options) {
+  NormGateParams p = describe_inputs(a, options);
+  check_rows("dy", a.dy, p);
+  check_rows("dx", a.dx, p);
+  check_dtype("dx", a.dx, a.x.dtype, " (the dtype of x)");
+  if (a.g.present()) {
+    check_rows("dg", a.dg, p);
+    check_dtype("dg", a.dg, a.g.dtype, " (the dtype of g)");
+  } else if (a.dg.present()) {
+    fail("dg", "given, but there is no g");
+  }
+  check_weight("dweight", a.dweight, p, p.weight_rows);
+  std::vector<validate::Named> inputs = input_views(a);
+  inputs.push_back({"dy", &a.dy});
+  validate::check_no_overlap({{"dx", &a.dx}, {"dg", &a.dg}, {"dweight", &a.dweight}}, inputs);
+  p.dy = rows4(a.dy);
+  p.dx = rows4(a.dx);
+  p.dg = rows4(a.dg);
+  p.dweight = static_cast<float*>(a.dweight.data);
+  return p;
+}
+
+void norm_gate_forward(const NormGateArgs& args, const NormGateOptions& options, const ExecutionContext& context) {
+  const NormGateParams p = describe_norm_gate_forward(args, options);
+  std::vector<validate::Named> tensors = input_views(args);
+  tensors.push_back({"y", &args.y});
+  backend_for_call(tensors, context).norm_gate_forward(p, context);
+}
+
+void norm_gate_backward(const NormGateBackwardArgs& args, const NormGateOptions& options,
+                        const ExecutionContext& context) {
+  const NormGateParams p = describe_norm_gate_backward(args, options);
+  std::vector<validate::Named> tensors = input_views(args);
+  tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dx", &args.dx}, {"dg", &args.dg}, {"dweight", &args.dweight}});
+  backend_for_call(tensors, context).norm_gate_backward(p, context);
+}
+
+}  // namespace flat
