@@ -265,6 +265,52 @@ TEST(Bench, ConvolutionTableAndJson) {
   }
 }
 
+// The output norm and gate alone, at a shape of its own: its table and its JSON section.
+TEST(Bench, NormGateTableAndJson) {
+  const OutputFiles files;
+  std::ostringstream out, err;
+  const int status = tool::bench_command({"--variant", "norm_gate", "--norm-shape", "1,20,3,40", "--repeats", "1",
+                                          "--threads", "2", "--quick-ceilings", "--json", files.json.string()},
+                                         out, err);
+  ASSERT_EQ(status, 0) << err.str();
+  EXPECT_NE(err.str().find("norm_gate backward, naive ... "), std::string::npos) << err.str();
+  const std::string table = out.str();
+  EXPECT_NE(table.find("Output norm and gate: B=1 S=20 N=3 D=40, silu gate, norm first, weight [D], bf16"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(count(table, "| forward |"), 1u) << table;
+  EXPECT_EQ(count(table, "| backward |"), 1u) << table;
+  EXPECT_EQ(count(table, "Short convolution"), 0u) << table;
+
+  const Json json = JsonParser(read_file(files.json)).document();
+  EXPECT_EQ(json["kernels"].items.size(), 0u);
+  EXPECT_THROW(json["conv"], std::runtime_error);
+  const Json& norm = json["norm_gate"];
+  EXPECT_EQ(norm["shape"]["B"].number, 1);
+  EXPECT_EQ(norm["shape"]["S"].number, 20);
+  EXPECT_EQ(norm["shape"]["N"].number, 3);
+  EXPECT_EQ(norm["shape"]["D"].number, 40);
+  EXPECT_EQ(norm["activation"].text, "silu");
+  EXPECT_EQ(norm["dtype"].text, "bf16");
+  ASSERT_EQ(norm["passes"].items.size(), 2u);
+  const char* passes[] = {"forward", "backward"};
+  for (size_t i = 0; i < 2; ++i) {
+    const Json& p = norm["passes"][i];
+    EXPECT_EQ(p["pass"].text, passes[i]);
+    for (const char* number :
+         {"ms", "bytes", "flops", "gb_per_s", "percent_of_copy", "gflop_per_s", "naive_ms", "speedup_over_naive"})
+      expect_positive(p[number], std::string(passes[i]) + " " + number);
+    // The rates are the counted work over the time.
+    EXPECT_NEAR(p["gb_per_s"].number, p["bytes"].number / p["ms"].number * 1e-6, 1e-4 * p["gb_per_s"].number);
+    EXPECT_NEAR(p["speedup_over_naive"].number, p["naive_ms"].number / p["ms"].number,
+                1e-4 * p["speedup_over_naive"].number);
+  }
+  // x, g, y in bf16 and the fp32 weight; the backward adds dy, dx, dg and dweight.
+  const double n = 1 * 20 * 3 * 40;
+  EXPECT_EQ(norm["passes"][0]["bytes"].number, 3 * n * 2 + 40 * 4);
+  EXPECT_EQ(norm["passes"][1]["bytes"].number, 5 * n * 2 + 2 * 40 * 4);
+}
+
 // Rejected before anything is measured: exit status 2, one line naming the problem, no output.
 TEST(Bench, BadOptionsFailWithOneLine) {
   const std::vector<std::vector<std::string>> cases = {
@@ -282,6 +328,8 @@ TEST(Bench, BadOptionsFailWithOneLine) {
       {"--shape", "1,64,2,16,16", "--json", "/nonexistent-dir/out.json"},
       {"--conv-shape", "1,64,16"},
       {"--conv-shape", "1,64,16,9"},
+      {"--norm-shape", "1,64,16"},
+      {"--norm-shape", "1,0,2,16"},
   };
   for (const auto& args : cases) {
     std::string joined;

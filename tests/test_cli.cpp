@@ -66,19 +66,6 @@ void write_inputs(const fs::path& dir, const Problem& p, bool backward) {
   if (c.dht) write(dir / "dht.npy", state_shape(p), p.dht);
 }
 
-std::set<std::string> file_names(const fs::path& dir) {
-  std::set<std::string> names;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
-  return names;
-}
-
-// The file's values in float64 after checking its shape.
-std::vector<double> read_output(const fs::path& path, const std::vector<int64_t>& shape) {
-  const NpyArray array = read_npy(path);
-  EXPECT_EQ(array.shape, shape) << path.filename();
-  return {array.data.begin(), array.data.end()};
-}
-
 struct RunCase {
   RunCase(const Case& c_, bool backward_, std::optional<float> scale_ = std::nullopt)
       : c(c_), backward(backward_), scale(scale_) {}

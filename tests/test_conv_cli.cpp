@@ -15,24 +15,13 @@
 #include "npy.h"
 #include "run.h"
 #include "run_conv.h"
+#include "run_io.h"
 #include "test_conv_harness.h"
 
 namespace flat::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::vector<double> read_output(const fs::path& path, const std::vector<int64_t>& shape) {
-  const tool::NpyArray array = tool::read_npy(path);
-  EXPECT_EQ(array.shape, shape) << path.filename();
-  return {array.data.begin(), array.data.end()};
-}
-
-std::set<std::string> file_names(const fs::path& dir) {
-  std::set<std::string> names;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
-  return names;
-}
 
 void write_inputs(const fs::path& dir, const ConvData& d, bool backward) {
   const ConvCase& c = d.c;
@@ -134,14 +123,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, ConvCli, ::testing::ValuesIn(cli_cases()),
 
 // Bad inputs: exit status 2, one line naming the file or option, nothing written.
 TEST(ConvCli, BadInputsNamedAndNothingWritten) {
-  struct Bad {
-    const char* what;
-    std::vector<std::pair<std::string, std::vector<int64_t>>> files;  // written with zeros
-    std::vector<std::string> extra_args;
-    const char* fragment;
-  };
   const std::vector<int64_t> x{2, 5, 6}, w{6, 4};
-  const std::vector<Bad> cases = {
+  expect_rejected("conv", {
       {"no x", {{"weight.npy", w}}, {}, "x.npy"},
       {"x rank", {{"x.npy", {2, 5}}, {"weight.npy", w}}, {}, "x.npy: expected shape (B, S, C), got (2, 5)"},
       {"weight C", {{"x.npy", x}, {"weight.npy", {5, 4}}}, {}, "weight.npy: expected shape (C=6, W), got (5, 4)"},
@@ -164,33 +147,19 @@ TEST(ConvCli, BadInputsNamedAndNothingWritten) {
       {"dtype", {{"x.npy", x}, {"weight.npy", w}}, {"--dtype", "f16"}, "--dtype: expected f32 or bf16"},
       {"option", {{"x.npy", x}, {"weight.npy", w}}, {"--chunk", "64"}, "unknown option '--chunk' for conv"},
       {"threads", {{"x.npy", x}, {"weight.npy", w}}, {"--threads", "-2"}, "context.threads"},
-  };
-  for (const Bad& bad : cases) {
-    SCOPED_TRACE(bad.what);
-    TempDir in{"flat_conv_cli_"}, scratch{"flat_conv_cli_"};
-    const fs::path out = scratch / "out";
-    for (const auto& [name, shape] : bad.files) {
-      size_t count = 1;
-      for (int64_t s : shape) count *= size_t(s);
-      write(in / name, shape, std::vector<double>(count, 0.5));
-    }
-    std::vector<std::string> args{"conv", "--in", in.path().string(), "--out", out.string()};
-    args.insert(args.end(), bad.extra_args.begin(), bad.extra_args.end());
-    std::ostringstream stdout_text, stderr_text;
-    EXPECT_EQ(tool::run_command(args, stdout_text, stderr_text), 2);
-    const std::string message = stderr_text.str();
-    EXPECT_NE(message.find(bad.fragment), std::string::npos) << message;
-    EXPECT_EQ(message.find('\n'), message.size() - 1) << "one line: " << message;
-    EXPECT_FALSE(fs::exists(out));
-  }
+  });
 }
 
+// The command is picked by the first argument that is neither an option nor an option's value.
 TEST(ConvCli, VariantIsFoundAmongOptions) {
-  EXPECT_TRUE(tool::is_conv_command({"conv", "--in", "a", "--out", "b"}));
-  EXPECT_TRUE(tool::is_conv_command({"--in", "a", "conv", "--out", "b"}));
-  EXPECT_FALSE(tool::is_conv_command({"--in", "conv", "gla", "--out", "b"}));
-  EXPECT_FALSE(tool::is_conv_command({"gla", "--in", "conv"}));
-  EXPECT_FALSE(tool::is_conv_command({}));
+  EXPECT_EQ(tool::run_variant({"conv", "--in", "a", "--out", "b"}), "conv");
+  EXPECT_EQ(tool::run_variant({"--in", "a", "conv", "--out", "b"}), "conv");
+  EXPECT_EQ(tool::run_variant({"--in", "conv", "gla", "--out", "b"}), "gla");
+  EXPECT_EQ(tool::run_variant({"gla", "--in", "conv"}), "gla");
+  EXPECT_EQ(tool::run_variant({"--l2norm", "conv", "--in", "a"}), "conv");  // a flag takes no value
+  EXPECT_EQ(tool::run_variant({"--gate-first", "norm_gate", "--eps", "1e-6"}), "norm_gate");
+  EXPECT_EQ(tool::run_variant({"--in", "a"}), "");
+  EXPECT_EQ(tool::run_variant({}), "");
 }
 
 // The bench entry at a small shape: both passes timed, the work counted as documented, the
@@ -204,7 +173,7 @@ TEST(ConvBench, SmallShape) {
   o.threads = 2;
   o.repeats = 1;
   o.baseline_repeats = 1;
-  const std::vector<tool::ConvBenchResult> results = tool::bench_conv(o);
+  const std::vector<tool::PassResult> results = tool::bench_conv(o);
   ASSERT_EQ(results.size(), 2u);
   const double n = double(o.B * o.S * o.C), taps = double(o.C) * (o.W + 1) * 4;
   EXPECT_EQ(results[0].pass, "forward");
@@ -213,7 +182,7 @@ TEST(ConvBench, SmallShape) {
   EXPECT_EQ(results[1].pass, "backward");
   EXPECT_EQ(results[1].bytes, 3 * n * 2 + 2 * taps);  // x, dy, dx; weight, bias, dweight, dbias
   EXPECT_EQ(results[1].flops, n * (2 * o.W + 9 + 2 * o.W - 1 + 2 * o.W + 1));
-  for (const tool::ConvBenchResult& r : results) {
+  for (const tool::PassResult& r : results) {
     EXPECT_GT(r.seconds, 0) << r.pass;
     EXPECT_GT(r.gbs(), 0) << r.pass;
     ASSERT_TRUE(r.baseline_seconds) << r.pass;

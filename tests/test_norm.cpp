@@ -17,40 +17,10 @@
 #include "harness.h"
 #include "norm/norm.h"
 #include "ref/norm_reference.h"
+#include "test_norm_harness.h"
 
 namespace flat::test {
 namespace {
-
-struct NormCase {
-  DType x_dtype = DType::f32;  // x and dx
-  DType g_dtype = DType::f32;  // g and dg
-  DType y_dtype = DType::f32;  // y and dy
-  int B = 2, S = 5, N = 3, D = 16;
-  bool gate = true;
-  Activation activation = Activation::silu;
-  bool norm_before_gate = true;
-  bool strided = false;  // every [B, S, N, D] tensor a view with gaps between heads, rows and batches
-  bool weight_per_head = false;  // weight [N, D] instead of [D]
-  int threads = 2;
-  uint64_t seed = 1;
-  double g_scale = 2.0;  // of the gate's inputs
-  double x_scale = 1.0;
-
-  std::string name() const {
-    std::string s = "D" + std::to_string(D) + "_" + std::to_string(B) + "x" + std::to_string(S) + "x" +
-                    std::to_string(N) + "_" + std::string(dtype_name(x_dtype)) + std::string(dtype_name(g_dtype)) +
-                    std::string(dtype_name(y_dtype));
-    s += gate ? "_" + std::string(activation_name(activation)) + (norm_before_gate ? "_normfirst" : "_gatefirst")
-              : "_nogate";
-    if (strided) s += "_strided";
-    if (weight_per_head) s += "_headweights";
-    return s;
-  }
-};
-
-void PrintTo(const NormCase& c, std::ostream* os) { *os << c.name(); }
-
-int64_t rows_of(const NormCase& c) { return int64_t(c.B) * c.S * c.N; }
 
 // A [B, S, N, D] tensor's storage and view: dense, or (strided) with gaps of 3 elements after each
 // head, 5 after each position and 7 after each batch, all NaN-poisoned.
@@ -90,35 +60,6 @@ struct Rows {
       if (!inside[i] && !buffer.is_nan(i)) return false;
     return true;
   }
-};
-
-// Random inputs rounded to their dtypes, as the oracle sees them.
-struct NormData {
-  explicit NormData(const NormCase& cs) : c(cs) {
-    std::mt19937_64 rng(c.seed);
-    std::normal_distribution<double> normal;
-    const size_t n = size_t(rows_of(c)) * size_t(c.D);
-    const auto sample = [&](DType dtype, double scale) {
-      std::vector<double> v(n);
-      for (double& x : v) x = round_to(dtype, scale * normal(rng));
-      return v;
-    };
-    in.x = sample(c.x_dtype, c.x_scale);
-    if (c.gate) in.g = sample(c.g_dtype, c.g_scale);
-    in.weight.resize(size_t(c.weight_per_head ? c.N : 1) * size_t(c.D));
-    for (double& w : in.weight) w = double(float(1.0 + 0.5 * normal(rng)));
-    dy = sample(c.y_dtype, 1.0);
-    problem.rows = int(rows_of(c));
-    problem.D = c.D;
-    problem.N = c.N;
-    problem.activation = c.activation;
-    problem.norm_before_gate = c.norm_before_gate;
-  }
-
-  NormCase c;
-  ref::NormGateProblem problem;
-  ref::NormGateInputs in;
-  std::vector<double> dy;
 };
 
 struct NormResults {

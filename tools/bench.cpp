@@ -1,6 +1,7 @@
 // `flat bench`: in one process, the machine's ceilings, then per variant the fused forward and
-// backward, the baselines on the same inputs and the fused kernels on 1 thread; results as
-// markdown tables, optionally JSON and a roofline plot (tools/report.h).
+// backward, the baselines on the same inputs and the fused kernels on 1 thread, then the short
+// convolution and the output norm and gate against their naive baselines; results as markdown
+// tables, optionally JSON and a roofline plot (tools/report.h).
 #include "bench.h"
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "baseline/baselines.h"
 #include "bench_conv.h"
+#include "bench_norm.h"
 #include "ceilings.h"
 #include "cpu/run.h"
 #include "cpu/targets.h"
@@ -48,8 +50,10 @@ struct BenchOptions {
   int chunk = 64;
   int repeats = 5;
   Solve solve = Solve::automatic;
-  bool conv = true;                // the short convolution,
-  ConvBenchOptions conv_shape;     // at this shape (--conv-shape B,S,C,W; tools/bench_conv.h)
+  bool conv = true;                 // the short convolution,
+  ConvBenchOptions conv_shape;      // at this shape (--conv-shape B,S,C,W; tools/bench_conv.h)
+  bool norm_gate = true;            // the output norm and gate,
+  NormGateBenchOptions norm_shape;  // at this shape (--norm-shape B,S,N,D; tools/bench_norm.h)
   std::string json, plot;       // output files, empty for none
   bool quick_ceilings = false;  // milliseconds of ceiling measurement instead of seconds (tests)
 };
@@ -230,6 +234,14 @@ int64_t parse_integer(const std::string& option, const std::string& text, int64_
   return value;
 }
 
+// A shape's comma-separated sizes, each at least 1.
+std::vector<int64_t> parse_sizes(const std::string& option, const std::string& text) {
+  std::vector<int64_t> sizes;
+  std::stringstream s(text);
+  for (std::string item; std::getline(s, item, ',');) sizes.push_back(parse_integer(option, item, 1));
+  return sizes;
+}
+
 BenchOptions parse(const std::vector<std::string>& args) {
   BenchOptions o;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -240,24 +252,27 @@ BenchOptions parse(const std::vector<std::string>& args) {
     };
     if (a == "--shape") {
       const std::string& text = value();
-      std::vector<int64_t> dims;
-      std::stringstream s(text);
-      for (std::string item; std::getline(s, item, ',');) dims.push_back(parse_integer("--shape", item, 1));
+      const std::vector<int64_t> dims = parse_sizes(a, text);
       if (dims.size() != 5) throw Error("flat bench: --shape expects B,S,N,K,V, got '" + text + "'");
       o.B = dims[0], o.S = dims[1], o.N = dims[2], o.K = dims[3], o.V = dims[4];
     } else if (a == "--conv-shape") {
       const std::string& text = value();
-      std::vector<int64_t> dims;
-      std::stringstream s(text);
-      for (std::string item; std::getline(s, item, ',');) dims.push_back(parse_integer("--conv-shape", item, 1));
+      const std::vector<int64_t> dims = parse_sizes(a, text);
       if (dims.size() != 4 || dims[3] > 8)
         throw Error("flat bench: --conv-shape expects B,S,C,W with W from 1 to 8, got '" + text + "'");
       o.conv_shape.B = dims[0], o.conv_shape.S = dims[1], o.conv_shape.C = dims[2], o.conv_shape.W = int(dims[3]);
+    } else if (a == "--norm-shape") {
+      const std::string& text = value();
+      const std::vector<int64_t> dims = parse_sizes(a, text);
+      if (dims.size() != 4) throw Error("flat bench: --norm-shape expects B,S,N,D, got '" + text + "'");
+      o.norm_shape.B = dims[0], o.norm_shape.S = dims[1], o.norm_shape.N = dims[2], o.norm_shape.D = dims[3];
     } else if (a == "--variant") {
+      // One variant of the recurrence, or one of the other operations alone.
       const std::string& name = value();
       o.conv = name == "conv";
+      o.norm_gate = name == "norm_gate";
       o.variants.clear();
-      if (!o.conv) o.variants.push_back(parse_variant(name));
+      if (!o.conv && !o.norm_gate) o.variants.push_back(parse_variant(name));
     } else if (a == "--threads") {
       o.threads = int(parse_integer(a, value(), 0));
     } else if (a == "--dtype") {
@@ -434,6 +449,14 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
       conv.repeats = o.repeats;
       conv.baseline_repeats = report.baseline_repeats;
       report.conv = BenchReport::Conv{conv, bench_conv(conv, &err)};
+    }
+    if (o.norm_gate) {
+      NormGateBenchOptions norm = o.norm_shape;
+      norm.threads = threads;
+      norm.dtype = o.dtype;
+      norm.repeats = o.repeats;
+      norm.baseline_repeats = report.baseline_repeats;
+      report.norm_gate = BenchReport::NormGate{norm, bench_norm_gate(norm, &err)};
     }
   } catch (const std::exception& e) {
     err << "\nflat bench: " << e.what() << "\n";

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
-#include <string>
 #include <vector>
 
+#include "bench_pass.h"
 #include "flat/flat.h"
 
 namespace flat::tool {
@@ -25,7 +25,7 @@ struct ConvBenchOptions {
   int baseline_repeats = 3;   // timed runs of the baseline (after one warm-up); 0: no baseline
 };
 
-// One pass at the bench's shape.
+// The passes' work at the bench's shape (tools/bench_pass.h):
 //   bytes: what the pass must move, every input read once and every output written once at its
 //     dtype. forward: x, weight, bias read, y written. backward: x, dy, weight, bias read;
 //     dx, dweight, dbias written.
@@ -38,27 +38,11 @@ struct ConvBenchOptions {
 //     unfused: forward z = conv(x) by a per-position, per-channel scalar loop over the taps, then
 //     a separate SiLU pass; backward (from the forward's saved z) dz = dy * SiLU'(z), then dx by
 //     a second loop over the taps, then dweight and dbias by another pass over the sequence.
-struct ConvBenchResult {
-  std::string pass;  // "forward" or "backward"
-  double seconds = 0;
-  double bytes = 0;
-  double flops = 0;
-  std::optional<double> baseline_seconds;
-
-  double gbs() const { return bytes / seconds * 1e-9; }
-  double gflops() const { return flops / seconds * 1e-9; }
-  std::optional<double> speedup() const {
-    if (!baseline_seconds) return std::nullopt;
-    return *baseline_seconds / seconds;
-  }
-};
-
 // Times forward then backward; progress lines go to `progress` when given.
-std::vector<ConvBenchResult> bench_conv(const ConvBenchOptions& options, std::ostream* progress = nullptr);
+std::vector<PassResult> bench_conv(const ConvBenchOptions& options, std::ostream* progress = nullptr);
 
-// The results as a markdown table; with copy_gbs (the measured copy bandwidth, bytes read plus
-// written per second, in GB/s) also each pass's share of it.
-void write_conv_markdown(const ConvBenchOptions& options, const std::vector<ConvBenchResult>& results,
+// The results as a markdown table under a line naming the shape (write_pass_table).
+void write_conv_markdown(const ConvBenchOptions& options, const std::vector<PassResult>& results,
                          std::optional<double> copy_gbs, std::ostream& out);
 
 }  // namespace flat::tool

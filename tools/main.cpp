@@ -1,7 +1,8 @@
 // flat: command-line tool.
-//   flat run VARIANT --in DIR --out DIR [options]   run the kernels on .npy files
-//   flat run conv --in DIR --out DIR [options]      the short convolution on .npy files
-//   flat bench [options]                            time kernels and baselines
+//   flat run VARIANT --in DIR --out DIR [options]     run the kernels on .npy files
+//   flat run conv --in DIR --out DIR [options]        the short convolution on .npy files
+//   flat run norm_gate --in DIR --out DIR [options]   the output norm and gate on .npy files
+//   flat bench [options]                              time kernels and baselines
 #include <iostream>
 #include <string>
 #include <vector>
@@ -18,8 +19,11 @@ std::string usage() {
   return "usage: flat run VARIANT --in DIR --out DIR [--dtype f32|bf16] [--chunk N] [--scale X]\n"
          "                [--l2norm] [--threads N] [--solve subst|blocked|doubling] [--gate-group G]\n"
          "       flat run conv --in DIR --out DIR [--dtype f32|bf16] [--activation silu|none] [--threads N]\n"
-         "       flat bench [--shape B,S,N,K,V] [--variant NAME|conv] [--threads N] [--dtype f32|bf16] [--chunk N]\n"
-         "                  [--repeats N] [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
+         "       flat run norm_gate --in DIR --out DIR [--dtype f32|bf16] [--activation silu|sigmoid|none]\n"
+         "                [--gate-first] [--eps X] [--threads N]\n"
+         "       flat bench [--shape B,S,N,K,V] [--variant NAME|conv|norm_gate] [--conv-shape B,S,C,W]\n"
+         "                  [--norm-shape B,S,N,D] [--threads N] [--dtype f32|bf16] [--chunk N] [--repeats N]\n"
+         "                  [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
          "VARIANT: " + variants + "\n"
          "--threads N: 0 (the default) for every hardware thread; a call runs on at most one thread per\n"
          "             work item and 4 per hardware thread, whatever N asks\n";

@@ -107,6 +107,10 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
     out << "\n";
     write_conv_markdown(r.conv->options, r.conv->results, c.copy_gbs.all, out);
   }
+  if (r.norm_gate) {
+    out << "\n";
+    write_norm_gate_markdown(r.norm_gate->options, r.norm_gate->results, c.copy_gbs.all, out);
+  }
 }
 
 namespace {
@@ -134,6 +138,23 @@ std::string json_timing(const std::optional<Timing>& t) {
   return "{\"ms\": " + json_number(t->seconds * 1e3) + ", \"flops\": " + json_number(t->flops) +
          ", \"bytes\": " + json_number(t->bytes) + ", \"gflop_per_s\": " + json_number(t->gflops()) +
          ", \"gb_per_s\": " + json_number(t->gbs()) + ", \"flop_per_byte\": " + json_number(t->intensity()) + "}";
+}
+
+// The passes of a streaming operation's bench (tools/bench_pass.h) as a JSON array, one object a
+// line, indented to sit inside an object at the top level.
+std::string json_passes(const std::vector<PassResult>& passes, double copy_gbs) {
+  std::string out = "[";
+  for (size_t i = 0; i < passes.size(); ++i) {
+    const PassResult& p = passes[i];
+    out += (i ? "," : "") + std::string("\n      {\"pass\": ") + json_string(p.pass) +
+           ", \"ms\": " + json_number(p.seconds * 1e3) + ", \"bytes\": " + json_number(p.bytes) +
+           ", \"flops\": " + json_number(p.flops) + ", \"gb_per_s\": " + json_number(p.gbs()) +
+           ", \"percent_of_copy\": " + json_number(100.0 * p.gbs() / copy_gbs) +
+           ", \"gflop_per_s\": " + json_number(p.gflops()) + ",\n       \"naive_ms\": " +
+           json_number(p.baseline_seconds ? std::optional<double>(*p.baseline_seconds * 1e3) : std::nullopt) +
+           ", \"speedup_over_naive\": " + json_number(p.speedup()) + "}";
+  }
+  return out + "\n    ]";
 }
 
 }  // namespace
@@ -182,18 +203,19 @@ void write_json(const BenchReport& r, std::ostream& out) {
     out << "    \"bias\": " << (o.bias ? "true" : "false") << ", \"activation\": "
         << json_string(std::string(activation_name(o.activation))) << ", \"dtype\": "
         << json_string(std::string(dtype_name(o.dtype))) << ",\n";
-    out << "    \"passes\": [";
-    for (size_t i = 0; i < r.conv->results.size(); ++i) {
-      const ConvBenchResult& p = r.conv->results[i];
-      out << (i ? "," : "") << "\n      {\"pass\": " << json_string(p.pass) << ", \"ms\": " << json_number(p.seconds * 1e3)
-          << ", \"bytes\": " << json_number(p.bytes) << ", \"flops\": " << json_number(p.flops)
-          << ", \"gb_per_s\": " << json_number(p.gbs())
-          << ", \"percent_of_copy\": " << json_number(100.0 * p.gbs() / c.copy_gbs.all)
-          << ", \"gflop_per_s\": " << json_number(p.gflops()) << ",\n       \"naive_ms\": "
-          << json_number(p.baseline_seconds ? std::optional<double>(*p.baseline_seconds * 1e3) : std::nullopt)
-          << ", \"speedup_over_naive\": " << json_number(p.speedup()) << "}";
-    }
-    out << "\n    ]\n  }";
+    out << "    \"passes\": " << json_passes(r.conv->results, c.copy_gbs.all) << "\n  }";
+  }
+  if (r.norm_gate) {
+    const NormGateBenchOptions& o = r.norm_gate->options;
+    out << ",\n  \"norm_gate\": {\n";
+    out << format("    \"shape\": {\"B\": %lld, \"S\": %lld, \"N\": %lld, \"D\": %lld},\n", (long long)o.B,
+                  (long long)o.S, (long long)o.N, (long long)o.D);
+    out << "    \"gate\": " << (o.gate ? "true" : "false") << ", \"activation\": "
+        << json_string(std::string(activation_name(o.activation)))
+        << ", \"norm_before_gate\": " << (o.norm_before_gate ? "true" : "false")
+        << ", \"weight_per_head\": " << (o.weight_per_head ? "true" : "false")
+        << ", \"dtype\": " << json_string(std::string(dtype_name(o.dtype))) << ",\n";
+    out << "    \"passes\": " << json_passes(r.norm_gate->results, c.copy_gbs.all) << "\n  }";
   }
   out << "\n}\n";
 }

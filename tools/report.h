@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench_conv.h"
+#include "bench_norm.h"
 #include "ceilings.h"
 
 namespace flat::tool {
@@ -47,9 +48,15 @@ struct BenchReport {
   // The short convolution at its own shape, when it was measured.
   struct Conv {
     ConvBenchOptions options;
-    std::vector<ConvBenchResult> results;
+    std::vector<PassResult> results;
   };
   std::optional<Conv> conv;
+  // The output norm and gate at its own shape, when it was measured.
+  struct NormGate {
+    NormGateBenchOptions options;
+    std::vector<PassResult> results;
+  };
+  std::optional<NormGate> norm_gate;
 };
 
 // Where a timing stands under the all-thread ceilings: it is compute bound when its FLOPs at

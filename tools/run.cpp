@@ -21,6 +21,7 @@
 #include "run_io.h"
 #include "validate.h"
 #include "run_conv.h"
+#include "run_norm.h"
 
 namespace flat::tool {
 namespace {
@@ -203,7 +204,9 @@ std::vector<Output> compute(const Config& config) {
 }  // namespace
 
 int run_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  if (is_conv_command(args)) return run_conv_command(args, out, err);
+  const std::string variant = run_variant(args);
+  if (variant == "conv") return run_conv_command(args, out, err);
+  if (variant == "norm_gate") return run_norm_gate_command(args, out, err);
   return run_and_write(
       [&] {
         const Config config = parse_args(args);

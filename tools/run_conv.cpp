@@ -5,14 +5,12 @@
 #include "run_conv.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,18 +30,13 @@ struct Config : RunArgs {
   ConvOptions options;
 };
 
-// Options that take a value; anything else starting with "-" is a flag.
-bool takes_value(std::string_view option) { return option != "--l2norm"; }
-
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
   bool has_conv = false;
   const auto option = [&](const std::string& arg, const OptionValue& value) {
     if (arg == "--activation") {
-      const std::string& text = value();
-      if (text == "silu") config.options.activation = Activation::silu;
-      else if (text == "none") config.options.activation = Activation::none;
-      else throw RunError("--activation: expected silu or none, got '" + text + "'");
+      // The convolution has no sigmoid (include/flat/flat.h).
+      config.options.activation = parse_activation_option(value(), {Activation::silu, Activation::none});
     } else {
       throw RunError("unknown option '" + arg + "' for conv");
     }
@@ -119,17 +112,6 @@ std::vector<Output> compute(const Config& config) {
 }
 
 }  // namespace
-
-bool is_conv_command(const std::vector<std::string>& args) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].starts_with("-")) {
-      if (takes_value(args[i])) ++i;
-      continue;
-    }
-    return args[i] == "conv";  // the first positional argument is the variant
-  }
-  return false;
-}
 
 int run_conv_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   return run_and_write(

@@ -7,9 +7,6 @@
 
 namespace flat::tool {
 
-// Whether a `flat run` command line (everything after `run`) names `conv` as its VARIANT.
-bool is_conv_command(const std::vector<std::string>& args);
-
 // args: everything after `run`, `conv` included. Reads x.npy [B, S, C], weight.npy [C, W] and
 // optionally bias.npy [C], state0.npy [B, C, W-1], dy.npy [B, S, C] and (with dy) dstate.npy
 // [B, C, W-1]; writes y.npy, state.npy (when W > 1) and, with dy, dx.npy, dweight.npy, dbias.npy

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <type_traits>
@@ -64,6 +65,26 @@ DType parse_dtype(const std::string& text) {
   throw RunError("--dtype: expected f32 or bf16, got '" + text + "'");
 }
 
+Activation parse_activation_option(const std::string& text, const std::vector<Activation>& allowed) {
+  std::string names;
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    if (activation_name(allowed[i]) == text) return allowed[i];
+    names += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + std::string(activation_name(allowed[i]));
+  }
+  throw RunError("--activation: expected " + names + ", got '" + text + "'");
+}
+
+std::string run_variant(const std::vector<std::string>& args) {
+  // The options of every `flat run` command that take no value; every other option takes one,
+  // which is skipped with it.
+  constexpr std::string_view kFlags[] = {"--l2norm", "--gate-first"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].starts_with("-")) return args[i];
+    if (std::ranges::find(kFlags, args[i]) == std::end(kFlags)) ++i;
+  }
+  return "";
+}
+
 RunArgs parse_run_args(const std::vector<std::string>& args,
                        const std::function<bool(const std::string& name, const OptionValue& value)>& option,
                        const std::function<void(const std::string& text)>& positional) {
@@ -99,15 +120,24 @@ RunArgs parse_run_args(const std::vector<std::string>& args,
   return run;
 }
 
-NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<FileAxis>& axes) {
+NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<std::vector<FileAxis>>& shapes) {
   NpyArray array = read_npy(dir / name);
-  bool fits = array.shape.size() == axes.size();
-  for (size_t d = 0; fits && d < axes.size(); ++d) fits = axes[d].size < 0 || array.shape[d] == axes[d].size;
-  if (!fits) throw RunError(name + ": expected shape " + format_axes(axes) + ", got " + format_shape(array.shape));
-  for (size_t d = 0; d < axes.size(); ++d)
+  const auto axes = std::ranges::find_if(shapes, [&](const auto& a) { return a.size() == array.shape.size(); });
+  bool fits = axes != shapes.end();
+  for (size_t d = 0; fits && d < axes->size(); ++d) fits = (*axes)[d].size < 0 || array.shape[d] == (*axes)[d].size;
+  if (!fits) {
+    std::string expected;
+    for (size_t i = 0; i < shapes.size(); ++i) expected += (i ? " or " : "") + format_axes(shapes[i]);
+    throw RunError(name + ": expected shape " + expected + ", got " + format_shape(array.shape));
+  }
+  for (size_t d = 0; d < axes->size(); ++d)
     if (array.shape[d] < 1)
-      throw RunError(name + ": axis " + axes[d].name + " is empty in shape " + format_shape(array.shape));
+      throw RunError(name + ": axis " + (*axes)[d].name + " is empty in shape " + format_shape(array.shape));
   return array;
+}
+
+NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<FileAxis>& axes) {
+  return read_input(dir, name, std::vector<std::vector<FileAxis>>{axes});
 }
 
 std::optional<NpyArray> read_optional(const fs::path& dir, const std::string& name, const std::vector<FileAxis>& axes) {

@@ -32,6 +32,14 @@ extern template float parse_number<float>(const std::string&, const std::string&
 // --dtype's value: f32 or bf16.
 DType parse_dtype(const std::string& text);
 
+// --activation's value, one of `allowed` (a command takes the activations its kernel has).
+Activation parse_activation_option(const std::string& text, const std::vector<Activation>& allowed);
+
+// The VARIANT of a `flat run` command line (everything after `run`): its first argument that is
+// neither an option nor an option's value, or empty when there is none. `flat run` picks the
+// command by it (a variant of the recurrence, `conv` or `norm_gate`) before parsing the rest.
+std::string run_variant(const std::vector<std::string>& args);
+
 // The arguments every `flat run` command takes.
 struct RunArgs {
   std::filesystem::path in, out;  // --in (a directory), --out (one, or not there yet)
@@ -58,6 +66,10 @@ struct FileAxis {
 NpyArray read_input(const std::filesystem::path& dir, const std::string& name, const std::vector<FileAxis>& axes);
 std::optional<NpyArray> read_optional(const std::filesystem::path& dir, const std::string& name,
                                       const std::vector<FileAxis>& axes);
+// The same for a file that may take one of several shapes of different ranks (a weight shared by
+// the heads or one per head): checked against the shape of its rank, and the error names them all.
+NpyArray read_input(const std::filesystem::path& dir, const std::string& name,
+                    const std::vector<std::vector<FileAxis>>& shapes);
 
 // A tensor as the kernels see it: float32 as read, or rounded to bf16.
 struct Buffer {
