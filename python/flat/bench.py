@@ -1,4 +1,5 @@
 """python -m flat.bench [--shape B,T,H,K,V] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
+python -m flat.bench --layer [--layer-shape B,T,D,H] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
 
 Times, side by side in one process on the same inputs (gla, bf16, PyTorch's threads):
 
@@ -9,6 +10,12 @@ Times, side by side in one process on the same inputs (gla, bf16, PyTorch's thre
    (FLA's naive chunk form: decays as exp of cumulative log-gates, one chunk's state at a time),
    eagerly and under torch.compile, forward and forward+backward; the ratio is their time over
    flat's.
+
+With --layer, one whole layer instead (flat.nn.GatedLinearAttention configured as the seed paper's:
+4-tap convolution on q, k, v, per-head RMSNorm times a SiLU output gate; heads of K = V = D / H), its
+forward+backward as flat runs it against the same module on plain-PyTorch operations (the chunked
+GLA above, F.conv1d, the norm's formula), eager and under torch.compile, and where flat's time goes:
+the projections, the convolution, the recurrence, the norm and gate, the rest.
 
 Medians of --repeats runs after a warm-up.
 """
@@ -23,6 +30,8 @@ import torch
 import flat
 import flat.torch as ft
 from flat import _core
+from flat.nn import GatedLinearAttention
+from flat.nn.ops import Ops, reference_conv, reference_norm
 
 
 def median_ms(function, repeats):
@@ -66,14 +75,92 @@ def chunk_gla_torch(q, k, v, g, scale, chunk=64):
     return torch.stack(outputs, 2).reshape(B, H, T, V).transpose(1, 2)
 
 
+# The layer in plain PyTorch: the same module on these operations.
+PLAIN = Ops(recurrence=lambda variant, q, k, v, g=None, scale=None, **_: (
+    chunk_gla_torch(q, k, v, g, q.shape[-1] ** -0.5 if scale is None else scale), None),
+    conv=reference_conv, norm=reference_norm)
+
+# Where a layer's time goes: the profiler's operations by part (self time; the rest is "other").
+PARTS = {
+    "projections": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"),
+    "convolution": ("flat::conv_forward", "flat::conv_backward"),
+    "recurrence": ("flat::forward", "flat::backward"),
+    "norm and gate": ("flat::norm_gate_forward", "flat::norm_gate_backward"),
+}
+
+
+def layer_bench(args, dtype):
+    B, T, D, H = (int(x) for x in args.layer_shape.split(","))
+    torch.manual_seed(0)
+    layer = GatedLinearAttention(hidden_size=D, num_heads=H, expand_k=1.0, expand_v=1.0, use_short_conv=True)
+    layer = layer.to(dtype)
+    plain = GatedLinearAttention(hidden_size=D, num_heads=H, expand_k=1.0, expand_v=1.0, use_short_conv=True)
+    plain.load_state_dict(layer.state_dict())
+    plain = plain.to(dtype)
+    plain.ops = PLAIN
+    x = torch.randn(B, T, D, dtype=dtype, requires_grad=True)
+    threads = torch.get_num_threads()
+    print(f"flat.bench --layer: GatedLinearAttention B={B} T={T} hidden={D} heads={H} (K = V = {D // H}), "
+          f"convolution on {3 * D} channels, {args.dtype}, {threads} threads (PyTorch's), target {flat.target()}, "
+          f"torch {torch.__version__}")
+
+    def step(module):
+        def run():
+            module.zero_grad(set_to_none=True)
+            x.grad = None
+            module(x)[0].float().sum().backward()
+        return run
+
+    contenders = [("flat.nn layer", step(layer)), ("plain PyTorch, eager", step(plain))]
+    if not args.no_compile:
+        contenders.append(("plain PyTorch, torch.compile", step(torch.compile(plain))))
+    print("\n| layer | forward+backward ms | ratio |")
+    print("|---|---:|---:|")
+    results = {"shape": dict(B=B, T=T, hidden=D, heads=H), "dtype": args.dtype, "threads": threads,
+               "target": flat.target(), "implementations": []}
+    base = None
+    for name, run in contenders:
+        ms = median_ms(run, args.repeats)
+        base = base or ms
+        print(f"| {name} | {ms:.1f} | x{ms / base:.2f} |")
+        results["implementations"].append(dict(name=name, forward_backward_ms=ms))
+    print("\n(ratio: the time over flat's layer)")
+
+    # Where flat's time goes, from the profiler's operations over --repeats steps.
+    run = step(layer)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for _ in range(args.repeats):
+            run()
+    totals = {part: 0.0 for part in list(PARTS) + ["other"]}
+    for event in profile.key_averages():
+        part = next((p for p, names in PARTS.items() if event.key in names), "other")
+        totals[part] += event.self_cpu_time_total
+    whole = sum(totals.values())
+    print("\n| part of flat's layer | ms per step | share |")
+    print("|---|---:|---:|")
+    for part, us in totals.items():
+        print(f"| {part} | {us / 1e3 / args.repeats:.1f} | {100 * us / whole:.0f}% |")
+    results["breakdown_ms"] = {part: us / 1e3 / args.repeats for part, us in totals.items()}
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flat.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="2,4096,16,128,128", help="B,T,H,K,V")
+    parser.add_argument("--layer", action="store_true", help="time a whole layer instead (see above)")
+    parser.add_argument("--layer-shape", default="1,4096,2048,16",
+                        help="B,T,hidden,heads of --layer (the seed paper's layer at batch 1)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--json", help="write the numbers to this file")
     args = parser.parse_args(argv)
+    if args.layer:
+        results = layer_bench(args, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        return
     B, T, H, K, V = (int(x) for x in args.shape.split(","))
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)

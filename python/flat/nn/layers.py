@@ -21,7 +21,7 @@ run a float64 copy of each layer with it).
 """
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -71,15 +71,12 @@ class FusedRMSNormGated(nn.Module):
         return ops_named(ops).norm(x, g, self.weight, self.activation, self.eps, self.norm_before_gate)
 
 
-def _first_stage(layers: Sequence[nn.Module]) -> List[nn.Linear]:
-    """The Linear that reads x in each entry: the module itself, or the first of a Sequential."""
-    return [m[0] if isinstance(m, nn.Sequential) else m for m in layers]
-
-
 class _Mixer(nn.Module):
     """The pipeline every layer shares. A subclass sets ``variant``, builds its modules, and says
-    which projections read x (``_fused``, q, k, v first), which convolutions run on the q, k, v
-    block (``_convs``), and how its blocks become the recurrence's inputs (``_inputs``)."""
+    which projections read x (``_projections``), how their output splits into named column
+    blocks (``_blocks``; "conv" the convolution's input), which convolutions run on that block
+    (``_convs``), and how the blocks become the recurrence's inputs (``_inputs``) and its output
+    the layer's (``_output``)."""
 
     variant: str = ""
 
@@ -90,25 +87,24 @@ class _Mixer(nn.Module):
 
     # -- what a subclass provides ---------------------------------------------------------------
 
-    def _fused(self) -> List[nn.Linear]:
+    def _projections(self) -> List[nn.Linear]:
+        raise NotImplementedError
+
+    def _blocks(self) -> List[Tuple[str, int]]:
         raise NotImplementedError
 
     def _convs(self) -> List[ShortConvolution]:
         return []
 
-    def _conv_start(self) -> int:
-        """The column where the convolution's block starts in the projection."""
-        return 0
-
     def _out_proj(self) -> nn.Linear:
         return self.o_proj
 
-    def _inputs(self, x: Tensor, qkv: Tensor, blocks: List[Tensor]) -> dict:
+    def _inputs(self, x: Tensor, blocks: Dict[str, Tensor]) -> dict:
         """The recurrence's arguments (q, k, v, g, beta, b, w, scale, gate_group,
-        use_qk_l2norm_in_kernel) from the convolved q, k, v block and the projection's other blocks."""
+        use_qk_l2norm_in_kernel) from the blocks, "conv" replaced by the convolution's output."""
         raise NotImplementedError
 
-    def _output(self, o: Tensor, x: Tensor, qkv: Tensor, blocks: List[Tensor]) -> Tensor:
+    def _output(self, o: Tensor, x: Tensor, blocks: Dict[str, Tensor]) -> Tensor:
         """The norm and gate on the recurrence's output o [B, T, N, V], flattened to [B, T, N V]."""
         raise NotImplementedError
 
@@ -118,37 +114,34 @@ class _Mixer(nn.Module):
                 output_final_state: bool = False) -> Tuple[Tensor, Optional[State]]:
         _check(hidden_states.dim() == 3, f"hidden_states: expected [B, T, hidden_size], got {list(hidden_states.shape)}")
         ops = ops_named(self.ops)
-        fused = self._fused()
+        fused = self._projections()
         weight = torch.cat([p.weight for p in fused]) if len(fused) > 1 else fused[0].weight
         bias = None
         if any(p.bias is not None for p in fused):
             bias = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in fused])
         projection = F.linear(hidden_states, weight, bias)  # [B, T, sum of the blocks' widths]
-        blocks, start = [], 0
-        for p in fused:
-            blocks.append(projection[..., start:start + p.out_features])
-            start += p.out_features
+        # Views of the projection's column blocks; split's backward writes their gradients into one
+        # buffer, where a view per block would zero a projection-sized gradient for each.
+        names, widths = zip(*self._blocks())
+        blocks = dict(zip(names, projection.split(list(widths), dim=-1)))
 
-        convs = self._convs()
         conv_state = None
-        qkv = None
+        convs = self._convs()
         if convs:
-            width = sum(c.hidden_size for c in convs)
             conv_weight = torch.cat([c.weight.squeeze(1) for c in convs])
             conv_bias = None
             if any(c.bias is not None for c in convs):
                 conv_bias = torch.cat([c.bias if c.bias is not None else c.weight.new_zeros(c.hidden_size)
                                        for c in convs])
-            start = self._conv_start()
-            qkv, conv_state = ops.conv(projection[..., start:start + width], conv_weight, conv_bias,
-                                       None if initial_state is None else initial_state.conv, output_final_state,
-                                       "silu")
-        args = self._inputs(hidden_states, qkv, blocks)
+            blocks["conv"], conv_state = ops.conv(blocks["conv"], conv_weight, conv_bias,
+                                                  None if initial_state is None else initial_state.conv,
+                                                  output_final_state, "silu")
+        args = self._inputs(hidden_states, blocks)
         q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
         o, recurrent = ops.recurrence(self.variant, q, k, v, **args,
                                       initial_state=None if initial_state is None else initial_state.recurrent,
                                       output_final_state=output_final_state)
-        o = self._out_proj()(self._output(o, hidden_states, qkv, blocks))
+        o = self._out_proj()(self._output(o, hidden_states, blocks))
         return o, (State(recurrent, conv_state) if output_final_state else None)
 
 
@@ -156,14 +149,6 @@ def _heads_view(x: Tensor, heads: int) -> Tensor:
     """A [B, T, heads * D] block as [B, T, heads, D], in place."""
     B, T, width = x.shape
     return x.view(B, T, heads, width // heads)
-
-
-def _split(qkv: Tensor, widths: Sequence[int]) -> List[Tensor]:
-    out, start = [], 0
-    for w in widths:
-        out.append(qkv[..., start:start + w])
-        start += w
-    return out
 
 
 def _feature_map(name: Optional[str], x: Tensor) -> Tensor:
@@ -202,14 +187,28 @@ class _QKVMixer(_Mixer):
             self.k_conv1d = ShortConvolution(key_dim_kv, conv_size, conv_bias)
             self.v_conv1d = ShortConvolution(value_dim_kv, conv_size, conv_bias)
 
+    def _extra(self) -> List[Tuple[str, nn.Linear]]:
+        """The projections after q, k, v that read x, by block name."""
+        raise NotImplementedError
+
+    def _projections(self) -> List[nn.Linear]:
+        return [self.q_proj, self.k_proj, self.v_proj] + [linear for _, linear in self._extra()]
+
+    def _qkv_widths(self) -> List[int]:
+        return [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
+
+    def _blocks(self) -> List[Tuple[str, int]]:
+        qkv = [("conv", sum(self._qkv_widths()))] if self.use_short_conv else list(
+            zip(("q", "k", "v"), self._qkv_widths()))
+        return qkv + [(name, linear.out_features) for name, linear in self._extra()]
+
     def _convs(self) -> List[ShortConvolution]:
         return [self.q_conv1d, self.k_conv1d, self.v_conv1d] if self.use_short_conv else []
 
-    def _qkv(self, qkv: Optional[Tensor], blocks: List[Tensor], heads: Tuple[int, int, int]) -> List[Tensor]:
-        """q, k, v as [B, T, H, D] views: of the convolution's output, or of the projection (then
-        through SiLU when the layer asks for it without a convolution)."""
-        widths = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
-        parts = _split(qkv, widths) if qkv is not None else blocks[:3]
+    def _qkv(self, blocks: Dict[str, Tensor], heads: Tuple[int, int, int]) -> List[Tensor]:
+        """q, k, v as [B, T, H, D] views of the convolution's output, or of the projection."""
+        parts = blocks["conv"].split(self._qkv_widths(), dim=-1) if self.use_short_conv else (
+            blocks["q"], blocks["k"], blocks["v"])
         return [_heads_view(p, h) for p, h in zip(parts, heads)]
 
 
@@ -237,14 +236,14 @@ class LinearAttention(_QKVMixer):
         self.norm = FusedRMSNormGated(self.head_v_dim, norm_eps)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def _fused(self):
-        return [self.q_proj, self.k_proj, self.v_proj]
+    def _extra(self):
+        return []
 
-    def _inputs(self, x, qkv, blocks):
-        q, k, v = self._qkv(qkv, blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
+    def _inputs(self, x, blocks):
+        q, k, v = self._qkv(blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
         return dict(q=_feature_map(self.feature_map, q), k=_feature_map(self.feature_map, k), v=v)
 
-    def _output(self, o, x, qkv, blocks):
+    def _output(self, o, x, blocks):
         return self.norm(o, None, self.ops).flatten(2)
 
 
@@ -274,18 +273,18 @@ class MultiScaleRetention(_QKVMixer):
         self.g_norm_swish_gate = FusedRMSNormGated(self.head_v_dim, norm_eps, gate_fn)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def _fused(self):
-        return [self.q_proj, self.k_proj, self.v_proj] + ([self.g_proj] if self.use_output_gate else [])
+    def _extra(self):
+        return [("gate", self.g_proj)] if self.use_output_gate else []
 
-    def _inputs(self, x, qkv, blocks):
-        q, k, v = self._qkv(qkv, blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
+    def _inputs(self, x, blocks):
+        q, k, v = self._qkv(blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
         # log gamma_h = log(1 - 2^(-5-h)), float32 (float64 for a float64 layer).
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         log_gamma = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(self.num_heads, dtype=dtype)))
         return dict(q=q, k=k, v=v, g=log_gamma)
 
-    def _output(self, o, x, qkv, blocks):
-        gate = _heads_view(blocks[3], self.num_heads) if self.use_output_gate else None
+    def _output(self, o, x, blocks):
+        gate = _heads_view(blocks["gate"], self.num_heads) if self.use_output_gate else None
         return self.g_norm_swish_gate(o, gate, self.ops).flatten(2)
 
 
@@ -320,19 +319,19 @@ class GatedLinearAttention(_QKVMixer):
         self.g_norm_swish_gate = FusedRMSNormGated(self.head_v_dim, norm_eps, gate_fn)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def _fused(self):
-        gates = [self.g_proj] if self.use_output_gate else []
-        return [self.q_proj, self.k_proj, self.v_proj] + gates + _first_stage([self.gk_proj])
+    def _extra(self):
+        gate = [("gate", self.g_proj)] if self.use_output_gate else []
+        return gate + [("forget", self.gk_proj[0])]
 
-    def _inputs(self, x, qkv, blocks):
-        q, k, v = self._qkv(qkv, blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
-        gk = F.logsigmoid(self.gk_proj[1](blocks[-1]).float()) / self.gate_logit_normalizer
+    def _inputs(self, x, blocks):
+        q, k, v = self._qkv(blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
+        gk = F.logsigmoid(self.gk_proj[1](blocks["forget"]).float()) / self.gate_logit_normalizer
         if self.clamp_min is not None:
             gk = gk.clamp_min(self.clamp_min)
         return dict(q=q, k=k, v=v, g=_heads_view(gk, self.num_kv_heads))
 
-    def _output(self, o, x, qkv, blocks):
-        gate = _heads_view(blocks[3], self.num_heads) if self.use_output_gate else None
+    def _output(self, o, x, blocks):
+        gate = _heads_view(blocks["gate"], self.num_heads) if self.use_output_gate else None
         return self.g_norm_swish_gate(o, gate, self.ops).flatten(2)
 
 
@@ -342,9 +341,9 @@ class _DeltaMixer(_QKVMixer):
     with allow_neg_eigval), and an output norm ``o_norm`` gated by ``g_proj`` when the layer has
     one."""
 
-    def _delta_inputs(self, qkv, blocks, heads, beta_logits: Optional[Tensor]) -> dict:
+    def _delta_inputs(self, blocks, heads, beta_logits: Optional[Tensor]) -> dict:
         """q, k, v and beta [B, T, Hb] from its logits (all ones without them)."""
-        q, k, v = self._qkv(qkv, blocks, heads)
+        q, k, v = self._qkv(blocks, heads)
         if not self.use_short_conv:
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         if beta_logits is None:
@@ -380,16 +379,15 @@ class DeltaNet(_DeltaMixer):
         self.o_norm = FusedRMSNormGated(self.head_v_dim, norm_eps)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def _fused(self):
-        return [self.q_proj, self.k_proj, self.v_proj] + ([self.b_proj] if self.use_beta else []) + (
-            [self.g_proj] if self.use_gate else [])
+    def _extra(self):
+        return ([("beta", self.b_proj)] if self.use_beta else []) + ([("gate", self.g_proj)] if self.use_gate else [])
 
-    def _inputs(self, x, qkv, blocks):
+    def _inputs(self, x, blocks):
         H = self.num_heads
-        return self._delta_inputs(qkv, blocks, (H, H, H), blocks[3] if self.use_beta else None)
+        return self._delta_inputs(blocks, (H, H, H), blocks["beta"] if self.use_beta else None)
 
-    def _output(self, o, x, qkv, blocks):
-        gate = _heads_view(blocks[-1], self.num_heads) if self.use_gate else None
+    def _output(self, o, x, blocks):
+        gate = _heads_view(blocks["gate"], self.num_heads) if self.use_gate else None
         return self.o_norm(o, gate, self.ops).flatten(2)
 
 
@@ -436,17 +434,16 @@ class GatedDeltaNet(_GatedDeltaMixer):
         self.o_norm = FusedRMSNormGated(self.head_v_dim, norm_eps)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def _fused(self):
-        gate = [self.g_proj] if self.use_gate else []
-        return [self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj] + gate
+    def _extra(self):
+        return [("forget", self.a_proj), ("beta", self.b_proj)] + ([("gate", self.g_proj)] if self.use_gate else [])
 
-    def _inputs(self, x, qkv, blocks):
-        args = self._delta_inputs(qkv, blocks, (self.num_heads, self.num_heads, self.num_v_heads), blocks[4])
-        args["g"] = self._decay(blocks[3], self.num_v_heads)
+    def _inputs(self, x, blocks):
+        args = self._delta_inputs(blocks, (self.num_heads, self.num_heads, self.num_v_heads), blocks["beta"])
+        args["g"] = self._decay(blocks["forget"], self.num_v_heads)
         return args
 
-    def _output(self, o, x, qkv, blocks):
-        gate = _heads_view(blocks[5], self.num_v_heads) if self.use_gate else None
+    def _output(self, o, x, blocks):
+        gate = _heads_view(blocks["gate"], self.num_v_heads) if self.use_gate else None
         return self.o_norm(o, gate, self.ops).flatten(2)
 
 
@@ -488,17 +485,17 @@ class KimiDeltaAttention(_GatedDeltaMixer):
         self.o_norm = FusedRMSNormGated(self.head_v_dim, norm_eps, activation="sigmoid")
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def _fused(self):
-        return [self.q_proj, self.k_proj, self.v_proj, self.b_proj] + _first_stage([self.f_proj, self.g_proj])
+    def _extra(self):
+        return [("beta", self.b_proj), ("forget", self.f_proj[0]), ("gate", self.g_proj[0])]
 
-    def _inputs(self, x, qkv, blocks):
-        args = self._delta_inputs(qkv, blocks, (self.num_heads, self.num_heads, self.num_v_heads), blocks[3])
-        args["g"] = self._decay(self.f_proj[1](blocks[4]), self.gate_heads)
+    def _inputs(self, x, blocks):
+        args = self._delta_inputs(blocks, (self.num_heads, self.num_heads, self.num_v_heads), blocks["beta"])
+        args["g"] = self._decay(self.f_proj[1](blocks["forget"]), self.gate_heads)
         args["gate_group"] = self.gate_group
         return args
 
-    def _output(self, o, x, qkv, blocks):
-        gate = _heads_view(self.g_proj[1](blocks[5]), self.num_v_heads)
+    def _output(self, o, x, blocks):
+        gate = _heads_view(self.g_proj[1](blocks["gate"]), self.num_v_heads)
         return self.o_norm(o, gate, self.ops).flatten(2)
 
 
@@ -544,21 +541,20 @@ class GatedDeltaNet2(_GatedDeltaMixer):
         self.o_norm = FusedRMSNormGated(self.head_v_dim, norm_eps, activation="sigmoid")
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
-    def _fused(self):
-        return [self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.w_proj] + _first_stage(
-            [self.f_proj, self.g_proj])
+    def _extra(self):
+        return [("erase", self.b_proj), ("write", self.w_proj), ("forget", self.f_proj[0]), ("gate", self.g_proj[0])]
 
-    def _inputs(self, x, qkv, blocks):
+    def _inputs(self, x, blocks):
         H = self.num_heads
-        args = self._delta_inputs(qkv, blocks, (H, H, H), None)
+        args = self._delta_inputs(blocks, (H, H, H), None)
         del args["beta"]
-        args["b"] = _heads_view(torch.sigmoid(blocks[3].float()), H)
-        args["w"] = _heads_view(torch.sigmoid(blocks[4].float()), H)
-        args["g"] = self._decay(self.f_proj[1](blocks[5]), H)
+        args["b"] = _heads_view(torch.sigmoid(blocks["erase"].float()), H)
+        args["w"] = _heads_view(torch.sigmoid(blocks["write"].float()), H)
+        args["g"] = self._decay(self.f_proj[1](blocks["forget"]), H)
         return args
 
-    def _output(self, o, x, qkv, blocks):
-        gate = _heads_view(self.g_proj[1](blocks[6]), self.num_heads)
+    def _output(self, o, x, blocks):
+        gate = _heads_view(self.g_proj[1](blocks["gate"]), self.num_heads)
         return self.o_norm(o, gate, self.ops).flatten(2)
 
 
@@ -593,24 +589,23 @@ class Mamba2(_Mixer):
         self.norm = FusedRMSNormGated(intermediate // n_groups, norm_eps, norm_before_gate=False, groups=n_groups)
         self.out_proj = nn.Linear(intermediate, hidden_size, bias=use_bias)
 
-    # in_proj's columns: z [I], then x B C [I + 2 G S] (the convolution's input), then dt [H].
-
-    def _fused(self):
+    def _projections(self):
         return [self.in_proj]
+
+    def _blocks(self):
+        # in_proj's columns: the output gate z, x B C (the convolution's input), the time steps dt.
+        return [("gate", self.intermediate_size), ("conv", self.conv1d.hidden_size), ("dt", self.num_heads)]
 
     def _convs(self):
         return [self.conv1d]
 
-    def _conv_start(self) -> int:
-        return self.intermediate_size
-
     def _out_proj(self) -> nn.Linear:
         return self.out_proj
 
-    def _inputs(self, x_in, qkv, blocks):
+    def _inputs(self, x_in, blocks):
         I, H, GS = self.intermediate_size, self.num_heads, self.n_groups * self.state_size
-        x, B, C = _split(qkv, (I, GS, GS))
-        dt = F.softplus(blocks[0][..., -H:].float() + self.dt_bias.float())
+        x, B, C = blocks["conv"].split([I, GS, GS], dim=-1)
+        dt = F.softplus(blocks["dt"].float() + self.dt_bias.float())
         lo, hi = self.time_step_limit
         if lo > 0.0 or hi < float("inf"):
             dt = dt.clamp(lo, hi)
@@ -618,10 +613,10 @@ class Mamba2(_Mixer):
         return dict(q=_heads_view(C, self.n_groups), k=_heads_view(B, self.n_groups),
                     v=(x * dt.unsqueeze(-1)).to(x.dtype), g=-torch.exp(self.A_log.float()) * dt, scale=1.0)
 
-    def _output(self, o, x_in, qkv, blocks):
+    def _output(self, o, x_in, blocks):
         I, H, G = self.intermediate_size, self.num_heads, self.n_groups
-        x = _heads_view(qkv[..., :I], H)
+        x = _heads_view(blocks["conv"][..., :I], H)
         y = o + x * self.D.to(x.dtype).unsqueeze(-1)
         B, T = y.shape[:2]
-        z = _heads_view(blocks[0][..., :I], G)
+        z = _heads_view(blocks["gate"], G)
         return self.norm(y.reshape(B, T, G, I // G), z, self.ops).reshape(B, T, I)

@@ -139,7 +139,10 @@ def reference_norm(x, g, weight, activation="silu", eps=1e-5, norm_before_gate=T
 REFERENCE = Ops(recurrence=reference_recurrence, conv=reference_conv, norm=reference_norm)
 
 
-def ops_named(name: str) -> Ops:
+def ops_named(name) -> Ops:
+    """The operations a layer's ``ops`` names ("kernels" or "reference"), or the Ops it holds."""
+    if isinstance(name, Ops):
+        return name
     if name == "kernels":
         return KERNELS
     if name == "reference":
