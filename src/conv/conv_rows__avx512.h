@@ -267,9 +267,9 @@ FLAT_INLINE void backward_vector(int c, __mmask16 m, const char* x, int64_t xs, 
 
 #undef FLAT_INLINE
 
-// The row primitives of the AVX-512 leaves (contracts in conv_rows__generic.h), 16 channels to a
-// vector: fp32 rounds to bf16 with vcvtne2ps2bf16 when Native (AVX512-BF16), in integer
-// arithmetic otherwise.
+// The row primitives of the AVX-512 leaves (contracts in conv_rows__generic.h; load_row and
+// store_row serve the output norm's leaves too), 16 channels to a vector: fp32 rounds to bf16
+// with vcvtne2ps2bf16 when Native (AVX512-BF16), in integer arithmetic otherwise.
 template <bool Native>
 struct ConvRowsAvx512 {
   static void load_row(const char* src, DType dtype, int n, float* dst) {
@@ -280,6 +280,17 @@ struct ConvRowsAvx512 {
     } else {
       for (; c + 16 <= n; c += 16) _mm512_storeu_ps(dst + c, load16<false, false>(src, c, 0));
       if (c < n) _mm512_storeu_ps(dst + c, load16<false, true>(src, c, first_lanes(n - c)));
+    }
+  }
+
+  static void store_row(char* dst, DType dtype, int n, const float* src) {
+    int c = 0;
+    if (dtype == DType::bf16) {
+      for (; c + 16 <= n; c += 16) store16<Native, true, false>(dst, c, _mm512_loadu_ps(src + c), 0);
+      if (c < n) store16<Native, true, true>(dst, c, _mm512_loadu_ps(src + c), first_lanes(n - c));
+    } else {
+      for (; c + 16 <= n; c += 16) store16<Native, false, false>(dst, c, _mm512_loadu_ps(src + c), 0);
+      if (c < n) store16<Native, false, true>(dst, c, _mm512_loadu_ps(src + c), first_lanes(n - c));
     }
   }
 

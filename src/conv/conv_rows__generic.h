@@ -60,7 +60,8 @@ inline float pre_activation(const float* win, const float* taps, int c) {
   return z;
 }
 
-// The row primitives of the portable leaves.
+// The row primitives of the portable leaves (load_row and store_row serve the output norm's
+// leaves too, src/norm/norm_leaf.h).
 struct ConvRowsGeneric {
   // dst[0, n) = the n elements at src as fp32; dst[n, round16(n)) = 0.
   static void load_row(const char* src, DType dtype, int n, float* dst) {
@@ -70,6 +71,15 @@ struct ConvRowsGeneric {
       for (int c = 0; c < n; ++c) dst[c] = load1<true>(src, c);
     }
     for (int c = n; c < ((n + 15) & ~15); ++c) dst[c] = 0.0f;
+  }
+
+  // The n fp32 values at src as the row's dtype at dst (bf16: rounded to nearest even).
+  static void store_row(char* dst, DType dtype, int n, const float* src) {
+    if (dtype == DType::f32) {
+      std::memcpy(dst, src, sizeof(float) * size_t(n));
+    } else {
+      for (int c = 0; c < n; ++c) store1<true>(dst, c, src[c]);
+    }
   }
 
   // Forward of R consecutive positions t .. t+R-1, channels [0, n) of a block. Row r of x is at

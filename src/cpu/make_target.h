@@ -39,11 +39,12 @@ struct TableOps {
   }
 };
 
-// A target from its microkernels and the convolution's row primitives.
+// A target from its microkernels and its row primitives (the convolution's, which the output norm
+// shares).
 template <const MicroKernels& M, class ConvRows>
 Target make_target(const char* name, const char* products) {
   return {name, products, stages::make_sequence_kernels<TableOps<M>>(), make_conv_kernels<ConvRows>(),
-          make_norm_gate_kernels<M>(), M};
+          make_norm_gate_kernels<M, ConvRows>(), M};
 }
 
 }  // namespace

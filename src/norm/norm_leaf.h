@@ -1,9 +1,10 @@
-// The leaves of the output norm and gate (norm_kernels.h) over a target's microkernels M, one row
-// at a time: the row's x (and g) widened to fp32 in the workspace, then a few passes over it in
-// L1. Rows are D channels of one head, a few hundred bytes to a few KB, so the passes cost
-// nothing beside the row's trip from memory; the loops are plain `omp simd` loops, vectorised
-// with the target's flags, and the exponentials of the gate go to M.exp (the target's vector
-// exp, 16 lanes on AVX-512).
+// The leaves of the output norm and gate (norm_kernels.h) over a target's microkernels M and row
+// primitives Rows (the convolution's: Rows::load_row widens a row to fp32, Rows::store_row
+// rounds it back, 16 channels to a vector on AVX-512), one row at a time: the row's x (and g)
+// widened into the workspace, then a few passes over it in L1. Rows are D channels of one head,
+// a few hundred bytes to a few KB, so the passes cost little beside the row's trip from memory;
+// the loops are plain `omp simd` loops, vectorised with the target's flags, and the exponentials
+// of the gate go to M.exp (the target's vector exp).
 //
 // Per row, u = x (norm first) or x * act(g) (gate first), r = 1 / sqrt(mean(u^2) + eps),
 // uhat = u r:
@@ -22,7 +23,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/rows.h"
 #include "cpu/targets.h"
 #include "norm/norm_kernels.h"
 
@@ -38,6 +38,16 @@ struct RowIndex {
 inline RowIndex row_index(const NormGateParams& p, int64_t r) {
   const int64_t bs = r / p.N;
   return {bs / p.S, bs % p.S, r % p.N};
+}
+
+template <class Rows>
+void load(const RowView& view, const RowIndex& i, int D, float* dst) {
+  Rows::load_row(view.row(i.b, i.s, i.n), view.dtype, D, dst);
+}
+
+template <class Rows>
+void store(const RowView& view, const RowIndex& i, int D, const float* src) {
+  Rows::store_row(view.row(i.b, i.s, i.n), view.dtype, D, src);
 }
 
 // a = act(g) and, when slope is given, slope = act'(g), for D channels. sigmoid(g) = 1 / (1 + e)
@@ -83,7 +93,7 @@ inline float inverse_rms(const NormGateParams& p, const float* u) {
 size_t workspace_floats(int D) { return size_t(6) * size_t(round16(D)); }
 
 // Workspace rows: x, act(g), act'(g), dy, u (then uhat), t (then du).
-template <const MicroKernels& M>
+template <const MicroKernels& M, class Rows>
 void forward(const NormGateParams& p, int64_t begin, int64_t end, float* workspace) {
   const int D = p.D, Dp = round16(D);
   float *x = workspace, *a = x + Dp, *out = a + Dp;
@@ -91,9 +101,9 @@ void forward(const NormGateParams& p, int64_t begin, int64_t end, float* workspa
   for (int64_t r = begin; r < end; ++r) {
     const RowIndex i = row_index(p, r);
     const float* weight = p.weight_of(i.n);
-    load_row(p.x, i.b, i.s, i.n, x, D);
+    load<Rows>(p.x, i, D, x);
     if (gate) {
-      load_row(p.g, i.b, i.s, i.n, out, D);
+      load<Rows>(p.g, i, D, out);
       activate<M>(p.activation, out, a, nullptr, D);
     }
     if (gate_first)
@@ -107,11 +117,11 @@ void forward(const NormGateParams& p, int64_t begin, int64_t end, float* workspa
 #pragma omp simd
       for (int d = 0; d < D; ++d) out[d] = x[d] * rs * weight[d];
     }
-    store_row(p.y, i.b, i.s, i.n, out, D);
+    store<Rows>(p.y, i, D, out);
   }
 }
 
-template <const MicroKernels& M>
+template <const MicroKernels& M, class Rows>
 void backward(const NormGateParams& p, int64_t begin, int64_t end, float* workspace, float* partial_all) {
   const int D = p.D, Dp = round16(D);
   float *x = workspace, *a = x + Dp, *slope = a + Dp, *dy = slope + Dp, *u = dy + Dp, *t = u + Dp;
@@ -121,10 +131,10 @@ void backward(const NormGateParams& p, int64_t begin, int64_t end, float* worksp
     const RowIndex i = row_index(p, r);
     const float* weight = p.weight_of(i.n);
     float* partial = partial_all + (i.n % p.weight_rows) * D;
-    load_row(p.x, i.b, i.s, i.n, x, D);
-    load_row(p.dy, i.b, i.s, i.n, dy, D);
+    load<Rows>(p.x, i, D, x);
+    load<Rows>(p.dy, i, D, dy);
     if (gate) {
-      load_row(p.g, i.b, i.s, i.n, t, D);
+      load<Rows>(p.g, i, D, t);
       activate<M>(p.activation, t, a, slope, D);
     }
     if (gate_first) {
@@ -165,8 +175,8 @@ void backward(const NormGateParams& p, int64_t begin, int64_t end, float* worksp
         t[d] *= a[d];             // dx
       }
     }
-    store_row(p.dx, i.b, i.s, i.n, t, D);
-    if (gate) store_row(p.dg, i.b, i.s, i.n, slope, D);
+    store<Rows>(p.dx, i, D, t);
+    if (gate) store<Rows>(p.dg, i, D, slope);
   }
 }
 
@@ -176,9 +186,9 @@ void backward(const NormGateParams& p, int64_t begin, int64_t end, float* worksp
 namespace flat::cpu {
 namespace {
 
-template <const MicroKernels& M>
+template <const MicroKernels& M, class Rows>
 NormGateKernels make_norm_gate_kernels() {
-  return {norm_leaf::workspace_floats, norm_leaf::forward<M>, norm_leaf::backward<M>};
+  return {norm_leaf::workspace_floats, norm_leaf::forward<M, Rows>, norm_leaf::backward<M, Rows>};
 }
 
 }  // namespace

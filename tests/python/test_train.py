@@ -1,0 +1,140 @@
+"""flat.train: the tasks' batches, bad hyperparameters refused before any work, determinism for a
+seed, the outputs of a run (JSON log, plot, checkpoint), bf16 without NaN, and MQAR learnt to the
+accuracy docs/training.md records for the delta rule."""
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flat.train import cli
+from flat.train.model import MIXERS, LanguageModel, mixer_config, state_floats
+from flat.train.tasks import IGNORE, MQAR, CharLM
+
+
+def test_mqar_batches_query_every_key_once():
+    task = MQAR(seq_len=40, pairs=6, vocab_size=31)
+    tokens, targets = task.batch(np.random.default_rng(0), 8)
+    assert tokens.shape == targets.shape == (8, 40)
+    for row, target in zip(tokens.tolist(), targets.tolist()):
+        pairs = dict(zip(row[0:12:2], row[1:12:2]))
+        assert len(pairs) == 6 and all(1 <= k <= 15 < v <= 30 for k, v in pairs.items())
+        queried = [(row[t], target[t]) for t in range(40) if target[t] != IGNORE]
+        assert sorted(k for k, _ in queried) == sorted(pairs) and all(pairs[k] == v for k, v in queried)
+        assert all(row[t] == 0 for t in range(12, 40) if target[t] == IGNORE)
+    again, _ = task.batch(np.random.default_rng(0), 8)
+    assert torch.equal(tokens, again)
+
+
+def test_charlm_targets_are_the_next_characters():
+    task = CharLM(seq_len=50)
+    tokens, targets = task.batch(np.random.default_rng(1), 4, held_out=True)
+    assert torch.equal(tokens[:, 1:], targets[:, :-1]) and int(tokens.max()) < 128
+
+
+@pytest.mark.parametrize("variant", MIXERS)
+def test_every_variant_has_the_same_state(variant):
+    model = LanguageModel(variant, 64, 64, 1, 2, 4096)
+    assert state_floats(model) == (None if variant == "softmax" else 4096)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--variants", "gla,nope"], "unknown nope"),
+    (["--variants", "kda", "--heads", "3"], "num_heads = 3 must divide hidden_size = 64"),
+    (["--variants", "gla", "--state-size", "1000"], "not a whole number"),
+    (["--variants", "gla", "--pairs", "50"], "needs a sequence of at least"),
+    (["--variants", "gla", "--lr", "-1"], "--lr: expected a positive number"),
+])
+def test_bad_hyperparameters_stop_before_any_step(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["--task", "mqar", "--checkpoint-dir", str(tmp_path / "ck"), "--no-progress"] + argv)
+    assert exit.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "loss" not in captured.err + captured.out  # no step was taken
+    assert not (tmp_path / "ck").exists()
+
+
+def run(tmp_path, *extra):
+    argv = ["--task", "mqar", "--steps", "12", "--eval-every", "6", "--pairs", "4", "--seq-len", "32",
+            "--batch-size", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--no-progress", *extra]
+    return cli.main(argv)
+
+
+def test_same_seed_same_run(tmp_path):
+    first = run(tmp_path, "--variants", "gated_deltanet,softmax")
+    second = run(tmp_path, "--variants", "gated_deltanet,softmax")
+    for variant in ("gated_deltanet", "softmax"):
+        assert first[variant]["curves"]["loss"] == second[variant]["curves"]["loss"]
+        assert first[variant]["accuracy"] == second[variant]["accuracy"]
+    other = run(tmp_path, "--variants", "gated_deltanet", "--seed", "1")
+    assert other["gated_deltanet"]["curves"]["loss"] != first["gated_deltanet"]["curves"]["loss"]
+
+
+def test_a_run_writes_its_log_plot_and_checkpoints(tmp_path):
+    log, picture = tmp_path / "log.json", tmp_path / "curves.png"
+    run(tmp_path, "--variants", "kda,mamba2", "--json", str(log), "--plot", str(picture))
+    data = json.loads(log.read_text())
+    assert data["settings"]["pairs"] == 4 and set(data["results"]) == {"kda", "mamba2"}
+    for variant, r in data["results"].items():
+        assert 0 <= r["accuracy"] <= 1 and r["curves"]["step"] == [6, 12] and r["seconds"] > 0
+        reached = [s for s, a in zip(r["curves"]["step"], r["curves"]["accuracy"]) if a >= 0.9]
+        assert r["steps_to_90"] == (reached[0] if reached else None)
+        weights = load_file(r["checkpoint"])
+        assert "blocks.0.mixer.o_norm.weight" in weights or "blocks.0.mixer.norm.weight" in weights
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("variant", MIXERS)
+def test_bfloat16_training_stays_finite(variant, tmp_path):
+    result = run(tmp_path, "--variants", variant, "--dtype", "bfloat16", "--checkpoint-dir", "")
+    assert np.all(np.isfinite(result[variant]["curves"]["loss"]))
+
+
+def test_bfloat16_parameters_train(tmp_path):
+    """A model whose parameters are bf16 (not only its activations) takes finite steps that lower the loss."""
+    torch.manual_seed(0)
+    task = MQAR(32, 4, 31)
+    model = LanguageModel("kda", 31, 64, 2, 2, 4096).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(30):
+        tokens, targets = task.batch(rng, 16)
+        loss, _, _ = cli.scored(model(tokens), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert np.all(np.isfinite(losses)) and np.mean(losses[-5:]) < np.mean(losses[:5])
+
+
+def test_mqar_is_learnt_by_gated_deltanet(tmp_path):
+    """The defaults' claim (docs/training.md): a two-layer delta-rule model reaches 90% held-out accuracy."""
+    result = cli.main(["--task", "mqar", "--variants", "gated_deltanet", "--checkpoint-dir", "", "--no-progress"])
+    assert result["gated_deltanet"]["accuracy"] >= 0.9
+
+
+def test_mixer_config_names_the_bad_size():
+    with pytest.raises(ValueError, match="Mamba-2's state per head"):
+        mixer_config("mamba2", 64, 2, 192)
+
+
+def test_the_command_runs_as_a_module_and_as_the_console_script(tmp_path):
+    argv = ["--task", "charlm", "--variants", "la", "--steps", "2", "--eval-every", "1", "--seq-len", "16",
+            "--batch-size", "2", "--checkpoint-dir", "", "--no-progress"]
+    commands = [[sys.executable, "-m", "flat.train"]]
+    scripts = [e for e in metadata.entry_points(group="console_scripts") if e.name == "flat-train"]
+    if scripts:  # installed as a distribution (the wheel CI tests), not run from a source tree
+        assert scripts[0].value == "flat.train.cli:main"
+        commands.append([str(Path(sys.executable).parent / "flat-train")])
+    for command in commands:
+        done = subprocess.run(command + argv, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "held-out bpc" in done.stdout and done.stdout.splitlines()[-1].startswith("la ")
