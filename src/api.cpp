@@ -121,8 +121,9 @@ void check_absent(const std::string& name, const Tensor& t, Variant variant, con
                    shape_string(t));
 }
 
-// Validates the inputs shared by forward and backward and fills the problem description.
-Params describe_inputs(Variant variant, const Inputs& in, const Options& options) {
+// Validates the inputs shared by forward and backward and fills the problem description;
+// final_states: the call writes final states (a forward, which may take final_state_indices).
+Params describe_inputs(Variant variant, const Inputs& in, const Options& options, bool final_states) {
   const Tensor &q = in.q, &k = in.k, &v = in.v, &g = in.g, &h0 = in.h0;
   Params p;
   check_tensor("q", q, {{"B", -1}, {"S", -1}, {"Nq", -1}, {"K", -1}});
@@ -132,6 +133,7 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   check_tensor("v", v, {{"B", B}, {"S", S}, {"Nv", -1}, {"V", -1}});
   const int64_t V = v.shape[3];
   check_head_dim("v", "V", V);
+  validate::check_sequences(in.sequences, "q", B, S, final_states);
 
   const VariantInfo& vi = info(variant);
   p.gate = kernel_gate(vi.gate);
@@ -201,10 +203,12 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   if (Ng > 0) p.pack = std::gcd(p.pack, p.group_g);
   if (Nb > 0) p.pack = std::gcd(p.pack, p.group_b);
 
+  const std::span<const int64_t> h0_indices = in.sequences.initial_state_indices;
   if (h0.present()) {
-    check_tensor("h0", h0, {{"B", B}, {"N", N}, {"K", K}, {"V", V}});
+    check_tensor("h0", h0, {validate::state_axis(in.sequences, B, h0_indices), {"N", N}, {"K", K}, {"V", V}});
     check_dtype("h0", h0, DType::f32, " (states are fp32)");
   }
+  validate::check_indices("initial_state_indices", h0_indices, {"h0", &h0});
   if (options.chunk < 16 || options.chunk > 256 || options.chunk % 16 != 0)
     fail("options.chunk", "expected a multiple of 16 from 16 to 256, got " + std::to_string(options.chunk));
   const float scale = options.scale.value_or(1.0f / std::sqrt(float(K)));
@@ -227,11 +231,14 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.b = rows(in.b);
   p.w = rows(in.w);
   p.solve = options.solve == Solve::automatic ? Solve::doubling : options.solve;
+  p.sequences = SequenceLayout(in.sequences);
   return p;
 }
 
-void check_state(const std::string& name, const Tensor& t, const Params& p) {
-  check_tensor(name, t, {{"B", p.B}, {"N", p.N}, {"K", p.K}, {"V", p.V}});
+// A state [B, N, K, V] after the inputs: one row per sequence, or a pool when `indices` address it.
+void check_state(const std::string& name, const Tensor& t, const Params& p, const Sequences& s,
+                 std::span<const int64_t> indices = {}) {
+  check_tensor(name, t, {validate::state_axis(s, p.B, indices), {"N", p.N}, {"K", p.K}, {"V", p.V}});
   check_dtype(name, t, DType::f32, " (states are fp32)");
 }
 
@@ -252,19 +259,22 @@ std::vector<validate::Named> input_views(const Inputs& in) {
 }  // namespace
 
 Params describe_forward(Variant variant, const ForwardArgs& a, const Options& options) {
-  Params p = describe_inputs(variant, a, options);
+  Params p = describe_inputs(variant, a, options, true);
   check_tensor("y", a.y, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
-  if (a.ht.present()) check_state("ht", a.ht, p);
+  const std::span<const int64_t> ht_indices = a.sequences.final_state_indices;
+  if (a.ht.present()) check_state("ht", a.ht, p, a.sequences, ht_indices);
+  validate::check_indices("final_state_indices", ht_indices, {"ht", &a.ht});
   validate::check_no_overlap({{"y", &a.y}, {"ht", &a.ht}}, input_views(a), {{"ht", "h0"}});
+  validate::check_pool_writes(a.sequences, p.B, {"h0", &a.h0}, {"ht", &a.ht});
   p.y = rows(a.y);
   p.ht = rows(a.ht);
   return p;
 }
 
 Params describe_backward(Variant variant, const BackwardArgs& a, const Options& options) {
-  Params p = describe_inputs(variant, a, options);
+  Params p = describe_inputs(variant, a, options, false);
   check_tensor("dy", a.dy, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
-  if (a.dht.present()) check_state("dht", a.dht, p);
+  if (a.dht.present()) check_state("dht", a.dht, p, a.sequences);
   check_gradient("dq", a.dq, "q", a.q);
   check_gradient("dk", a.dk, "k", a.k);
   check_gradient("dv", a.dv, "v", a.v);
@@ -278,7 +288,7 @@ Params describe_backward(Variant variant, const BackwardArgs& a, const Options& 
       fail(name, std::string("given, but there is no ") + input_name);
     }
   }
-  if (a.dh0.present()) check_state("dh0", a.dh0, p);
+  if (a.dh0.present()) check_state("dh0", a.dh0, p, a.sequences);
   std::vector<validate::Named> inputs = input_views(a);
   inputs.insert(inputs.end(), {{"dy", &a.dy}, {"dht", &a.dht}});
   validate::check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dg", &a.dg}, {"dh0", &a.dh0},
@@ -308,9 +318,27 @@ void check_input_values(const Backend& backend, const Inputs& in, const Options&
                         const ExecutionContext& context) {
   if (!options.check_values) return;
   backend.check_values("g", in.g, validate::Values::finite_nonpositive, context);
-  for (const auto& [name, tensor] : {std::pair{"beta", &in.beta}, std::pair{"b", &in.b}, std::pair{"w", &in.w},
-                                     std::pair{"h0", &in.h0}})
+  for (const auto& [name, tensor] : {std::pair{"beta", &in.beta}, std::pair{"b", &in.b}, std::pair{"w", &in.w}})
     backend.check_values(name, *tensor, validate::Values::finite, context);
+  const std::span<const int64_t> indices = in.sequences.initial_state_indices;
+  if (indices.empty()) {
+    backend.check_values("h0", in.h0, validate::Values::finite, context);
+    return;
+  }
+  // A pool: only the rows the call reads, each once, as "h0[row]" (the free rows of a serving
+  // pool may hold anything).
+  std::vector<bool> scanned(size_t(in.h0.shape[0]));
+  for (const int64_t row : indices) {
+    if (row < 0 || scanned[size_t(row)]) continue;
+    scanned[size_t(row)] = true;
+    Tensor state = in.h0;
+    state.data = static_cast<char*>(in.h0.data) + row * in.h0.stride[0] * int64_t(sizeof(float));
+    state.rank = 3;
+    std::copy(in.h0.shape.begin() + 1, in.h0.shape.end(), state.shape.begin());
+    std::copy(in.h0.stride.begin() + 1, in.h0.stride.end(), state.stride.begin());
+    state.shape[3] = state.stride[3] = 0;
+    backend.check_values(("h0[" + std::to_string(row) + "]").c_str(), state, validate::Values::finite, context);
+  }
 }
 
 }  // namespace

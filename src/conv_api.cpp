@@ -41,18 +41,22 @@ RowView rows3(const Tensor& t) {
   return r;
 }
 
-// The state tensors: [B, C, W-1] fp32 when W > 1; with W = 1 there is no state to pass.
-void check_state(const std::string& name, const Tensor& t, const ConvParams& p) {
+// The state tensors: [B, C, W-1] fp32 when W > 1 (one row per sequence, or a pool the indices
+// address: flat::Sequences); with W = 1 there is no state to pass.
+void check_state(const std::string& name, const Tensor& t, const ConvParams& p, const Sequences& s,
+                 std::span<const int64_t> indices = {}) {
   if (p.W == 1) fail(name, "W = 1 keeps no state (W-1 = 0 inputs), expected no tensor, got shape " + shape_string(t));
-  check_f32(name, t, {{"B", p.B}, {"C", p.C}, {"W-1", p.W - 1}}, " (states are fp32)");
+  check_f32(name, t, {validate::state_axis(s, p.B, indices), {"C", p.C}, {"W-1", p.W - 1}}, " (states are fp32)");
 }
 
-ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options) {
+// final_states: the call writes final states (a forward, which may take final_state_indices).
+ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options, bool final_states) {
   ConvParams p;
   check_tensor("x", in.x, {{"B", -1}, {"S", -1}, {"C", -1}});
   p.B = int(in.x.shape[0]);
   p.S = int(in.x.shape[1]);
   p.C = int(in.x.shape[2]);
+  validate::check_sequences(in.sequences, "x", p.B, p.S, final_states);
   if (!in.weight.present()) fail("weight", "required tensor is missing");
   if (in.weight.rank == 2 && in.weight.shape[1] > kMaxTaps)
     fail("weight", "W = " + std::to_string(in.weight.shape[1]) + " taps is not supported (1 to " +
@@ -60,7 +64,9 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options) {
   check_f32("weight", in.weight, {{"C", p.C}, {"W", -1}}, " (weights are fp32)");
   p.W = int(in.weight.shape[1]);
   if (in.bias.present()) check_f32("bias", in.bias, {{"C", p.C}}, " (the bias is fp32)");
-  if (in.state0.present()) check_state("state0", in.state0, p);
+  const std::span<const int64_t> state0_indices = in.sequences.initial_state_indices;
+  if (in.state0.present()) check_state("state0", in.state0, p, in.sequences, state0_indices);
+  validate::check_indices("initial_state_indices", state0_indices, {"state0", &in.state0});
   if (options.activation != Activation::none && options.activation != Activation::silu)
     fail("options.activation", "the convolution takes none or silu, got " + std::string(activation_name(options.activation)));
 
@@ -70,6 +76,7 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options) {
   p.weight = static_cast<const float*>(in.weight.data);
   p.weight_stride = in.weight.stride[0];
   p.bias = static_cast<const float*>(in.bias.data);
+  p.sequences = SequenceLayout(in.sequences);
   return p;
 }
 
@@ -84,19 +91,22 @@ std::vector<validate::Named> input_views(const ConvInputs& in) {
 }  // namespace
 
 ConvParams describe_conv_forward(const ConvArgs& a, const ConvOptions& options) {
-  ConvParams p = describe_inputs(a, options);
+  ConvParams p = describe_inputs(a, options, true);
   check_sequence("y", a.y, p);
-  if (a.state.present()) check_state("state", a.state, p);
+  const std::span<const int64_t> state_indices = a.sequences.final_state_indices;
+  if (a.state.present()) check_state("state", a.state, p, a.sequences, state_indices);
+  validate::check_indices("final_state_indices", state_indices, {"state", &a.state});
   validate::check_no_overlap({{"y", &a.y}, {"state", &a.state}}, input_views(a), {{"state", "state0"}});
+  validate::check_pool_writes(a.sequences, p.B, {"state0", &a.state0}, {"state", &a.state});
   p.y = rows3(a.y);
   p.state = rows3(a.state);
   return p;
 }
 
 ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& options) {
-  ConvParams p = describe_inputs(a, options);
+  ConvParams p = describe_inputs(a, options, false);
   check_sequence("dy", a.dy, p);
-  if (a.dstate.present()) check_state("dstate", a.dstate, p);
+  if (a.dstate.present()) check_state("dstate", a.dstate, p, a.sequences);
   check_sequence("dx", a.dx, p);
   check_dtype("dx", a.dx, a.x.dtype, " (the dtype of x)");
   check_f32("dweight", a.dweight, {{"C", p.C}, {"W", p.W}}, " (weights are fp32)");
@@ -105,7 +115,7 @@ ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& 
   } else if (a.dbias.present()) {
     fail("dbias", "given, but there is no bias");
   }
-  if (a.dstate0.present()) check_state("dstate0", a.dstate0, p);
+  if (a.dstate0.present()) check_state("dstate0", a.dstate0, p, a.sequences);
   std::vector<validate::Named> inputs = input_views(a);
   inputs.insert(inputs.end(), {{"dy", &a.dy}, {"dstate", &a.dstate}});
   validate::check_no_overlap(

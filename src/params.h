@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "flat/flat.h"
 
@@ -29,7 +30,41 @@ struct RowView {
   char* row(int64_t i0, int64_t i1, int64_t i2) const {
     return base + (i0 * stride0 + i1 * stride1 + i2 * stride2) * element_bytes();
   }
+  // The view whose row (0, 0, i2) is this one's (i0, i1, i2): one batch row from token i1 on, or
+  // one row of a state. An absent view stays absent.
+  RowView from(int64_t i0, int64_t i1) const {
+    RowView r = *this;
+    if (base) r.base = row(i0, i1, 0);
+    return r;
+  }
 };
+
+// A call's sequences (flat::Sequences, validated) as the drivers walk them, the recurrence's and
+// the convolution's alike. Sequence i is batch row batch(i), tokens [start(i), start(i) +
+// length(i)): tokens of row 0 between cu_seqlens, or without them the whole row i. Its initial
+// state is row read_row(i) of h0 (state0), its final one goes to row write_row(i) of ht (state):
+// the indices (-1: none), or without them row i.
+struct SequenceLayout {
+  std::span<const int64_t> cu_seqlens, read_rows, write_rows;
+
+  SequenceLayout() = default;
+  explicit SequenceLayout(const Sequences& s)
+      : cu_seqlens(s.cu_seqlens), read_rows(s.initial_state_indices), write_rows(s.final_state_indices) {}
+  // Whether the call's rows are not simply its sequences: then each sequence runs as a problem of
+  // its own (one row, its tokens, its state rows), else the call runs as one.
+  bool split() const { return !cu_seqlens.empty() || !read_rows.empty() || !write_rows.empty(); }
+  int64_t count(int B) const { return cu_seqlens.empty() ? B : int64_t(cu_seqlens.size()) - 1; }
+  int64_t batch(int64_t i) const { return cu_seqlens.empty() ? i : 0; }
+  int64_t start(int64_t i) const { return cu_seqlens.empty() ? 0 : cu_seqlens[size_t(i)]; }
+  int length(int64_t i, int S) const {
+    return cu_seqlens.empty() ? S : int(cu_seqlens[size_t(i) + 1] - cu_seqlens[size_t(i)]);
+  }
+  int64_t read_row(int64_t i) const { return read_rows.empty() ? i : read_rows[size_t(i)]; }
+  int64_t write_row(int64_t i) const { return write_rows.empty() ? i : write_rows[size_t(i)]; }
+};
+
+// Row `row` of a state view, absent for -1 (a sequence with no state to read or write there).
+inline RowView state_row(const RowView& view, int64_t row) { return row < 0 ? RowView{} : view.from(row, 0); }
 
 struct Params {
   GateKind gate = GateKind::none;
@@ -54,6 +89,9 @@ struct Params {
   RowView dy, dht;     // backward inputs
   RowView dq, dk, dv, dg, dh0;  // backward outputs
   RowView dbeta, db, dw;
+  // With sequences, h0 and ht are [num_seqs, N, K, V] or pools addressed through them, dht and
+  // dh0 [num_seqs, N, K, V].
+  SequenceLayout sequences;
 };
 
 // Validates the arguments of forward / backward exactly as the public entry points do (throwing

@@ -9,6 +9,7 @@
 
 #include "cpu/bf16.h"
 #include "cpu/parallel.h"
+#include "params.h"
 
 namespace flat::validate {
 
@@ -319,6 +320,81 @@ void check_dtype(const std::string& name, const Tensor& t, DType expected, const
   if (t.dtype != expected)
     fail(name,
          "expected dtype " + std::string(dtype_name(expected)) + why + ", got " + std::string(dtype_name(t.dtype)));
+}
+
+void check_sequences(const Sequences& s, const std::string& tensor, int64_t B, int64_t S, bool final_states) {
+  const std::span<const int64_t> cu = s.cu_seqlens;
+  const auto at = [&](size_t i) { return "cu_seqlens[" + std::to_string(i) + "] = " + std::to_string(cu[i]); };
+  if (!cu.empty()) {
+    if (B != 1)
+      fail("cu_seqlens", "packs the sequences along S of one batch row, expected B = 1 in " + tensor + ", got B = " +
+                             std::to_string(B));
+    if (cu.size() < 2) fail("cu_seqlens", "expected num_seqs + 1 offsets, num_seqs at least 1, got 1 offset");
+    if (cu[0] != 0) fail("cu_seqlens", "expected the first offset to be 0, got " + at(0));
+    for (size_t i = 1; i < cu.size(); ++i) {
+      if (cu[i] > S)
+        fail("cu_seqlens", "expected offsets up to S = " + std::to_string(S) + " (the length of " + tensor +
+                               "), got " + at(i) + ", past the end");
+      if (cu[i] < cu[i - 1])
+        fail("cu_seqlens", "expected non-decreasing offsets, got " + at(i - 1) + " > " + at(i));
+    }
+    if (cu.back() != S)
+      fail("cu_seqlens", "expected the last offset to be S = " + std::to_string(S) + " (the length of " + tensor +
+                             "), got " + at(cu.size() - 1));
+  }
+  if (!final_states && !s.final_state_indices.empty())
+    fail("final_state_indices", "expected none: a backward writes no final state (dht and dh0 have a row per "
+                                "sequence), got " + std::to_string(s.final_state_indices.size()) + " indices");
+  const int64_t count = cu.empty() ? B : int64_t(cu.size()) - 1;
+  for (const auto& [name, indices] : {std::pair{"initial_state_indices", s.initial_state_indices},
+                                      std::pair{"final_state_indices", s.final_state_indices}})
+    if (!indices.empty() && int64_t(indices.size()) != count)
+      fail(name, std::string("expected one index per sequence, ") + (cu.empty() ? "B" : "num_seqs") + " = " +
+                     std::to_string(count) + ", got " + std::to_string(indices.size()));
+}
+
+Axis state_axis(const Sequences& s, int64_t B, std::span<const int64_t> indices) {
+  if (!indices.empty()) return {"P", -1};
+  if (s.cu_seqlens.empty()) return {"B", B};
+  return {"num_seqs", int64_t(s.cu_seqlens.size()) - 1};
+}
+
+void check_indices(const std::string& name, std::span<const int64_t> indices, const Named& pool) {
+  if (indices.empty()) return;
+  if (!pool.tensor->present())
+    fail(name, std::string("given, but there is no ") + pool.name + " (the pool it indexes)");
+  const int64_t P = pool.tensor->shape[0];
+  for (size_t i = 0; i < indices.size(); ++i)
+    if (indices[i] < -1 || indices[i] >= P)
+      fail(name, "expected indices from -1 (none) to P-1 = " + std::to_string(P - 1) + " (the rows of " + pool.name +
+                     "), got " + name + "[" + std::to_string(i) + "] = " + std::to_string(indices[i]));
+}
+
+void check_pool_writes(const Sequences& s, int64_t B, const Named& initial, const Named& final) {
+  // Without indices sequence i reads and writes row i alone.
+  if (!final.tensor->present() || (s.initial_state_indices.empty() && s.final_state_indices.empty())) return;
+  const SequenceLayout rows(s);
+  const int64_t count = rows.count(int(B));
+  std::vector<int64_t> writer(size_t(final.tensor->shape[0]), -1);  // the sequence writing each row
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t r = rows.write_row(i);
+    if (r < 0) continue;
+    if (writer[size_t(r)] >= 0)
+      fail("final_state_indices", "expected each row of " + std::string(final.name) + " written once, got sequences " +
+                                      std::to_string(writer[size_t(r)]) + " and " + std::to_string(i) +
+                                      " both writing row " + std::to_string(r));
+    writer[size_t(r)] = i;
+  }
+  if (!initial.tensor->present() || !same_view(*initial.tensor, *final.tensor)) return;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t r = rows.read_row(i);
+    if (r < 0 || writer[size_t(r)] < 0 || writer[size_t(r)] == i) continue;
+    fail(s.final_state_indices.empty() ? "initial_state_indices" : "final_state_indices",
+         std::string(initial.name) + " and " + final.name +
+             " are one pool updated in place, so a row one sequence reads may be written by no other; got row " +
+             std::to_string(r) + " read by sequence " + std::to_string(i) + " and written by sequence " +
+             std::to_string(writer[size_t(r)]));
+  }
 }
 
 }  // namespace flat::validate

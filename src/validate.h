@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,5 +67,22 @@ Device common_device(const std::vector<Named>& tensors);
 
 // `why` follows the expected dtype in the message, e.g. " (states are fp32)".
 void check_dtype(const std::string& name, const Tensor& t, DType expected, const std::string& why);
+
+// A call's sequences (flat::Sequences) against the batch B and length S of the tensor that packs
+// them (q, x): cu_seqlens running from 0 to S without decreasing, with B = 1; index arrays of one
+// entry per sequence; final_state_indices only where the call writes final states (a forward).
+void check_sequences(const Sequences& s, const std::string& tensor, int64_t B, int64_t S, bool final_states);
+
+// The leading axis of a state tensor: a pool of any number of rows P when `indices` address it,
+// else one row per sequence (num_seqs with cu_seqlens, else B).
+Axis state_axis(const Sequences& s, int64_t B, std::span<const int64_t> indices);
+
+// The indices into a pool, once the pool's shape is checked: given only with the pool, each from
+// -1 (none) to P-1.
+void check_indices(const std::string& name, std::span<const int64_t> indices, const Named& pool);
+
+// The rows the final states go to: none written by two sequences, and where the initial states
+// are read from the very same view (a pool updated in place), none that another sequence reads.
+void check_pool_writes(const Sequences& s, int64_t B, const Named& initial, const Named& final);
 
 }  // namespace flat::validate

@@ -120,15 +120,47 @@ struct ExecutionContext {
   std::function<void(int parts, const std::function<void(int part)>& run_part)> parallel_for;
 };
 
+// Variable-length batches and a pool of states, for serving (the recurrence's and the
+// convolution's inputs carry one). All three empty: every batch row is one sequence, its states
+// at the same row of h0 / ht (state0 / state).
+//   cu_seqlens [num_seqs + 1] (FLA's name): sequences packed along S of one batch row (B = 1);
+//     sequence i is tokens [cu_seqlens[i], cu_seqlens[i+1]). cu_seqlens[0] = 0, non-decreasing
+//     (a sequence may be empty), cu_seqlens[num_seqs] = S. Each sequence has its own state,
+//     chunks restart at its start, the convolution's window never reads across its boundary:
+//     the results are bitwise those of each sequence run alone. Without cu_seqlens, num_seqs = B.
+//   initial_state_indices [num_seqs]: h0 (state0) is a pool [P, ...] of any P, and sequence i
+//     starts from its row initial_state_indices[i], or from zero where that is -1.
+//   final_state_indices [num_seqs]: ht (state) is a pool [P, ...], and sequence i's final state
+//     goes to its row final_state_indices[i] (nowhere where -1); other rows are left as they are.
+// Without indices, h0 and ht have one row per sequence, [num_seqs, ...]. The pool is read and
+// written in place, no copies: h0 and ht may be the very same view, provided no sequence reads a
+// row another one writes. Refused (flat::Error naming the argument, nothing written): offsets
+// that do not run from 0 to S without decreasing, B != 1 with cu_seqlens, an index array whose
+// size is not num_seqs, an index below -1 or past the pool, indices without their pool tensor,
+// two sequences writing one row, and in place, a row one sequence reads and another writes.
+// An empty sequence's final state is its initial one (and its dh0 its dht).
+// The backward takes the same cu_seqlens and initial_state_indices (h0 read through them) and no
+// final_state_indices: the gradients of the states, dht and dh0 (dstate, dstate0), have one row
+// per sequence, [num_seqs, ...]. A gradient summed over the tokens of a batch (retnet's per-head
+// dg, the convolution's dweight and dbias) is summed over every sequence: the parameter is one.
+// The arrays are host memory, read during the call only.
+struct Sequences {
+  std::span<const int64_t> cu_seqlens;
+  std::span<const int64_t> initial_state_indices;
+  std::span<const int64_t> final_state_indices;
+};
+
 // Shapes (N = max of the head counts; every head count divides N; head n reads input head
 // n / (N / Nx)):
 //   q [B, S, Nq, K]   k [B, S, Nk, K]   v [B, S, Nv, V]   g: see Variant
 //   beta [B, S, Nb] (delta family but gdn2)   b [B, S, Nb, K], w [B, S, Nw, V] (gdn2)
 //   h0, ht [B, N, K, V] fp32, optional      y [B, S, N, V]
+//   (with `sequences`, h0 and ht are [num_seqs, N, K, V] or pools [P, N, K, V]: see Sequences)
 // K and V may be 1 to 256. q, k, v, g, beta, b, w, y may each be bf16 or fp32.
 struct Inputs {
   Tensor q, k, v, g, h0;
   Tensor beta, b, w;
+  Sequences sequences;
 };
 
 struct ForwardArgs : Inputs {
@@ -139,7 +171,8 @@ struct ForwardArgs : Inputs {
 
 // Gradients have their input's shape and dtype. dg is required when the variant has a gate and
 // must be absent otherwise; likewise dbeta, db and dw. dh0 is optional (the gradient of the
-// initial state, zero or given); dht is optional.
+// initial state, zero or given); dht is optional. Both are [B, N, K, V], or [num_seqs, N, K, V]
+// with sequences (never a pool).
 struct BackwardArgs : Inputs {
   BackwardArgs() = default;
   explicit BackwardArgs(const Inputs& inputs) : Inputs(inputs) {}
@@ -179,6 +212,9 @@ void backward(Variant variant, const BackwardArgs& args, const Options& options 
 //   state0 [B, C, W-1]  fp32, optional
 //   y  [B, S, C]        bf16 or fp32 (any strides with a contiguous last axis)
 //   state [B, C, W-1]   fp32, optional output
+// With `sequences` (flat::Sequences: cu_seqlens and a pool, as for the recurrence), state0 and
+// state are [num_seqs, C, W-1] or pools [P, C, W-1], dstate and dstate0 [num_seqs, C, W-1]; a
+// window never reads across a sequence's start (positions before it read its state0 row).
 // Backward, from dy [B, S, C] (bf16 or fp32) and optionally dstate [B, C, W-1] (fp32, the
 // gradient with respect to the returned final state; absent means zero):
 //   dx [B, S, C]        the dtype of x
@@ -209,6 +245,7 @@ struct ConvOptions {
 
 struct ConvInputs {
   Tensor x, weight, bias, state0;
+  Sequences sequences;
 };
 
 struct ConvArgs : ConvInputs {

@@ -1,10 +1,11 @@
-// Drivers of the short convolution (conv.h): thread partition over (batch, sequence block,
-// channel block), taps packed once per call, per-thread workspaces, the fixed-order reduction of
-// the weight and bias gradients, and the final state.
+// Drivers of the short convolution (conv.h): thread partition over (sequence, block of
+// positions, block of channels), taps packed once per call, per-thread workspaces, the
+// fixed-order reduction of the weight and bias gradients, and the final state.
 #include "conv/conv.h"
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cpu/bf16.h"
@@ -35,17 +36,42 @@ class PackedTaps {
   AlignedBuffer buffer_;
 };
 
-ConvBlock block_of(const ConvParams& p, const ConvPartition& part, int64_t item) {
+// Sequence i of a call that splits its rows (ConvParams::sequences) as a call of its own: one
+// row of its positions, its state rows (absent where an index is -1); S = 0 for an empty one.
+ConvParams sequence_params(const ConvParams& p, int64_t i) {
+  const SequenceLayout& s = p.sequences;
+  ConvParams one = p;
+  one.B = 1;
+  one.S = s.length(i, p.S);
+  one.sequences = {};
+  for (RowView* view : {&one.x, &one.y, &one.dy, &one.dx}) *view = view->from(s.batch(i), s.start(i));
+  one.state0 = state_row(p.state0, s.read_row(i));
+  one.state = state_row(p.state, s.write_row(i));
+  one.dstate = p.dstate.from(i, 0);
+  one.dstate0 = p.dstate0.from(i, 0);
+  return one;
+}
+
+// The problems of a call: itself when its rows are its sequences, else each sequence.
+int64_t problem_count(const ConvParams& p) { return p.sequences.split() ? p.sequences.count(p.B) : 1; }
+ConvParams problem(const ConvParams& p, int64_t i) { return p.sequences.split() ? sequence_params(p, i) : p; }
+
+int64_t blocks_of(int S) { return std::max<int64_t>(1, ceil_div(S, kConvSeqBlock)); }
+
+// Item `item` of the partition: its problem and its block there.
+std::pair<ConvParams, ConvBlock> block_of(const ConvParams& p, const ConvPartition& part, int64_t item) {
   const int cb = int(item % part.channel_blocks);
-  const int64_t bs = item / part.channel_blocks;
-  const int sb = int(bs % part.seq_blocks), b = int(bs / part.seq_blocks);
+  const int64_t row = item / part.channel_blocks;
+  const int64_t i = std::upper_bound(part.first_row.begin(), part.first_row.end(), row) - part.first_row.begin() - 1;
+  ConvParams one = problem(p, i);
+  const int64_t in_problem = row - part.first_row[size_t(i)], per_batch = blocks_of(one.S);
   ConvBlock blk;
-  blk.b = b;
-  blk.t0 = sb * part.seq_block;
-  blk.t1 = std::min(p.S, blk.t0 + part.seq_block);
+  blk.b = int(in_problem / per_batch);
+  blk.t0 = int(in_problem % per_batch) * kConvSeqBlock;
+  blk.t1 = std::min(one.S, blk.t0 + kConvSeqBlock);
   blk.c0 = cb * part.channel_block;
   blk.c1 = std::min(p.C, blk.c0 + part.channel_block);
-  return blk;
+  return {one, blk};
 }
 
 float read_element(const RowView& view, int b, int t, int c) {
@@ -81,60 +107,70 @@ void write_final_state(const ConvParams& p) {
 
 }  // namespace
 
-ConvPartition conv_partition(int B, int S, int C) {
+ConvPartition conv_partition(const ConvParams& p) {
   ConvPartition part;
-  part.seq_block = kConvSeqBlock;
-  part.seq_blocks = int(ceil_div(S, kConvSeqBlock));
+  part.first_row.push_back(0);
+  for (int64_t i = 0; i < problem_count(p); ++i) {
+    const ConvParams one = problem(p, i);
+    part.first_row.push_back(part.first_row.back() + one.B * blocks_of(one.S));
+  }
   // Whole rows (up to kConvMaxChannelBlock channels); narrower blocks (down to 16 channels) where
-  // batch and sequence alone give fewer than 8 blocks, so that threads have work at any shape.
+  // the rows of positions alone are fewer than 8 blocks, so that threads have work at any shape.
   constexpr int64_t kMinItems = 8;
-  int64_t channel_blocks = ceil_div(C, kConvMaxChannelBlock);
-  const int64_t rows = int64_t(B) * part.seq_blocks;
-  if (rows * channel_blocks < kMinItems) channel_blocks = std::min<int64_t>(ceil_div(C, 16), ceil_div(kMinItems, rows));
-  part.channel_block = round16(int(ceil_div(C, channel_blocks)));
-  part.channel_blocks = int(ceil_div(C, part.channel_block));
+  int64_t channel_blocks = ceil_div(p.C, kConvMaxChannelBlock);
+  const int64_t rows = part.rows();
+  if (rows * channel_blocks < kMinItems)
+    channel_blocks = std::min<int64_t>(ceil_div(p.C, 16), ceil_div(kMinItems, rows));
+  part.channel_block = round16(int(ceil_div(p.C, channel_blocks)));
+  part.channel_blocks = int(ceil_div(p.C, part.channel_block));
   return part;
 }
 
 void conv_forward(const ConvParams& p, const Run& run) {
   const ConvKernels& kernels = run.target.conv;
-  const ConvPartition part = conv_partition(p.B, p.S, p.C);
+  const ConvPartition part = conv_partition(p);
   const PackedTaps taps(p);
-  run_ranges(run, part.items(p.B), [&](int64_t begin, int64_t end) {
+  run_ranges(run, part.items(), [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(sizeof(float) * kernels.workspace_floats(p.W, part.channel_block));
-    for (int64_t item = begin; item < end; ++item)
-      kernels.forward(p, taps.view(), block_of(p, part, item), workspace.floats());
+    for (int64_t item = begin; item < end; ++item) {
+      const auto [one, block] = block_of(p, part, item);
+      kernels.forward(one, taps.view(), block, workspace.floats());
+    }
   });
-  if (p.state.present()) write_final_state(p);
+  // After every block has read its state0 rows: a pool updated in place has no row that one
+  // sequence reads and another writes (validated), but may have rows read and written by one.
+  for (int64_t i = 0; i < problem_count(p); ++i) {
+    const ConvParams one = problem(p, i);
+    if (one.state.present()) write_final_state(one);
+  }
 }
 
 void conv_backward(const ConvParams& p, const Run& run) {
   const ConvKernels& kernels = run.target.conv;
-  const ConvPartition part = conv_partition(p.B, p.S, p.C);
+  const ConvPartition part = conv_partition(p);
   const PackedTaps taps(p);
-  const int64_t items = part.items(p.B);
+  const int64_t items = part.items();
   const size_t per_item = packed_size(part.channel_block, p.W + 1);
   AlignedBuffer partials(sizeof(float) * per_item * size_t(items));
   run_ranges(run, items, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(sizeof(float) * kernels.workspace_floats(p.W, part.channel_block));
-    for (int64_t item = begin; item < end; ++item)
-      kernels.backward(p, taps.view(), block_of(p, part, item), workspace.floats(),
-                       partials.floats() + per_item * size_t(item));
+    for (int64_t item = begin; item < end; ++item) {
+      const auto [one, block] = block_of(p, part, item);
+      kernels.backward(one, taps.view(), block, workspace.floats(), partials.floats() + per_item * size_t(item));
+    }
   });
 
-  // dweight[c, w] and dbias[c]: the blocks' fp32 partial sums added in float64, batch by batch
-  // and block by block in sequence order, whatever the thread count.
+  // dweight[c, w] and dbias[c]: the blocks' fp32 partial sums added in float64, sequence by
+  // sequence (batch row by batch row) and block by block in order, whatever the thread count.
   std::vector<double> acc(per_item);
   for (int cb = 0; cb < part.channel_blocks; ++cb) {
     const int c0 = cb * part.channel_block, n = std::min(p.C, c0 + part.channel_block) - c0;
     const size_t used = packed_size(n, p.W + 1);
     std::fill(acc.begin(), acc.end(), 0.0);
-    for (int b = 0; b < p.B; ++b)
-      for (int sb = 0; sb < part.seq_blocks; ++sb) {
-        const int64_t item = (int64_t(b) * part.seq_blocks + sb) * part.channel_blocks + cb;
-        const float* partial = partials.floats() + per_item * size_t(item);
-        for (size_t i = 0; i < used; ++i) acc[i] += double(partial[i]);
-      }
+    for (int64_t row = 0; row < part.rows(); ++row) {
+      const float* partial = partials.floats() + per_item * size_t(row * part.channel_blocks + cb);
+      for (size_t i = 0; i < used; ++i) acc[i] += double(partial[i]);
+    }
     for (int i = 0; i < n; ++i) {
       float* row = p.dweight + int64_t(c0 + i) * p.dweight_stride;
       for (int w = 0; w < p.W; ++w) row[w] = float(acc[packed_index(i, w, p.W + 1)]);

@@ -25,6 +25,9 @@ struct ConvParams {
   float* dweight = nullptr;
   int64_t dweight_stride = 0;
   float* dbias = nullptr;
+  // With sequences, state0 and state are [num_seqs, C, W-1] or pools addressed through them,
+  // dstate and dstate0 [num_seqs, C, W-1].
+  SequenceLayout sequences;
 };
 
 // Validate exactly as the public entry points do (throwing flat::Error, writing nothing) and

@@ -1,4 +1,4 @@
-// Drivers of the recurrences: thread partition over items (batch, pack of heads), per-thread
+// Drivers of the recurrences: thread partition over items (sequence, pack of heads), per-thread
 // workspaces, and the fixed-order reductions over items that share an input. The math of one
 // item lives in the stages (src/cpu/stages/), instantiated per target (src/cpu/targets.h); the
 // call's Run says which target and which workers.
@@ -98,6 +98,83 @@ void Gradients::finish(const Workers& workers) const {
     reduce_heads(p_, workers, r.view, r.out, r.rows, r.group, r.width, r.over_sequence);
 }
 
+namespace {
+
+// Sequence i of a call that splits its rows (Params::sequences) as a problem of its own, which
+// the stages run as they run a call of one batch row: its tokens, its state rows (absent where
+// an index is -1), S = 0 for an empty sequence (no chunk: the final state is the initial one,
+// dh0 is dht).
+Params sequence_params(const Params& p, int64_t i) {
+  const SequenceLayout& s = p.sequences;
+  const int64_t b = s.batch(i), t = s.start(i);
+  Params one = p;
+  one.B = 1;
+  one.S = s.length(i, p.S);
+  one.sequences = {};
+  // A per-head gate (retnet) has zero batch and token strides and stays where it is.
+  for (RowView* view : {&one.q, &one.k, &one.v, &one.g, &one.beta, &one.b, &one.w, &one.y, &one.dy, &one.dq,
+                        &one.dk, &one.dv, &one.dg, &one.dbeta, &one.db, &one.dw})
+    *view = view->from(b, t);
+  one.h0 = state_row(p.h0, s.read_row(i));
+  one.ht = state_row(p.ht, s.write_row(i));
+  one.dht = p.dht.from(i, 0);
+  one.dh0 = p.dh0.from(i, 0);
+  return one;
+}
+
+// The call's work items, (sequence, pack of heads). A call whose rows are its sequences is one
+// problem, p itself, whose items are the stages' own (batch, pack), so that neighbouring batch
+// rows go in lockstep; a call that splits its rows is one problem per sequence, of N / pack
+// items each.
+struct Work {
+  explicit Work(const Params& p)
+      : p(p),
+        split(p.sequences.split()),
+        problems(split ? p.sequences.count(p.B) : 1),
+        per_problem(split ? p.N / p.pack : item_count(p)) {}
+
+  int64_t items() const { return problems * per_problem; }
+  Params problem(int64_t i) const { return split ? sequence_params(p, i) : p; }
+  // The gradients' sinks, moved to sequence i's tokens.
+  GradSinks sinks(const GradSinks& all, int64_t i) const {
+    if (!split) return all;
+    GradSinks one = all;
+    for (RowView* view : {&one.dq, &one.dk, &one.dv, &one.dg, &one.dbeta, &one.db, &one.dw})
+      *view = view->from(p.sequences.batch(i), p.sequences.start(i));
+    return one;
+  }
+  // The longest problem's tokens: what a per-thread buffer of chunk-start states must hold.
+  int longest() const {
+    int S = split ? 0 : p.S;
+    for (int64_t i = 0; split && i < problems; ++i) S = std::max(S, p.sequences.length(i, p.S));
+    return S;
+  }
+  // Calls body(begin, end) on the workers, on contiguous ranges of the items. Sequences of a call
+  // differ in length, so its ranges are cut to about equal tokens (an item costs its sequence's
+  // length plus one, for the state it moves even when empty) rather than items. The cut depends on
+  // the thread count; the results do not, every item being computed alike wherever it runs.
+  template <class Body>
+  void ranges(const Run& run, Body&& body) const {
+    if (!split) return run_ranges(run, items(), body);
+    std::vector<int64_t> before(size_t(items()) + 1, 0);  // the cost of the items before each
+    for (int64_t item = 0; item < items(); ++item)
+      before[size_t(item) + 1] = before[size_t(item)] + p.sequences.length(item / per_problem, p.S) + 1;
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>({run.workers.threads, items(), max_threads()}));
+    const auto cut = [&](int64_t part) {
+      return int64_t(std::lower_bound(before.begin(), before.end(), before.back() * part / parts) - before.begin());
+    };
+    run_ranges(run, parts, [&](int64_t first, int64_t last) {
+      for (int64_t part = first; part < last; ++part) body(cut(part), cut(part + 1));
+    });
+  }
+
+  const Params& p;
+  bool split;
+  int64_t problems, per_problem;
+};
+
+}  // namespace
+
 // The forward runs up to kLockstepItems items in lockstep (SequenceKernels::forward), their states
 // side by side in L2 (8 x 64 KiB at K = V = 128). Measured at the bench's shape, 2 threads, against
 // one item at a time: gla forward 72-75 against 78-79 ms, kda 120-122 against 124-134 ms (4 and
@@ -106,26 +183,35 @@ void Gradients::finish(const Workers& workers) const {
 // runs one item at a time.
 constexpr int kLockstepItems = 8;
 
+// Items in lockstep belong to one problem (one sequence, or a call whose rows are its sequences).
 void recurrence_forward(const Params& p, const Run& run) {
   const SequenceKernels& kernels = run.target.sequence;
-  run_ranges(run, item_count(p), [&](int64_t begin, int64_t end) {
+  const Work work(p);
+  work.ranges(run, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p) * kLockstepItems);
-    for (int64_t first = begin; first < end; first += kLockstepItems) {
-      const int count = int(std::min<int64_t>(kLockstepItems, end - first));
-      kernels.forward(p, first, count, workspace.data, H.floats(), nullptr, true);
+    for (int64_t item = begin; item < end;) {
+      const int64_t problem = item / work.per_problem, first = item % work.per_problem;
+      const int count = int(std::min<int64_t>({kLockstepItems, end - item, work.per_problem - first}));
+      kernels.forward(work.problem(problem), first, count, workspace.data, H.floats(), nullptr, true);
+      item += count;
     }
   });
 }
 
 void recurrence_backward(const Params& p, const Run& run) {
   const SequenceKernels& kernels = run.target.sequence;
+  const Work work(p);
   Gradients grads(p);
-  run_ranges(run, item_count(p), [&](int64_t begin, int64_t end) {
+  Params longest = p;
+  longest.S = work.longest();
+  work.ranges(run, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p)), dH(state_bytes(p));
-    AlignedBuffer states(state_bytes(p) * size_t(chunk_count(p) + 1));
+    AlignedBuffer states(state_bytes(p) * size_t(chunk_count(longest) + 1));
     for (int64_t item = begin; item < end; ++item) {
-      kernels.forward(p, item, 1, workspace.data, H.floats(), states.floats(), false);
-      kernels.backward(p, item, workspace.data, states.floats(), dH.floats(), grads.sinks);
+      const int64_t problem = item / work.per_problem, index = item % work.per_problem;
+      const Params one = work.problem(problem);
+      kernels.forward(one, index, 1, workspace.data, H.floats(), states.floats(), false);
+      kernels.backward(one, index, workspace.data, states.floats(), dH.floats(), work.sinks(grads.sinks, problem));
     }
   });
   grads.finish(run.workers);

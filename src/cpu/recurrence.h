@@ -10,16 +10,18 @@
 
 namespace flat::cpu {
 
-// y (and ht) from the inputs: one pass per item (batch, pack of heads) with the state kept in
-// cache, neighbouring items in lockstep.
+// y (and ht) from the inputs: one pass per item (sequence, pack of heads) with the state kept in
+// cache, neighbouring items in lockstep. A call with sequences (Params::sequences: cu_seqlens, a
+// pool of states) runs each sequence as a call of its own would, so bitwise alike.
 void recurrence_forward(const Params& p, const Run& run);
 
 // Every input's gradient from dy, dht: per item a state-passing pass that keeps the chunk-start
 // states, then a gradient pass over the chunks in reverse carrying dH.
 void recurrence_backward(const Params& p, const Run& run);
 
-// Shared by the fused drivers and the baselines built from the same stages. Work items are
-// (batch, pack of p.pack heads): item_count of them, each with a [K, pack * V] state.
+// Shared by the fused drivers and the baselines built from the same stages (the baselines take no
+// sequences). Work items of a call without sequences are (batch, pack of p.pack heads):
+// item_count of them, each with a [K, pack * V] state.
 size_t state_bytes(const Params& p);
 int chunk_count(const Params& p);
 int64_t item_count(const Params& p);
