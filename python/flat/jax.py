@@ -35,6 +35,12 @@ def _given(x):
     return _absent() if x is None else x
 
 
+def _no_offsets(cu_seqlens):
+    if cu_seqlens is not None:
+        raise NotImplementedError("flat.jax: cu_seqlens (variable-length batches) is not available in flat.jax yet; "
+                                  "flat.torch and the C++ library (flat::Sequences) have it")
+
+
 def _result(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -82,7 +88,8 @@ _recurrence.defvjp(_recurrence_forward, _recurrence_backward)
 
 
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_state, output_final_state,
-         chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values):
+         chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values, cu_seqlens):
+    _no_offsets(cu_seqlens)
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
     o, final_state = _recurrence(variant, c, bool(output_final_state), q, k, v, g, beta, b, w, initial_state)
     return o, (final_state if output_final_state else None)
@@ -126,8 +133,9 @@ def _conv_backward(activation, final_state, saved, cotangents):
 _conv.defvjp(_conv_forward, _conv_backward)
 
 
-def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu"):
-    """The short causal depthwise convolution, as flat.torch.conv."""
+def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None):
+    """The short causal depthwise convolution, as flat.torch.conv (but cu_seqlens, not yet here)."""
+    _no_offsets(cu_seqlens)
     y, state = _conv(activation, bool(output_final_state), x, weight, bias, initial_state)
     return y, (state if output_final_state and state.size else None)
 

@@ -69,76 +69,94 @@ def _like(t: Optional[Tensor]) -> Tensor:
     return _none() if t is None else torch.empty(t.shape, dtype=t.dtype)
 
 
+def _check_offsets(cu_seqlens: Optional[Tensor]) -> None:
+    """What the library cannot see of cu_seqlens: its dtype, rank and device (it checks the values)."""
+    if cu_seqlens is None:
+        return
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.device.type != "cpu":
+        raise ValueError(f"flat: cu_seqlens: expected a CPU tensor [num_seqs + 1] of int32 or int64, got "
+                         f"{cu_seqlens.dtype} {list(cu_seqlens.shape)} on {cu_seqlens.device}")
+
+
+def _offsets(cu_seqlens: Optional[Tensor]) -> List[int]:
+    """cu_seqlens as the library reads it, host integers ([] without it)."""
+    _check_offsets(cu_seqlens)
+    return [] if cu_seqlens is None else cu_seqlens.tolist()
+
+
+def _sequences(B: int, cu_seqlens: Optional[Tensor]) -> int:
+    """How many sequences a call has, so how many rows its states: B, or num_seqs with cu_seqlens."""
+    return B if cu_seqlens is None else max(int(cu_seqlens.shape[0]) - 1, 0)
+
+
 # ---- The recurrences -------------------------------------------------------------------------
 
 
 @torch.library.custom_op("flat::forward", mutates_args=())
 def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-             b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], scale: float, chunk: int, l2norm: bool,
-             solve: str, gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
+             b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
+             chunk: int, l2norm: bool, solve: str, gate_group: int, check_values: bool,
+             final_state: bool) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
     s = _args.shapes(variant, q, v, g, beta, b, w)
     y = torch.empty((s.B, s.S, s.N, s.V), dtype=v.dtype)
-    ht = torch.empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if final_state else _none()
+    ht = torch.empty((_sequences(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state else _none()
     if _trace is not None:
         _trace.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
     _core.forward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
                   _view("b", b), _view("w", w), _view("initial_state", h0), _view("o", y),
-                  _view("final_state", ht) if final_state else None, scale, chunk, l2norm, solve, gate_group,
-                  check_values, _threads(), "openmp")
+                  _view("final_state", ht) if final_state else None, _offsets(cu_seqlens), scale, chunk, l2norm, solve,
+                  gate_group, check_values, _threads(), "openmp")
     return y, ht
 
 
 @_forward.register_fake
-def _(variant, q, k, v, g, beta, b, w, h0, scale, chunk, l2norm, solve, gate_group, check_values, final_state):
+def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, scale, chunk, l2norm, solve, gate_group, check_values,
+      final_state):
     s = _args.shapes(variant, q, v, g, beta, b, w)
-    ht = q.new_empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if final_state else q.new_empty(0, dtype=torch.float32)
+    ht = (q.new_empty((_sequences(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state
+          else q.new_empty(0, dtype=torch.float32))
     return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype), ht
 
 
 @torch.library.custom_op("flat::backward", mutates_args=())
 def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-              b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], dy: Tensor, dht: Optional[Tensor],
-              scale: float, chunk: int, l2norm: bool, solve: str,
+              b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor], dy: Tensor,
+              dht: Optional[Tensor], scale: float, chunk: int, l2norm: bool, solve: str,
               gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-    dq, dk, dv, dg, dbeta, db, dw = (_like(t) for t in (q, k, v, g, beta, b, w))
-    dh0 = torch.empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if h0 is not None else _none()
+    dq, dk, dv, dg, dbeta, db, dw, dh0 = (_like(t) for t in (q, k, v, g, beta, b, w, h0))
     _core.backward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
                    _view("b", b), _view("w", w), _view("initial_state", h0), _view("do", dy),
                    _view("dht", dht), _view("dq", dq), _view("dk", dk), _view("dv", dv),
                    _view("dg", dg) if g is not None else None, _view("dbeta", dbeta) if beta is not None else None,
                    _view("db", db) if b is not None else None, _view("dw", dw) if w is not None else None,
-                   _view("dh0", dh0) if h0 is not None else None, scale, chunk, l2norm, solve, gate_group, False,
-                   _threads(), "openmp")
+                   _view("dh0", dh0) if h0 is not None else None, _offsets(cu_seqlens), scale, chunk, l2norm, solve,
+                   gate_group, False, _threads(), "openmp")
     return dq, dk, dv, dg, dbeta, db, dw, dh0
 
 
 @_backward.register_fake
-def _(variant, q, k, v, g, beta, b, w, h0, dy, dht, scale, chunk, l2norm, solve, gate_group):
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-
+def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, dy, dht, scale, chunk, l2norm, solve, gate_group):
     def like(t):
         return q.new_empty(0, dtype=torch.float32) if t is None else t.new_empty(t.shape)
 
-    dh0 = q.new_empty((s.B, s.N, s.K, s.V), dtype=torch.float32) if h0 is not None else like(None)
-    return like(q), like(k), like(v), like(g), like(beta), like(b), like(w), dh0
+    return like(q), like(k), like(v), like(g), like(beta), like(b), like(w), like(h0)
 
 
 def _setup_forward(ctx, inputs, output):
-    (ctx.variant, q, k, v, g, beta, b, w, h0, ctx.scale, ctx.chunk, ctx.l2norm, ctx.solve, ctx.gate_group, _,
-     _) = inputs
-    ctx.save_for_backward(q, k, v, g, beta, b, w, h0)
+    (ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, ctx.scale, ctx.chunk, ctx.l2norm, ctx.solve,
+     ctx.gate_group, _, _) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, b, w, h0, cu_seqlens)
 
 
 def _backward_formula(ctx, dy, dht):
-    q, k, v, g, beta, b, w, h0 = ctx.saved_tensors
+    q, k, v, g, beta, b, w, h0, cu_seqlens = ctx.saved_tensors
     dht = None if dht is None or dht.numel() == 0 else dht
-    grads = _backward(ctx.variant, q, k, v, g, beta, b, w, h0, dy, dht, ctx.scale, ctx.chunk, ctx.l2norm,
+    grads = _backward(ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, dy, dht, ctx.scale, ctx.chunk, ctx.l2norm,
                       ctx.solve, ctx.gate_group)
     dq, dk, dv, dg, dbeta, db, dw, dh0 = (_absent(t) for t in grads)
-    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None
+    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None, None
 
 
 _forward.register_autograd(_backward_formula, setup_context=_setup_forward)
@@ -147,10 +165,12 @@ _forward.register_autograd(_backward_formula, setup_context=_setup_forward)
 def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
          b: Optional[Tensor] = None, w: Optional[Tensor] = None, *, scale: Optional[float],
          initial_state: Optional[Tensor], output_final_state: bool, chunk_size: int, use_qk_l2norm_in_kernel: bool,
-         solve: str, gate_group: Optional[int], check_values: bool) -> Tuple[Tensor, Optional[Tensor]]:
+         solve: str, gate_group: Optional[int], check_values: bool,
+         cu_seqlens: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
-    o, final_state = _forward(variant, q, k, v, g, beta, b, w, initial_state, c.scale, c.chunk, c.l2norm, c.solve,
-                              c.gate_group, c.check_values, output_final_state)
+    _check_offsets(cu_seqlens)
+    o, final_state = _forward(variant, q, k, v, g, beta, b, w, initial_state, cu_seqlens, c.scale, c.chunk, c.l2norm,
+                              c.solve, c.gate_group, c.check_values, output_final_state)
     return o, (final_state if output_final_state else None)
 
 
@@ -164,67 +184,69 @@ globals().update(_api.variant_functions(_run))
 
 
 @torch.library.custom_op("flat::conv_forward", mutates_args=())
-def _conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor], activation: str,
-                  final_state: bool) -> Tuple[Tensor, Tensor]:
+def _conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
+                  cu_seqlens: Optional[Tensor], activation: str, final_state: bool) -> Tuple[Tensor, Tensor]:
     x, weight, bias, state0 = _dense(x, weight, bias, state0)
     y = torch.empty(x.shape, dtype=x.dtype)
-    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
-    state = torch.empty((B, C, W - 1), dtype=torch.float32) if final_state and W > 1 else _none()
+    rows, C, W = _sequences(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
+    state = torch.empty((rows, C, W - 1), dtype=torch.float32) if final_state and W > 1 else _none()
     _core.conv_forward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
-                       _view("y", y), _view("final_state", state) if state.numel() else None, activation,
-                       _threads(), "openmp")
+                       _view("y", y), _view("final_state", state) if state.numel() else None, _offsets(cu_seqlens),
+                       activation, _threads(), "openmp")
     return y, state
 
 
 @_conv_forward.register_fake
-def _(x, weight, bias, state0, activation, final_state):
-    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
-    state = x.new_empty((B, C, W - 1) if final_state and W > 1 else (0,), dtype=torch.float32)
+def _(x, weight, bias, state0, cu_seqlens, activation, final_state):
+    rows, C, W = _sequences(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
+    state = x.new_empty((rows, C, W - 1) if final_state and W > 1 else (0,), dtype=torch.float32)
     return x.new_empty(x.shape), state
 
 
 @torch.library.custom_op("flat::conv_backward", mutates_args=())
-def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor], dy: Tensor,
-                   dstate: Optional[Tensor], activation: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
+                   cu_seqlens: Optional[Tensor], dy: Tensor, dstate: Optional[Tensor],
+                   activation: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     x, weight, bias, state0, dy, dstate = _dense(x, weight, bias, state0, dy, dstate)
-    dx, dweight, dbias = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias)
-    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
-    dstate0 = torch.empty((B, C, W - 1), dtype=torch.float32) if state0 is not None else _none()
+    dx, dweight, dbias, dstate0 = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias), _like(state0)
     _core.conv_backward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
                         _view("dy", dy), _view("dstate", dstate), _view("dx", dx),
                         _view("dweight", dweight), _view("dbias", dbias) if bias is not None else None,
-                        _view("dstate0", dstate0) if state0 is not None else None, activation, _threads(), "openmp")
+                        _view("dstate0", dstate0) if state0 is not None else None, _offsets(cu_seqlens), activation,
+                        _threads(), "openmp")
     return dx, dweight, dbias, dstate0
 
 
 @_conv_backward.register_fake
-def _(x, weight, bias, state0, dy, dstate, activation):
-    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
-    dbias = bias.new_empty(bias.shape) if bias is not None else x.new_empty(0, dtype=torch.float32)
-    dstate0 = x.new_empty((B, C, W - 1) if state0 is not None else (0,), dtype=torch.float32)
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), dbias, dstate0
+def _(x, weight, bias, state0, cu_seqlens, dy, dstate, activation):
+    def like(t):
+        return x.new_empty(0, dtype=torch.float32) if t is None else t.new_empty(t.shape)
+
+    return x.new_empty(x.shape), like(weight), like(bias), like(state0)
 
 
 def _setup_conv(ctx, inputs, output):
-    x, weight, bias, state0, ctx.activation, _ = inputs
-    ctx.save_for_backward(x, weight, bias, state0)
+    x, weight, bias, state0, cu_seqlens, ctx.activation, _ = inputs
+    ctx.save_for_backward(x, weight, bias, state0, cu_seqlens)
 
 
 def _conv_backward_formula(ctx, dy, dstate):
-    x, weight, bias, state0 = ctx.saved_tensors
+    x, weight, bias, state0, cu_seqlens = ctx.saved_tensors
     dstate = None if dstate is None or dstate.numel() == 0 else dstate
-    dx, dweight, dbias, dstate0 = _conv_backward(x, weight, bias, state0, dy, dstate, ctx.activation)
-    return dx, dweight, _absent(dbias), _absent(dstate0), None, None
+    dx, dweight, dbias, dstate0 = _conv_backward(x, weight, bias, state0, cu_seqlens, dy, dstate, ctx.activation)
+    return dx, dweight, _absent(dbias), _absent(dstate0), None, None, None
 
 
 _conv_forward.register_autograd(_conv_backward_formula, setup_context=_setup_conv)
 
 
-def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu"):
+def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None):
     """The short causal depthwise convolution: x [B, T, C], weight [C, W] float32, bias [C]; positions
     before 0 read initial_state [B, C, W-1] (FLA's causal_conv1d layout). Returns (y, final_state), the
-    final state the last W-1 inputs."""
-    y, state = _conv_forward(x, weight, bias, initial_state, activation, output_final_state)
+    final state the last W-1 inputs. With cu_seqlens ([num_seqs + 1] offsets of sequences packed along
+    T, B = 1), no window reads across a sequence's start and the states are [num_seqs, C, W-1]."""
+    _check_offsets(cu_seqlens)
+    y, state = _conv_forward(x, weight, bias, initial_state, cu_seqlens, activation, output_final_state)
     return y, (state if output_final_state and state.numel() else None)
 
 

@@ -64,6 +64,33 @@ def test_layer_matches_its_float64_reference(variant):
 
 
 @pytest.mark.parametrize("variant", list(LAYERS))
+def test_packed_sequences_match_the_float64_reference_one_by_one(variant):
+    """cu_seqlens through a layer, states given and returned per sequence, an empty sequence among
+    them: the kernels' packed call against the float64 reference run on each sequence alone."""
+    layer, reference = make(variant)
+    torch.manual_seed(2)
+    cu_seqlens = torch.tensor([0, 1, 64, 64, 130])
+    _, first = layer(torch.randn(4, 9, 32), output_final_state=True)  # states of the right shapes
+    state = State(*(None if t is None else torch.randn_like(t) for t in first))
+    x = torch.randn(1, 130, 32, requires_grad=True)
+    y, final = layer(x, initial_state=state, output_final_state=True, cu_seqlens=cu_seqlens)
+    xr = x.detach().double().requires_grad_()
+    yr, final_r = reference(xr, initial_state=State(*(None if t is None else t.double() for t in state)),
+                            output_final_state=True, cu_seqlens=cu_seqlens)
+    dy = torch.randn_like(y)
+    (y * dy).sum().backward()
+    (yr * dy.double()).sum().backward()
+    assert relative_error(y, yr) <= BOUND
+    assert relative_error(final.recurrent, final_r.recurrent) <= BOUND
+    assert torch.equal(final.recurrent[2], state.recurrent[2])  # the empty sequence's state passes through
+    if final.conv is not None:
+        assert relative_error(final.conv, final_r.conv) <= BOUND
+    assert relative_error(x.grad, xr.grad) <= BOUND
+    for (name, p), (_, pr) in zip(layer.named_parameters(), reference.named_parameters()):
+        assert relative_error(p.grad, pr.grad) <= BOUND, name
+
+
+@pytest.mark.parametrize("variant", list(LAYERS))
 def test_chunked_calls_equal_one_call(variant):
     """A sequence in two calls, the first's state passed to the second, gives one call's output and
     final state; and the state is differentiable (a gradient reaches the first chunk)."""

@@ -15,7 +15,9 @@ Every layer maps ``x [B, T, hidden_size]`` to ``(o [B, T, hidden_size], state)``
    Mamba-2's ``norm``), then ``o_proj``.
 
 ``initial_state`` / ``output_final_state`` carry a :class:`flat.nn.State` (the recurrent state
-and the convolution's last inputs) between calls, for chunked prefill and decoding. ``ops`` picks
+and the convolution's last inputs) between calls, for chunked prefill and decoding. ``cu_seqlens``
+([num_seqs + 1] offsets, B = 1) packs sequences of different lengths along T, each with its own
+state (``State`` rows per sequence), as FLA's layers take it. ``ops`` picks
 the kernels (``"kernels"``) or the plain-PyTorch reference (``"reference"``, any dtype; the tests
 run a float64 copy of each layer with it).
 """
@@ -110,8 +112,8 @@ class _Mixer(nn.Module):
 
     # -- the pipeline ---------------------------------------------------------------------------
 
-    def forward(self, hidden_states: Tensor, initial_state: Optional[State] = None,
-                output_final_state: bool = False) -> Tuple[Tensor, Optional[State]]:
+    def forward(self, hidden_states: Tensor, initial_state: Optional[State] = None, output_final_state: bool = False,
+                cu_seqlens: Optional[Tensor] = None) -> Tuple[Tensor, Optional[State]]:
         _check(hidden_states.dim() == 3, f"hidden_states: expected [B, T, hidden_size], got {list(hidden_states.shape)}")
         ops = ops_named(self.ops)
         fused = self._projections()
@@ -135,12 +137,12 @@ class _Mixer(nn.Module):
                                        for c in convs])
             blocks["conv"], conv_state = ops.conv(blocks["conv"], conv_weight, conv_bias,
                                                   None if initial_state is None else initial_state.conv,
-                                                  output_final_state, "silu")
+                                                  output_final_state, "silu", cu_seqlens=cu_seqlens)
         args = self._inputs(hidden_states, blocks)
         q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
         o, recurrent = ops.recurrence(self.variant, q, k, v, **args,
                                       initial_state=None if initial_state is None else initial_state.recurrent,
-                                      output_final_state=output_final_state)
+                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         o = self._out_proj()(self._output(o, hidden_states, blocks))
         return o, (State(recurrent, conv_state) if output_final_state else None)
 

@@ -22,29 +22,32 @@ from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, norm_activation
 
 class Ops(NamedTuple):
     # recurrence(variant, q, k, v, g=, beta=, b=, w=, scale=, initial_state=, output_final_state=,
-    #            use_qk_l2norm_in_kernel=, gate_group=) -> (o [B, T, N, V], final_state or None)
+    #            use_qk_l2norm_in_kernel=, gate_group=, cu_seqlens=) -> (o [B, T, N, V], final_state or None)
     recurrence: object
-    # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation)
-    #   -> (y, final_state or None)
+    # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation,
+    #      cu_seqlens=) -> (y, final_state or None)
+    # With cu_seqlens (B = 1, sequences packed along T), states have a row per sequence.
     conv: object
     # norm(x [..., D], g or None, weight [D] or [N, D], activation, eps, norm_before_gate) -> y
     norm: object
 
 
 def _kernel_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
-                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None):
+                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, cu_seqlens=None):
     inputs = {name: t for name, t in dict(g=g, beta=beta, b=b, w=w).items() if t is not None}
     if gate_group is not None:
         inputs["gate_group"] = gate_group
     return getattr(ft, variant)(q, k, v, **inputs, scale=scale, initial_state=initial_state,
                                 output_final_state=output_final_state,
-                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
 
 
-def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu"):
+def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu",
+                 cu_seqlens=None):
     # The kernel's taps, bias and state are float32 whatever the model's dtype.
     return ft.conv(x, weight.float(), None if bias is None else bias.float(),
-                   None if initial_state is None else initial_state.float(), output_final_state, activation)
+                   None if initial_state is None else initial_state.float(), output_final_state, activation,
+                   cu_seqlens=cu_seqlens)
 
 
 KERNELS = Ops(recurrence=_kernel_recurrence, conv=_kernel_conv, norm=ft.rms_norm_gated)
@@ -64,9 +67,30 @@ def _l2norm(x: Tensor) -> Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
+def _one_by_one(run, along_t: dict, initial_state, output_final_state, cu_seqlens, **options):
+    """A packed call (B = 1, sequences at cu_seqlens along T) as run() on each sequence alone:
+    the outputs joined along T, the final states along the batch axis."""
+    bounds = cu_seqlens.tolist()
+    outputs, finals = [], []
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        sliced = {name: None if t is None else t[:, start:end] for name, t in along_t.items()}
+        y, final = run(**sliced, **options, initial_state=None if initial_state is None else initial_state[i:i + 1],
+                       output_final_state=True)
+        outputs.append(y)
+        finals.append(final)
+    return torch.cat(outputs, dim=1), (torch.cat(finals) if output_final_state else None)
+
+
 def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
-                         output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None):
-    """The recurrence one token at a time (docs/variants.md), in q's dtype."""
+                         output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, cu_seqlens=None):
+    """The recurrence one token at a time (docs/variants.md), in q's dtype; with cu_seqlens, one
+    sequence at a time."""
+    if cu_seqlens is not None:
+        along_t = dict(q=q, k=k, v=v, beta=beta, b=b, w=w)
+        fixed = dict(variant=variant, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     gate_group=gate_group)
+        (fixed if g is not None and g.dim() == 1 else along_t)["g"] = g  # retnet's per-head gate: every token's
+        return _one_by_one(reference_recurrence, along_t, initial_state, output_final_state, cu_seqlens, **fixed)
     B, T, _, K = q.shape
     V = v.shape[-1]
     heads = [q.shape[2], k.shape[2], v.shape[2]]
@@ -104,20 +128,27 @@ def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *,
             r = w[:, t] * vt - torch.einsum("bnkv,bnk->bnv", h, b[:, t] * kt)
             h = h + kt.unsqueeze(-1) * r.unsqueeze(-2)
         outputs.append(scale * torch.einsum("bnkv,bnk->bnv", h, q[:, t]))
-    o = torch.stack(outputs, dim=1).to(v.dtype)
+    o = (torch.stack(outputs, dim=1) if outputs else v.new_zeros(B, 0, N, V, dtype=dtype)).to(v.dtype)
     return o, (h.float() if dtype == torch.float32 else h) if output_final_state else None
 
 
-def reference_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu"):
+def reference_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu",
+                   cu_seqlens=None):
     """The short causal depthwise convolution as F.conv1d over [state, x] (positions before 0 read
-    initial_state, or zeros)."""
+    initial_state, or zeros); with cu_seqlens, one sequence at a time."""
+    if cu_seqlens is not None:
+        return _one_by_one(reference_conv, dict(x=x), initial_state, output_final_state, cu_seqlens, weight=weight,
+                           bias=bias, activation=activation)
     B, T, C = x.shape
     W = weight.shape[1]
     dtype = x.dtype
     state = torch.zeros(B, C, W - 1, dtype=dtype) if initial_state is None else initial_state.to(dtype)
     window = torch.cat([state, x.transpose(1, 2)], dim=2)  # [B, C, W - 1 + T]
-    z = F.conv1d(window, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype), groups=C)
-    y = (F.silu(z) if activation == "silu" else z).transpose(1, 2)
+    if T == 0:  # an empty sequence: no output, the state passes through
+        y = x.new_zeros(B, 0, C, dtype=dtype)
+    else:
+        z = F.conv1d(window, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype), groups=C)
+        y = (F.silu(z) if activation == "silu" else z).transpose(1, 2)
     final = window[:, :, window.shape[2] - (W - 1):] if output_final_state and W > 1 else None
     return y, final
 
