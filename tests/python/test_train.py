@@ -132,7 +132,7 @@ def test_the_command_runs_as_a_module_and_as_the_console_script(tmp_path):
     commands = [[sys.executable, "-m", "flat.train"]]
     scripts = [e for e in metadata.entry_points(group="console_scripts") if e.name == "flat-train"]
     if scripts:  # installed as a distribution (the wheel CI tests), not run from a source tree
-        assert scripts[0].value == "flat.train.cli:main"
+        assert scripts[0].value == "flat.train.cli:console"
         commands.append([str(Path(sys.executable).parent / "flat-train")])
     for command in commands:
         done = subprocess.run(command + argv, capture_output=True, text=True, timeout=300)

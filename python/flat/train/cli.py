@@ -281,5 +281,11 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, dict]:
     return results
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The console script flat-train: main() without its return value, which a console script would
+    take for an exit status."""
     main()
+
+
+if __name__ == "__main__":
+    console()
