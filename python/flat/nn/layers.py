@@ -112,7 +112,8 @@ class _Mixer(nn.Module):
 
     # -- the pipeline ---------------------------------------------------------------------------
 
-    def forward(self, hidden_states: Tensor, initial_state: Optional[State] = None, output_final_state: bool = False,
+    def forward(self, hidden_states: Tensor, initial_state: Optional[State] = None,
+                output_final_state: bool = False,
                 cu_seqlens: Optional[Tensor] = None) -> Tuple[Tensor, Optional[State]]:
         _check(hidden_states.dim() == 3, f"hidden_states: expected [B, T, hidden_size], got {list(hidden_states.shape)}")
         ops = ops_named(self.ops)
@@ -178,6 +179,19 @@ class _QKVMixer(_Mixer):
     """The layers whose q, k, v come from q_proj, k_proj, v_proj, optionally through
     q_conv1d / k_conv1d / v_conv1d, with an output norm and gate after the recurrence."""
 
+    def _head_sizes(self, hidden_size: int, expand_k: float, expand_v: float, num_heads: int,
+                    num_kv_heads: Optional[int]) -> Tuple[int, int]:
+        """Checks and sets the head counts and widths of FLA's expand_k / expand_v layers; returns
+        (key_dim, value_dim)."""
+        num_kv_heads = num_kv_heads or num_heads
+        key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
+        _divides("key_dim", key_dim, "num_heads", num_heads)
+        _divides("value_dim", value_dim, "num_heads", num_heads)
+        _divides("num_heads", num_heads, "num_kv_heads", num_kv_heads)
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
+        return key_dim, value_dim
+
     def _qkv_modules(self, hidden_size: int, key_dim: int, key_dim_kv: int, value_dim_kv: int, use_short_conv: bool,
                      conv_size: int, conv_bias: bool, qkv_bias: bool = False) -> None:
         self.q_proj = nn.Linear(hidden_size, key_dim, bias=qkv_bias)
@@ -225,16 +239,11 @@ class LinearAttention(_QKVMixer):
                  num_kv_heads: Optional[int] = None, feature_map: str = "elu", use_short_conv: bool = False,
                  conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels"):
         super().__init__(ops)
-        num_kv_heads = num_kv_heads or num_heads
-        key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
-        _divides("key_dim", key_dim, "num_heads", num_heads)
-        _divides("value_dim", value_dim, "num_heads", num_heads)
-        _divides("num_heads", num_heads, "num_kv_heads", num_kv_heads)
+        key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         _feature_map(feature_map, torch.zeros(1))
-        self.num_heads, self.num_kv_heads, self.feature_map = num_heads, num_kv_heads, feature_map
-        self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
-        self._qkv_modules(hidden_size, key_dim, self.head_k_dim * num_kv_heads, self.head_v_dim * num_kv_heads,
-                          use_short_conv, conv_size, conv_bias)
+        self.feature_map = feature_map
+        self._qkv_modules(hidden_size, key_dim, self.head_k_dim * self.num_kv_heads,
+                          self.head_v_dim * self.num_kv_heads, use_short_conv, conv_size, conv_bias)
         self.norm = FusedRMSNormGated(self.head_v_dim, norm_eps)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
@@ -261,15 +270,10 @@ class MultiScaleRetention(_QKVMixer):
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
                  norm_eps: float = 1e-5, ops: str = "kernels"):
         super().__init__(ops)
-        num_kv_heads = num_kv_heads or num_heads
-        key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
-        _divides("key_dim", key_dim, "num_heads", num_heads)
-        _divides("value_dim", value_dim, "num_heads", num_heads)
-        _divides("num_heads", num_heads, "num_kv_heads", num_kv_heads)
-        self.num_heads, self.num_kv_heads, self.use_output_gate = num_heads, num_kv_heads, use_output_gate
-        self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
-        self._qkv_modules(hidden_size, key_dim, self.head_k_dim * num_kv_heads, self.head_v_dim * num_kv_heads,
-                          use_short_conv, conv_size, conv_bias)
+        key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
+        self.use_output_gate = use_output_gate
+        self._qkv_modules(hidden_size, key_dim, self.head_k_dim * self.num_kv_heads,
+                          self.head_v_dim * self.num_kv_heads, use_short_conv, conv_size, conv_bias)
         if use_output_gate:
             self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
         self.g_norm_swish_gate = FusedRMSNormGated(self.head_v_dim, norm_eps, gate_fn)
@@ -303,17 +307,12 @@ class GatedLinearAttention(_QKVMixer):
                  norm_eps: float = 1e-5, gate_logit_normalizer: int = 16, gate_low_rank_dim: int = 16,
                  clamp_min: Optional[float] = None, ops: str = "kernels"):
         super().__init__(ops)
-        num_kv_heads = num_kv_heads or num_heads
-        key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
-        _divides("key_dim", key_dim, "num_heads", num_heads)
-        _divides("value_dim", value_dim, "num_heads", num_heads)
-        _divides("num_heads", num_heads, "num_kv_heads", num_kv_heads)
-        self.num_heads, self.num_kv_heads, self.use_output_gate = num_heads, num_kv_heads, use_output_gate
-        self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
+        key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
+        self.use_output_gate = use_output_gate
         self.gate_logit_normalizer, self.clamp_min = gate_logit_normalizer, clamp_min
-        key_dim_kv = self.head_k_dim * num_kv_heads
-        self._qkv_modules(hidden_size, key_dim, key_dim_kv, self.head_v_dim * num_kv_heads, use_short_conv, conv_size,
-                          conv_bias)
+        key_dim_kv = self.head_k_dim * self.num_kv_heads
+        self._qkv_modules(hidden_size, key_dim, key_dim_kv, self.head_v_dim * self.num_kv_heads, use_short_conv,
+                          conv_size, conv_bias)
         if use_output_gate:
             self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
         self.gk_proj = nn.Sequential(nn.Linear(hidden_size, gate_low_rank_dim, bias=False),
