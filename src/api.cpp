@@ -205,7 +205,7 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
 
   const std::span<const int64_t> h0_indices = in.sequences.initial_state_indices;
   if (h0.present()) {
-    check_tensor("h0", h0, {validate::state_axis(in.sequences, B, h0_indices), {"N", N}, {"K", K}, {"V", V}});
+    check_tensor("h0", h0, {validate::state_axis(in.sequences, B, !h0_indices.empty()), {"N", N}, {"K", K}, {"V", V}});
     check_dtype("h0", h0, DType::f32, " (states are fp32)");
   }
   validate::check_indices("initial_state_indices", h0_indices, {"h0", &h0});
@@ -235,10 +235,9 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   return p;
 }
 
-// A state [B, N, K, V] after the inputs: one row per sequence, or a pool when `indices` address it.
-void check_state(const std::string& name, const Tensor& t, const Params& p, const Sequences& s,
-                 std::span<const int64_t> indices = {}) {
-  check_tensor(name, t, {validate::state_axis(s, p.B, indices), {"N", p.N}, {"K", p.K}, {"V", p.V}});
+// A state [B, N, K, V] after the inputs: one row per sequence, or a pool where indices address it.
+void check_state(const std::string& name, const Tensor& t, const Params& p, const Sequences& s, bool pool = false) {
+  check_tensor(name, t, {validate::state_axis(s, p.B, pool), {"N", p.N}, {"K", p.K}, {"V", p.V}});
   check_dtype(name, t, DType::f32, " (states are fp32)");
 }
 
@@ -261,11 +260,9 @@ std::vector<validate::Named> input_views(const Inputs& in) {
 Params describe_forward(Variant variant, const ForwardArgs& a, const Options& options) {
   Params p = describe_inputs(variant, a, options, true);
   check_tensor("y", a.y, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
-  const std::span<const int64_t> ht_indices = a.sequences.final_state_indices;
-  if (a.ht.present()) check_state("ht", a.ht, p, a.sequences, ht_indices);
-  validate::check_indices("final_state_indices", ht_indices, {"ht", &a.ht});
+  if (a.ht.present()) check_state("ht", a.ht, p, a.sequences, validate::writes_pool(a.sequences));
+  validate::check_pool_writes(a.sequences, p.B, p.S, {"h0", &a.h0}, {"ht", &a.ht});
   validate::check_no_overlap({{"y", &a.y}, {"ht", &a.ht}}, input_views(a), {{"ht", "h0"}});
-  validate::check_pool_writes(a.sequences, p.B, {"h0", &a.h0}, {"ht", &a.ht});
   p.y = rows(a.y);
   p.ht = rows(a.ht);
   return p;

@@ -43,10 +43,9 @@ RowView rows3(const Tensor& t) {
 
 // The state tensors: [B, C, W-1] fp32 when W > 1 (one row per sequence, or a pool the indices
 // address: flat::Sequences); with W = 1 there is no state to pass.
-void check_state(const std::string& name, const Tensor& t, const ConvParams& p, const Sequences& s,
-                 std::span<const int64_t> indices = {}) {
+void check_state(const std::string& name, const Tensor& t, const ConvParams& p, const Sequences& s, bool pool = false) {
   if (p.W == 1) fail(name, "W = 1 keeps no state (W-1 = 0 inputs), expected no tensor, got shape " + shape_string(t));
-  check_f32(name, t, {validate::state_axis(s, p.B, indices), {"C", p.C}, {"W-1", p.W - 1}}, " (states are fp32)");
+  check_f32(name, t, {validate::state_axis(s, p.B, pool), {"C", p.C}, {"W-1", p.W - 1}}, " (states are fp32)");
 }
 
 // final_states: the call writes final states (a forward, which may take final_state_indices).
@@ -65,7 +64,7 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options, boo
   p.W = int(in.weight.shape[1]);
   if (in.bias.present()) check_f32("bias", in.bias, {{"C", p.C}}, " (the bias is fp32)");
   const std::span<const int64_t> state0_indices = in.sequences.initial_state_indices;
-  if (in.state0.present()) check_state("state0", in.state0, p, in.sequences, state0_indices);
+  if (in.state0.present()) check_state("state0", in.state0, p, in.sequences, !state0_indices.empty());
   validate::check_indices("initial_state_indices", state0_indices, {"state0", &in.state0});
   if (options.activation != Activation::none && options.activation != Activation::silu)
     fail("options.activation", "the convolution takes none or silu, got " + std::string(activation_name(options.activation)));
@@ -93,11 +92,9 @@ std::vector<validate::Named> input_views(const ConvInputs& in) {
 ConvParams describe_conv_forward(const ConvArgs& a, const ConvOptions& options) {
   ConvParams p = describe_inputs(a, options, true);
   check_sequence("y", a.y, p);
-  const std::span<const int64_t> state_indices = a.sequences.final_state_indices;
-  if (a.state.present()) check_state("state", a.state, p, a.sequences, state_indices);
-  validate::check_indices("final_state_indices", state_indices, {"state", &a.state});
+  if (a.state.present()) check_state("state", a.state, p, a.sequences, validate::writes_pool(a.sequences));
+  validate::check_pool_writes(a.sequences, p.B, p.S, {"state0", &a.state0}, {"state", &a.state});
   validate::check_no_overlap({{"y", &a.y}, {"state", &a.state}}, input_views(a), {{"state", "state0"}});
-  validate::check_pool_writes(a.sequences, p.B, {"state0", &a.state0}, {"state", &a.state});
   p.y = rows3(a.y);
   p.state = rows3(a.state);
   return p;

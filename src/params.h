@@ -43,16 +43,22 @@ struct RowView {
 // the convolution's alike. Sequence i is batch row batch(i), tokens [start(i), start(i) +
 // length(i)): tokens of row 0 between cu_seqlens, or without them the whole row i. Its initial
 // state is row read_row(i) of h0 (state0), its final one goes to row write_row(i) of ht (state):
-// the indices (-1: none), or without them row i.
+// the indices (-1: none), or without them row i (none when only the tokens' states are kept).
+// The state after its token t goes to row token_rows(i, S)[t] of ht (state), where asked.
 struct SequenceLayout {
-  std::span<const int64_t> cu_seqlens, read_rows, write_rows;
+  std::span<const int64_t> cu_seqlens, read_rows, write_rows, token_state_rows;
 
   SequenceLayout() = default;
   explicit SequenceLayout(const Sequences& s)
-      : cu_seqlens(s.cu_seqlens), read_rows(s.initial_state_indices), write_rows(s.final_state_indices) {}
+      : cu_seqlens(s.cu_seqlens),
+        read_rows(s.initial_state_indices),
+        write_rows(s.final_state_indices),
+        token_state_rows(s.token_state_indices) {}
   // Whether the call's rows are not simply its sequences: then each sequence runs as a problem of
   // its own (one row, its tokens, its state rows), else the call runs as one.
-  bool split() const { return !cu_seqlens.empty() || !read_rows.empty() || !write_rows.empty(); }
+  bool split() const {
+    return !cu_seqlens.empty() || !read_rows.empty() || !write_rows.empty() || !token_state_rows.empty();
+  }
   int64_t count(int B) const { return cu_seqlens.empty() ? B : int64_t(cu_seqlens.size()) - 1; }
   int64_t batch(int64_t i) const { return cu_seqlens.empty() ? i : 0; }
   int64_t start(int64_t i) const { return cu_seqlens.empty() ? 0 : cu_seqlens[size_t(i)]; }
@@ -60,7 +66,15 @@ struct SequenceLayout {
     return cu_seqlens.empty() ? S : int(cu_seqlens[size_t(i) + 1] - cu_seqlens[size_t(i)]);
   }
   int64_t read_row(int64_t i) const { return read_rows.empty() ? i : read_rows[size_t(i)]; }
-  int64_t write_row(int64_t i) const { return write_rows.empty() ? i : write_rows[size_t(i)]; }
+  int64_t write_row(int64_t i) const {
+    if (!write_rows.empty()) return write_rows[size_t(i)];
+    return token_state_rows.empty() ? i : -1;
+  }
+  // Sequence i's entries of token_state_indices (empty when not given).
+  std::span<const int64_t> token_rows(int64_t i, int S) const {
+    if (token_state_rows.empty()) return {};
+    return token_state_rows.subspan(size_t(batch(i) * S + start(i)), size_t(length(i, S)));
+  }
 };
 
 // Row `row` of a state view, absent for -1 (a sequence with no state to read or write there).
@@ -92,6 +106,10 @@ struct Params {
   // With sequences, h0 and ht are [num_seqs, N, K, V] or pools addressed through them, dht and
   // dh0 [num_seqs, N, K, V].
   SequenceLayout sequences;
+  // A problem of one sequence (B = 1) that keeps its tokens' states: the pool (ht's tensor) and
+  // the row there of the state after each of its S tokens (-1: not kept).
+  RowView token_pool;
+  std::span<const int64_t> token_rows;
 };
 
 // Validates the arguments of forward / backward exactly as the public entry points do (throwing

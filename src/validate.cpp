@@ -342,22 +342,29 @@ void check_sequences(const Sequences& s, const std::string& tensor, int64_t B, i
       fail("cu_seqlens", "expected the last offset to be S = " + std::to_string(S) + " (the length of " + tensor +
                              "), got " + at(cu.size() - 1));
   }
-  if (!final_states && !s.final_state_indices.empty())
-    fail("final_state_indices", "expected none: a backward writes no final state (dht and dh0 have a row per "
-                                "sequence), got " + std::to_string(s.final_state_indices.size()) + " indices");
+  for (const auto& [name, indices] : {std::pair{"final_state_indices", s.final_state_indices},
+                                      std::pair{"token_state_indices", s.token_state_indices}})
+    if (!final_states && !indices.empty())
+      fail(name, "expected none: a backward writes no states (dht and dh0 have a row per sequence), got " +
+                     std::to_string(indices.size()) + " indices");
   const int64_t count = cu.empty() ? B : int64_t(cu.size()) - 1;
   for (const auto& [name, indices] : {std::pair{"initial_state_indices", s.initial_state_indices},
                                       std::pair{"final_state_indices", s.final_state_indices}})
     if (!indices.empty() && int64_t(indices.size()) != count)
       fail(name, std::string("expected one index per sequence, ") + (cu.empty() ? "B" : "num_seqs") + " = " +
                      std::to_string(count) + ", got " + std::to_string(indices.size()));
+  if (!s.token_state_indices.empty() && int64_t(s.token_state_indices.size()) != B * S)
+    fail("token_state_indices", "expected one index per token, B * S = " + std::to_string(B * S) + " (the tokens of " +
+                                    tensor + "), got " + std::to_string(s.token_state_indices.size()));
 }
 
-Axis state_axis(const Sequences& s, int64_t B, std::span<const int64_t> indices) {
-  if (!indices.empty()) return {"P", -1};
+Axis state_axis(const Sequences& s, int64_t B, bool pool) {
+  if (pool) return {"P", -1};
   if (s.cu_seqlens.empty()) return {"B", B};
   return {"num_seqs", int64_t(s.cu_seqlens.size()) - 1};
 }
+
+bool writes_pool(const Sequences& s) { return !s.final_state_indices.empty() || !s.token_state_indices.empty(); }
 
 void check_indices(const std::string& name, std::span<const int64_t> indices, const Named& pool) {
   if (indices.empty()) return;
@@ -370,30 +377,46 @@ void check_indices(const std::string& name, std::span<const int64_t> indices, co
                      "), got " + name + "[" + std::to_string(i) + "] = " + std::to_string(indices[i]));
 }
 
-void check_pool_writes(const Sequences& s, int64_t B, const Named& initial, const Named& final) {
+void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& initial, const Named& final) {
+  check_indices("final_state_indices", s.final_state_indices, final);
+  check_indices("token_state_indices", s.token_state_indices, final);
   // Without indices sequence i reads and writes row i alone.
-  if (!final.tensor->present() || (s.initial_state_indices.empty() && s.final_state_indices.empty())) return;
+  if (!final.tensor->present() || (s.initial_state_indices.empty() && !writes_pool(s))) return;
   const SequenceLayout rows(s);
   const int64_t count = rows.count(int(B));
-  std::vector<int64_t> writer(size_t(final.tensor->shape[0]), -1);  // the sequence writing each row
+  // Each row's writer: its sequence and the index that names the row ("final_state_indices[i]").
+  struct Writer {
+    int64_t sequence = -1;
+    std::string index;
+  };
+  std::vector<Writer> writers(size_t(final.tensor->shape[0]));
+  const auto write = [&](int64_t r, int64_t sequence, std::string index) {
+    if (r < 0) return;
+    Writer& w = writers[size_t(r)];
+    if (w.sequence >= 0)
+      fail(index.substr(0, index.find('[')), "expected each row of " + std::string(final.name) + " written once, got " +
+                                                 w.index + " and " + index + " both writing row " + std::to_string(r));
+    w = {sequence, std::move(index)};
+  };
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t r = rows.write_row(i);
-    if (r < 0) continue;
-    if (writer[size_t(r)] >= 0)
-      fail("final_state_indices", "expected each row of " + std::string(final.name) + " written once, got sequences " +
-                                      std::to_string(writer[size_t(r)]) + " and " + std::to_string(i) +
-                                      " both writing row " + std::to_string(r));
-    writer[size_t(r)] = i;
+    write(rows.write_row(i), i, rows.write_rows.empty() ? "row " + std::to_string(i)
+                                                        : "final_state_indices[" + std::to_string(i) + "]");
+    const std::span<const int64_t> tokens = rows.token_rows(i, int(S));
+    const int64_t first = tokens.empty() ? 0 : tokens.data() - s.token_state_indices.data();
+    for (size_t t = 0; t < tokens.size(); ++t)
+      write(tokens[t], i, "token_state_indices[" + std::to_string(first + int64_t(t)) + "]");
   }
   if (!initial.tensor->present() || !same_view(*initial.tensor, *final.tensor)) return;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t r = rows.read_row(i);
-    if (r < 0 || writer[size_t(r)] < 0 || writer[size_t(r)] == i) continue;
-    fail(s.final_state_indices.empty() ? "initial_state_indices" : "final_state_indices",
+    if (r < 0) continue;
+    const Writer& w = writers[size_t(r)];
+    if (w.sequence < 0 || w.sequence == i) continue;
+    fail(w.index.find('[') == std::string::npos ? "initial_state_indices" : w.index.substr(0, w.index.find('[')),
          std::string(initial.name) + " and " + final.name +
              " are one pool updated in place, so a row one sequence reads may be written by no other; got row " +
              std::to_string(r) + " read by sequence " + std::to_string(i) + " and written by sequence " +
-             std::to_string(writer[size_t(r)]));
+             std::to_string(w.sequence) + " (" + w.index + ")");
   }
 }
 

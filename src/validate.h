@@ -70,19 +70,23 @@ void check_dtype(const std::string& name, const Tensor& t, DType expected, const
 
 // A call's sequences (flat::Sequences) against the batch B and length S of the tensor that packs
 // them (q, x): cu_seqlens running from 0 to S without decreasing, with B = 1; index arrays of one
-// entry per sequence; final_state_indices only where the call writes final states (a forward).
+// entry per sequence (per token for token_state_indices); final_state_indices and
+// token_state_indices only where the call writes states (a forward).
 void check_sequences(const Sequences& s, const std::string& tensor, int64_t B, int64_t S, bool final_states);
 
-// The leading axis of a state tensor: a pool of any number of rows P when `indices` address it,
+// The leading axis of a state tensor: a pool of any number of rows P when indices address it,
 // else one row per sequence (num_seqs with cu_seqlens, else B).
-Axis state_axis(const Sequences& s, int64_t B, std::span<const int64_t> indices);
+Axis state_axis(const Sequences& s, int64_t B, bool pool);
+// Whether the final states' tensor (ht, state) is a pool: final or token state indices address it.
+bool writes_pool(const Sequences& s);
 
 // The indices into a pool, once the pool's shape is checked: given only with the pool, each from
 // -1 (none) to P-1.
 void check_indices(const std::string& name, std::span<const int64_t> indices, const Named& pool);
 
-// The rows the final states go to: none written by two sequences, and where the initial states
-// are read from the very same view (a pool updated in place), none that another sequence reads.
-void check_pool_writes(const Sequences& s, int64_t B, const Named& initial, const Named& final);
+// The rows the final and the tokens' states go to (their indices checked against the pool): none
+// written twice, and where the initial states are read from the very same view (a pool updated in
+// place), none that another sequence reads. S: the length of the tensor packing the sequences.
+void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& initial, const Named& final);
 
 }  // namespace flat::validate

@@ -615,6 +615,166 @@ TEST(VarlenConvPool, ReadsAndWritesIndexedRowsInPlace) {
   }
 }
 
+// ---- Speculative decoding: every token's state kept --------------------------------------------
+
+// Tokens [first, first + n) of sequence i of a packed [1, S, ...] array, as a tensor of one row; a
+// rank-1 array (retnet's gate) whole.
+Tensor tokens_of(Array& a, const Layout& l, int64_t i, int64_t first, int64_t n) {
+  if (a.shape.size() == 1) return a.tensor();
+  return a.rows(1, l.cu[size_t(i)] + first, n);
+}
+
+// A pool of P rows, random in `rows`, NaN elsewhere.
+Array pool_with(const std::vector<int64_t>& shape, const std::vector<int64_t>& rows, std::mt19937& rng) {
+  Array pool(DType::f32, shape), values(DType::f32, shape);
+  values.fill(rng, -1, 1);
+  const size_t row = pool.step(0);
+  for (int64_t r : rows)
+    if (r >= 0) std::memcpy(pool.bytes() + size_t(r) * row, values.bytes() + size_t(r) * row, row);
+  return pool;
+}
+
+// One speculative step: per packed token the pool row its state goes to (rows from 4 on, a few
+// -1), each sequence's start row and final row (in a pool of P rows). Lengths 3, 1, 4 and 19 (past
+// a chunk of 16: the decode path loads its rows chunk by chunk).
+struct SpeculativeStep {
+  Layout layout = packed_layout({3, 1, 4, 19});
+  std::vector<int64_t> reads{0, 1, -1, 2}, finals{31, -1, 32, 3};
+  std::vector<int64_t> tokens;
+  int64_t P = 33;
+  SpeculativeStep() {
+    for (int64_t t = 0; t < layout.S; ++t) tokens.push_back(t == 1 || t == 9 ? -1 : 4 + t);
+  }
+  // The pool row the state after token t of sequence i went to.
+  int64_t token_row(int64_t i, int64_t t) const { return tokens[size_t(layout.cu[size_t(i)] + t)]; }
+};
+
+class VarlenTokenStates : public ::testing::TestWithParam<Variant> {};
+
+// The pool (in place: h0 and ht one view) gets, at each kept token's row, bitwise the final state
+// of that sequence's tokens up to it run alone through the decode path, at each final row the
+// whole sequence's, and nothing anywhere else (NaN rows stay NaN); y is each sequence's alone.
+// Then the next step, one token per sequence started from the row of its last accepted token
+// (num_accepted = 1, 1, 3, 10), gives what one token from that state gives: the rejected tokens
+// are rolled back with no copy.
+TEST_P(VarlenTokenStates, KeepsEachTokensStateAndRollsBack) {
+  const Variant variant = GetParam();
+  const SpeculativeStep step;
+  Recurrence r(variant, DType::f32, 12, 7, 16, step.layout, 21);
+  std::mt19937 rng(8);
+  const Array original = pool_with(r.state_shape(step.P), step.reads, rng);
+  const size_t state = original.step(0);
+  // The decode path of a call of one sequence: every token_state_indices entry -1, the final
+  // state to row 0 of a one-row pool.
+  static const std::vector<int64_t> row0{0};
+  const auto alone = [&](Inputs in, int64_t read, const Array& from, const cpu::Target& target, Array& y) {
+    const int64_t n = in.q.shape[1];
+    const std::vector<int64_t> none(size_t(n), -1);
+    ForwardArgs a(in);
+    Array h0(DType::f32, r.state_shape(1)), ht(DType::f32, r.state_shape(1));
+    if (read >= 0) std::memcpy(h0.bytes(), from.bytes() + size_t(read) * state, state);
+    a.h0 = read >= 0 ? h0.tensor() : Tensor{};
+    y = Array(DType::f32, {1, n, kN, r.V});
+    a.y = y.tensor();
+    a.ht = ht.tensor();
+    a.sequences.token_state_indices = none;
+    a.sequences.final_state_indices = row0;
+    run_forward(r, a, target, 1);
+    return ht;
+  };
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    SCOPED_TRACE(std::string(variant_name(variant)) + " " + target->name);
+    Array pool = original, y(DType::f32, r.output_shape(-1));
+    ForwardArgs a(r.inputs(-1));
+    a.h0 = a.ht = pool.tensor();
+    a.y = y.tensor();
+    a.sequences.initial_state_indices = step.reads;
+    a.sequences.final_state_indices = step.finals;
+    a.sequences.token_state_indices = step.tokens;
+    run_forward(r, a, *target, 3);
+
+    Array expected = original;
+    for (int64_t i = 0; i < r.layout.count(); ++i) {
+      Array y_alone;
+      for (int64_t t = 0; t < r.layout.length(i); ++t) {
+        Inputs prefix;
+        for (int x = 0; x < 7; ++x) prefix.*kInputs[x] = tokens_of(r.in[x], r.layout, i, 0, t + 1);
+        const Array after = alone(prefix, step.reads[size_t(i)], original, *target, y_alone);
+        if (step.token_row(i, t) >= 0)
+          std::memcpy(expected.bytes() + size_t(step.token_row(i, t)) * state, after.bytes(), state);
+        if (t + 1 == r.layout.length(i) && step.finals[size_t(i)] >= 0)
+          std::memcpy(expected.bytes() + size_t(step.finals[size_t(i)]) * state, after.bytes(), state);
+      }
+      EXPECT_TRUE(same_bytes(r.layout.at(y, i), y_alone.bytes(), y_alone.buffer.size() * 4)) << "y of " << i;
+    }
+    for (int64_t row = 0; row < step.P; ++row)
+      EXPECT_TRUE(same_bytes(pool.bytes() + size_t(row) * state, expected.bytes() + size_t(row) * state, state))
+          << "pool row " << row;
+
+    // The next step from the last accepted tokens' rows, its final states to fresh rows.
+    const std::vector<int64_t> accepted{1, 1, 3, 10}, next_final{0, 1, 2, 30};
+    std::vector<int64_t> next_read;
+    for (int64_t i = 0; i < r.layout.count(); ++i) next_read.push_back(step.token_row(i, accepted[size_t(i)] - 1));
+    Recurrence next(variant, DType::f32, 12, 7, 16, packed_layout({1, 1, 1, 1}), 22);
+    Array y_next(DType::f32, next.output_shape(-1));
+    ForwardArgs b(next.inputs(-1));
+    b.h0 = b.ht = pool.tensor();
+    b.y = y_next.tensor();
+    b.sequences.initial_state_indices = next_read;
+    b.sequences.final_state_indices = next_final;
+    run_forward(next, b, *target, 3);
+    for (int64_t i = 0; i < next.layout.count(); ++i) {
+      Array y_alone;
+      const Array after = alone(next.inputs(i), next_read[size_t(i)], expected, *target, y_alone);
+      EXPECT_TRUE(same_bytes(pool.bytes() + size_t(next_final[size_t(i)]) * state, after.bytes(), state))
+          << "next state of " << i;
+      EXPECT_TRUE(same_bytes(next.layout.at(y_next, i), y_alone.bytes(), y_alone.buffer.size() * 4))
+          << "next y of " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Varlen, VarlenTokenStates, ::testing::ValuesIn(variants_where(any_variant)),
+                         [](const ::testing::TestParamInfo<Variant>& p) { return std::string(variant_name(p.param)); });
+
+// The convolution's states after each token: its last W-1 inputs, from state0 before the first.
+TEST(VarlenConvTokenStates, KeepsEachTokensState) {
+  const SpeculativeStep step;
+  Conv c(DType::bf16, DType::bf16, 24, 4, step.layout, 17);
+  std::mt19937 rng(10);
+  const Array original = pool_with(c.state_shape(step.P), step.reads, rng);
+  const size_t row = original.step(0);
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    SCOPED_TRACE(target->name);
+    Array pool = original, y(DType::bf16, c.sequence_shape(-1));
+    ConvArgs a(c.inputs(-1));
+    a.state0 = a.state = pool.tensor();
+    a.y = y.tensor();
+    a.sequences.initial_state_indices = step.reads;
+    a.sequences.final_state_indices = step.finals;
+    a.sequences.token_state_indices = step.tokens;
+    run_conv_forward(a, *target, 3);
+    Array expected = original;
+    for (int64_t i = 0; i < c.layout.count(); ++i)
+      for (int64_t t = 0; t < c.layout.length(i); ++t) {
+        ConvArgs one(c.inputs(-1));
+        one.sequences = {};
+        one.x = tokens_of(c.x, c.layout, i, 0, t + 1);
+        Array start(DType::f32, c.state_shape(1)), after(DType::f32, c.state_shape(1)), y1(DType::bf16, {1, t + 1, c.C});
+        const int64_t read = step.reads[size_t(i)];
+        if (read >= 0) std::memcpy(start.bytes(), original.bytes() + size_t(read) * row, row);
+        one.state0 = read >= 0 ? start.tensor() : Tensor{};
+        one.state = after.tensor();
+        one.y = y1.tensor();
+        run_conv_forward(one, *target, 1);
+        for (const int64_t to : {step.token_row(i, t), t + 1 == c.layout.length(i) ? step.finals[size_t(i)] : -1})
+          if (to >= 0) std::memcpy(expected.bytes() + size_t(to) * row, after.bytes(), row);
+      }
+    for (int64_t r = 0; r < step.P; ++r)
+      EXPECT_TRUE(same_bytes(pool.bytes() + size_t(r) * row, expected.bytes() + size_t(r) * row, row)) << "pool row " << r;
+  }
+}
+
 // ---- Bad sequences --------------------------------------------------------------------------
 
 // Outputs whose bytes must stay as they were.
@@ -677,7 +837,7 @@ TEST(VarlenErrors, RecurrenceRefusesBadSequencesWritingNothing) {
         [&](ForwardArgs& a) { a.sequences.initial_state_indices = all; });
   check("final_state_indices: given, but there is no ht",
         [&](ForwardArgs& a) { a.sequences.final_state_indices = all; });
-  check("final_state_indices: expected each row of ht written once, got sequences 0 and 2 both writing row 1",
+  check("final_state_indices: expected each row of ht written once, got final_state_indices[0] and final_state_indices[2] both writing row 1",
         [&](ForwardArgs& a) {
           a.ht = pool.tensor();
           a.sequences.final_state_indices = twice;
@@ -687,6 +847,40 @@ TEST(VarlenErrors, RecurrenceRefusesBadSequencesWritingNothing) {
     a.sequences.initial_state_indices = reads;
     a.sequences.final_state_indices = writes;
   });
+  // Speculative decoding's per-token rows (5 tokens: 2, 0 and 3 per sequence) share the checks.
+  const std::vector<int64_t> four_tokens{0, 1, 2, 3}, token_past{-1, 0, 1, 2, 4}, token_twice{0, 1, -1, 2, 1},
+      token_and_final{-1, -1, 0, 1, 2}, token_reads{3, -1, 1, -1, -1}, finals{0, -1, 3};
+  check("token_state_indices: expected one index per token, B * S = 5 (the tokens of q), got 4", [&](ForwardArgs& a) {
+    a.ht = pool.tensor();
+    a.sequences.token_state_indices = four_tokens;
+  });
+  check("token_state_indices: given, but there is no ht",
+        [&](ForwardArgs& a) { a.sequences.token_state_indices = token_past; });
+  check("token_state_indices: expected indices from -1 (none) to P-1 = 3 (the rows of ht), got token_state_indices[4] = 4",
+        [&](ForwardArgs& a) {
+          a.ht = pool.tensor();
+          a.sequences.token_state_indices = token_past;
+        });
+  check("token_state_indices: expected each row of ht written once, got token_state_indices[1] and token_state_indices[4] "
+        "both writing row 1",
+        [&](ForwardArgs& a) {
+          a.ht = pool.tensor();
+          a.sequences.token_state_indices = token_twice;
+        });
+  check("token_state_indices: expected each row of ht written once, got final_state_indices[0] and token_state_indices[2] "
+        "both writing row 0",
+        [&](ForwardArgs& a) {
+          a.ht = pool.tensor();
+          a.sequences.final_state_indices = finals;
+          a.sequences.token_state_indices = token_and_final;
+        });
+  check("token_state_indices: h0 and ht are one pool updated in place, so a row one sequence reads may be written by "
+        "no other; got row 1 read by sequence 0 and written by sequence 2 (token_state_indices[2])",
+        [&](ForwardArgs& a) {
+          a.h0 = a.ht = pool.tensor();
+          a.sequences.initial_state_indices = std::span<const int64_t>(four_tokens).subspan(1);
+          a.sequences.token_state_indices = token_reads;
+        });
   check("h0: expected shape [num_seqs=3, N=2, K=16, V=16], got [4, 2, 16, 16]",
         [&](ForwardArgs& a) { a.h0 = pool.tensor(); });
   check("ht: expected shape [num_seqs=3", [&](ForwardArgs& a) { a.ht = pool.tensor(); });
@@ -728,8 +922,10 @@ TEST(VarlenErrors, RecurrenceRefusesBadSequencesWritingNothing) {
     edit(a);
     expect_error([&] { backward(Variant::gla, a, r.options); }, fragment, out);
   };
-  check_backward("final_state_indices: expected none: a backward writes no final state",
+  check_backward("final_state_indices: expected none: a backward writes no states",
                  [&](BackwardArgs& a) { a.sequences.final_state_indices = all; });
+  check_backward("token_state_indices: expected none: a backward writes no states",
+                 [&](BackwardArgs& a) { a.sequences.token_state_indices = token_past; });
   check_backward("dht: expected shape [num_seqs=3", [&](BackwardArgs& a) { a.dht = pool.tensor(); });
   check_backward("dh0: expected shape [num_seqs=3", [&](BackwardArgs& a) {
     a.h0 = pool.tensor();
@@ -775,6 +971,13 @@ TEST(VarlenErrors, ConvRefusesBadSequencesWritingNothing) {
     a.sequences.initial_state_indices = reads;
     a.sequences.final_state_indices = writes;
   });
+  check("token_state_indices: expected each row of state written once, got token_state_indices[0] and "
+        "token_state_indices[4] both writing row 2",
+        [&](ConvArgs& a) {
+          static const std::vector<int64_t> tokens{2, -1, -1, 0, 2};
+          a.state = pool.tensor();
+          a.sequences.token_state_indices = tokens;
+        });
   check("state0: expected shape [num_seqs=3, C=16, W-1=3], got [4, 16, 3]",
         [&](ConvArgs& a) { a.state0 = pool.tensor(); });
 
@@ -786,7 +989,7 @@ TEST(VarlenErrors, ConvRefusesBadSequencesWritingNothing) {
   a.dweight = dweight.tensor();
   a.dbias = dbias.tensor();
   a.sequences.final_state_indices = writes;
-  expect_error([&] { conv_backward(a); }, "final_state_indices: expected none: a backward writes no final state", out);
+  expect_error([&] { conv_backward(a); }, "final_state_indices: expected none: a backward writes no states", out);
   a.sequences.final_state_indices = {};
   a.dstate0 = pool.tensor();
   expect_error([&] { conv_backward(a); }, "dstate0: expected shape [num_seqs=3", out);

@@ -132,15 +132,25 @@ struct ExecutionContext {
 //     starts from its row initial_state_indices[i], or from zero where that is -1.
 //   final_state_indices [num_seqs]: ht (state) is a pool [P, ...], and sequence i's final state
 //     goes to its row final_state_indices[i] (nowhere where -1); other rows are left as they are.
+//   token_state_indices [B * S], one per token of the packed batch (token t of batch row b at
+//     b * S + t): ht (state) is a pool [P, ...], and the state after each token goes to its row
+//     token_state_indices[...] (nowhere where -1), for speculative decoding: a step verifies a
+//     few draft tokens per sequence, keeping the state after each, and the next step starts
+//     sequence i from the row of its last accepted token (num_accepted[i] tokens in: the index at
+//     cu_seqlens[i] + num_accepted[i] - 1), which rolls back the rejected ones with no copy. With
+//     it the recurrence runs token by token (the decode path), whatever the sequence's length.
+//     final_state_indices may come with it (their rows written once in all) or not (no final
+//     state beside the tokens').
 // Without indices, h0 and ht have one row per sequence, [num_seqs, ...]. The pool is read and
 // written in place, no copies: h0 and ht may be the very same view, provided no sequence reads a
 // row another one writes. Refused (flat::Error naming the argument, nothing written): offsets
 // that do not run from 0 to S without decreasing, B != 1 with cu_seqlens, an index array whose
-// size is not num_seqs, an index below -1 or past the pool, indices without their pool tensor,
-// two sequences writing one row, and in place, a row one sequence reads and another writes.
+// size is not num_seqs (B * S for token_state_indices), an index below -1 or past the pool,
+// indices without their pool tensor, one row written twice (by two sequences, two tokens, or a
+// token and a final state), and in place, a row one sequence reads and another writes.
 // An empty sequence's final state is its initial one (and its dh0 its dht).
 // The backward takes the same cu_seqlens and initial_state_indices (h0 read through them) and no
-// final_state_indices: the gradients of the states, dht and dh0 (dstate, dstate0), have one row
+// final_state_indices or token_state_indices: the gradients of the states, dht and dh0 (dstate, dstate0), have one row
 // per sequence, [num_seqs, ...]. A gradient summed over the tokens of a batch (retnet's per-head
 // dg, the convolution's dweight and dbias) is summed over every sequence: the parameter is one.
 // The arrays are host memory, read during the call only.
@@ -148,6 +158,7 @@ struct Sequences {
   std::span<const int64_t> cu_seqlens;
   std::span<const int64_t> initial_state_indices;
   std::span<const int64_t> final_state_indices;
+  std::span<const int64_t> token_state_indices;
 };
 
 // Shapes (N = max of the head counts; every head count divides N; head n reads input head

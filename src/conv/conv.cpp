@@ -49,6 +49,8 @@ ConvParams sequence_params(const ConvParams& p, int64_t i) {
   one.state = state_row(p.state, s.write_row(i));
   one.dstate = p.dstate.from(i, 0);
   one.dstate0 = p.dstate0.from(i, 0);
+  one.token_rows = s.token_rows(i, p.S);
+  if (!one.token_rows.empty()) one.token_pool = p.state;
   return one;
 }
 
@@ -86,23 +88,37 @@ float read_element(const RowView& view, int b, int t, int c) {
   return bf16_to_f32(h);
 }
 
-// state[b, c, j] = the input at position S - (W-1) + j: x, or before 0 state0 (or zero). Formed
-// in full before anything is stored, so `state` may be the memory of `state0`.
-void write_final_state(const ConvParams& p) {
+// The states a problem keeps: after its last position (state[b, c, j] = the input at position
+// S - (W-1) + j: x, or before 0 state0, or zero) and, where token_rows asks, after each position t
+// (the inputs at t - (W-1) + 1 .. t). Formed in full before anything is stored, so they may go to
+// the memory of state0.
+void write_states(const ConvParams& p) {
   const int K = p.W - 1;
-  std::vector<float> state(size_t(p.B) * p.C * K);
-  for (int b = 0; b < p.B; ++b)
+  // A state to write: its rows (channel c at c * stride floats), the batch row and the last
+  // position it follows.
+  struct Kept {
+    char* base;
+    int64_t stride;
+    int b, last;
+  };
+  std::vector<Kept> kept;
+  for (int b = 0; b < p.B && p.state.present(); ++b) kept.push_back({p.state.row(b, 0, 0), p.state.stride1, b, p.S - 1});
+  for (size_t t = 0; t < p.token_rows.size(); ++t)
+    if (p.token_rows[t] >= 0) kept.push_back({p.token_pool.row(p.token_rows[t], 0, 0), p.token_pool.stride1, 0, int(t)});
+  std::vector<float> states(kept.size() * size_t(p.C) * K);
+  for (size_t i = 0; i < kept.size(); ++i)
     for (int c = 0; c < p.C; ++c)
       for (int j = 0; j < K; ++j) {
-        const int q = p.S - K + j;
+        const int q = kept[i].last + 1 - K + j;
         float v = 0.0f;
-        if (q >= 0) v = read_element(p.x, b, q, c);
-        else if (p.state0.present()) v = reinterpret_cast<const float*>(p.state0.row(b, c, 0))[q + K];
-        state[(size_t(b) * p.C + c) * K + j] = v;
+        if (q >= 0) v = read_element(p.x, kept[i].b, q, c);
+        else if (p.state0.present()) v = reinterpret_cast<const float*>(p.state0.row(kept[i].b, c, 0))[q + K];
+        states[(i * p.C + c) * K + j] = v;
       }
-  for (int b = 0; b < p.B; ++b)
+  for (size_t i = 0; i < kept.size(); ++i)
     for (int c = 0; c < p.C; ++c)
-      std::memcpy(p.state.row(b, c, 0), &state[(size_t(b) * p.C + c) * K], sizeof(float) * K);
+      std::memcpy(kept[i].base + c * kept[i].stride * int64_t(sizeof(float)), &states[(i * p.C + c) * K],
+                  sizeof(float) * K);
 }
 
 }  // namespace
@@ -141,7 +157,7 @@ void conv_forward(const ConvParams& p, const Run& run) {
   // sequence reads and another writes (validated), but may have rows read and written by one.
   for (int64_t i = 0; i < problem_count(p); ++i) {
     const ConvParams one = problem(p, i);
-    if (one.state.present()) write_final_state(one);
+    if (one.state.present() || !one.token_rows.empty()) write_states(one);
   }
 }
 

@@ -119,6 +119,8 @@ Params sequence_params(const Params& p, int64_t i) {
   one.ht = state_row(p.ht, s.write_row(i));
   one.dht = p.dht.from(i, 0);
   one.dh0 = p.dh0.from(i, 0);
+  one.token_rows = s.token_rows(i, p.S);
+  if (!one.token_rows.empty()) one.token_pool = p.ht;
   return one;
 }
 
@@ -183,6 +185,15 @@ struct Work {
 // runs one item at a time.
 constexpr int kLockstepItems = 8;
 
+// A problem of at most kStepTokens tokens runs token by token (the decode path, stages/step.h):
+// from memory to memory with no chunk's products, where the chunkwise form pays for forming and
+// storing a whole chunk's working set. Measured at K = V = 128, 2 threads (docs/performance.md,
+// decode): TODO tokens.
+constexpr int kStepTokens = 4;
+
+// An empty sequence (S = 0) takes the chunkwise path, which passes its initial state on.
+bool runs_step(const Params& p) { return !p.token_rows.empty() || (p.S >= 1 && p.S <= kStepTokens); }
+
 // Items in lockstep belong to one problem (one sequence, or a call whose rows are its sequences).
 void recurrence_forward(const Params& p, const Run& run) {
   const SequenceKernels& kernels = run.target.sequence;
@@ -192,7 +203,12 @@ void recurrence_forward(const Params& p, const Run& run) {
     for (int64_t item = begin; item < end;) {
       const int64_t problem = item / work.per_problem, first = item % work.per_problem;
       const int count = int(std::min<int64_t>({kLockstepItems, end - item, work.per_problem - first}));
-      kernels.forward(work.problem(problem), first, count, workspace.data, H.floats(), nullptr, true);
+      const Params one = work.problem(problem);
+      if (runs_step(one)) {
+        kernels.step(one, first, count, workspace.data, H.floats());
+      } else {
+        kernels.forward(one, first, count, workspace.data, H.floats(), nullptr, true);
+      }
       item += count;
     }
   });

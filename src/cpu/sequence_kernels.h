@@ -34,6 +34,11 @@ struct SequenceKernels {
   void (*forward)(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
                   bool write_y);
 
+  // The decode path (stages/step.h): the same items token by token, from h0 (or zero) to ht,
+  // keeping the state after each token in its pool row where p.token_rows asks (a problem of one
+  // sequence). H [pack, K, V]: scratch for states nothing keeps.
+  void (*step)(const Params& p, int64_t first, int count, void* workspace, float* H);
+
   // The gradient pass of item `index`: chunks in reverse, carrying dH [K, pack * V] (from dht;
   // ends as dh0), given its chunk-start states.
   void (*backward)(const Params& p, int64_t index, void* workspace, const float* states, float* dH,

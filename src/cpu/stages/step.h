@@ -1,0 +1,171 @@
+// The decode path: the recurrence token by token, from a state in memory to a state in memory,
+// for a few tokens per sequence (a serving step) or wherever every token's state is kept
+// (Sequences::token_state_indices). Per head and token, in the GDN-2 form every variant takes
+// (docs/variants.md; the additive family is b = 0, w = 1):
+//   H' = Diag(a) H,   u = w * v - H'^T (b * k),   H_t = H' + k u^T,
+//   y = scale * H_t^T q = scale * (H'^T q + <q, k> u).
+// A state is K rows of V floats. A decode step is bound by the state's memory traffic (64 KiB per
+// head at K = V = 128 against 2 x 128 FMAs per row), so the passes over it are what counts: the
+// additive family makes one (read a row, write its update, accumulate y), the delta rule two
+// (H'^T (b * k) and H'^T q, then the update), the second reading the rows back from L2 rather
+// than memory. The rows are read where they are, written where they go (a pool row, ht, or the
+// thread's scratch between kept tokens), in place when those are the same.
+//
+// Everything here has internal linkage (an anonymous namespace): each target's translation unit
+// (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
+// built for one instruction set is picked by the linker for another. For the same reason it uses
+// no standard-library templates but header-only ones that inline.
+#pragma once
+
+#include <cstring>
+
+#include "cpu/stages/forward.h"
+
+namespace flat::cpu::stages {
+namespace {
+
+// One head's state as K rows of V floats at `stride` floats apart; absent (null) is the zero state.
+struct StateRows {
+  float* base = nullptr;
+  int64_t stride = 0;
+
+  float* row(int c) const { return base + c * stride; }
+  // Head n of a state view (its rows (b, n, c)), or absent.
+  static StateRows of(const RowView& view, int b, int n) {
+    if (!view.present()) return {};
+    return {reinterpret_cast<float*>(view.row(b, n, 0)), view.stride2};
+  }
+};
+
+// Rows processed together: 4 rows' FMAs per accumulator load and store, the 2 accumulators of V
+// floats staying in L1.
+constexpr int kStepRows = 4;
+
+// The delta rule's first pass over a state H [K, V]: e[j] = sum_c fe[c] H[c, j] and
+// y[j] = sum_c fq[c] H[c, j], both zero for the zero state (H absent).
+void erase_and_query(const StateRows& H, const float* fe, const float* fq, int K, int V, float* e, float* y) {
+  for (int j = 0; j < V; ++j) e[j] = y[j] = 0.0f;
+  if (!H.base) return;
+  int c = 0;
+  for (; c + kStepRows <= K; c += kStepRows) {
+    const float *h0 = H.row(c), *h1 = H.row(c + 1), *h2 = H.row(c + 2), *h3 = H.row(c + 3);
+#pragma omp simd
+    for (int j = 0; j < V; ++j) {
+      e[j] += fe[c] * h0[j] + fe[c + 1] * h1[j] + fe[c + 2] * h2[j] + fe[c + 3] * h3[j];
+      y[j] += fq[c] * h0[j] + fq[c + 1] * h1[j] + fq[c + 2] * h2[j] + fq[c + 3] * h3[j];
+    }
+  }
+  for (; c < K; ++c) {
+    const float* h = H.row(c);
+#pragma omp simd
+    for (int j = 0; j < V; ++j) {
+      e[j] += fe[c] * h[j];
+      y[j] += fq[c] * h[j];
+    }
+  }
+}
+
+// The update of one head's state by one token, H_t = Diag(a) H + k u^T, from src to dst (which
+// may be src). a: the decays (W = 1: one for every row), k, q [K]; u [V]: the new values. The
+// additive family's y [V] is H_t^T q, accumulated in the same pass; the delta rule's y is formed
+// before (it needs H'^T q and u) and left alone.
+void step_token(const Chunk& ch, const float* a, const float* k, const float* q, const float* u, bool delta,
+                const StateRows& src, const StateRows& dst, float* y) {
+  const int K = ch.K, V = ch.V;
+  if (!delta) {
+    for (int j = 0; j < V; ++j) y[j] = 0.0f;
+  }
+  for (int c = 0; c < K; ++c) {
+    const float ac = a[ch.W == 1 ? 0 : c], kc = k[c], qc = q[c];
+    float* out = dst.row(c);
+    if (src.base) {
+      const float* in = src.row(c);
+      if (delta) {
+#pragma omp simd
+        for (int j = 0; j < V; ++j) out[j] = ac * in[j] + kc * u[j];
+      } else {
+#pragma omp simd
+        for (int j = 0; j < V; ++j) {
+          const float h = ac * in[j] + kc * u[j];
+          out[j] = h;
+          y[j] += qc * h;
+        }
+      }
+    } else if (delta) {
+#pragma omp simd
+      for (int j = 0; j < V; ++j) out[j] = kc * u[j];
+    } else {
+#pragma omp simd
+      for (int j = 0; j < V; ++j) {
+        const float h = kc * u[j];
+        out[j] = h;
+        y[j] += qc * h;
+      }
+    }
+  }
+}
+
+// Items [first, first + count) of p (each its packed heads in turn) token by token: y of every
+// token, the state after each token to its pool row where p.token_rows asks, the final state to
+// ht. H [pack, K, V]: where a head's state goes that nothing keeps (a token between kept ones).
+template <class Ops>
+void step_sequence(const Params& p, int64_t first, int count, void* workspace, float* H) {
+  Chunk ch(p, workspace);
+  const int K = ch.K, V = ch.V;
+  const int parts = Loader<Ops>::keys_values | Loader<Ops>::with_queries;
+  float* y = ch.out;     // [V] one head's y of one token
+  float* u = ch.dv;      // [V] its new values
+  float* erase = ch.dq;  // [K] a * b * k, the erase product's factors
+  float* query = ch.dk;  // [K] a * q
+  const auto kept = [&](int t) { return !p.token_rows.empty() && p.token_rows[size_t(t)] >= 0; };
+  for (int i = 0; i < count; ++i) {
+    const Item item = item_at(p, first + i);
+    // Where head r's state after token t is: its pool row, ht after the last token, else the
+    // scratch; before token 0, h0 (absent: zero).
+    const auto place = [&](int t, int r) {
+      const int n = item.n0 + r;
+      if (t < 0) return StateRows::of(p.h0, item.b, n);
+      if (kept(t)) return StateRows::of(state_row(p.token_pool, p.token_rows[size_t(t)]), 0, n);
+      if (t == p.S - 1 && p.ht.present()) return StateRows::of(p.ht, item.b, n);
+      return StateRows{H + size_t(r) * K * V, V};
+    };
+    for (int t0 = 0; t0 < p.S; t0 += ch.C) {
+      Loader<Ops>{p, item}.chunk(ch, t0, parts);
+      for (int r = 0; r < p.pack; ++r)
+        for (int l = 0; l < ch.L; ++l) {
+          const int t = t0 + l;
+          const float* a = ch.gate_row(ch.decay, l);
+          const float *k = ch.k + size_t(l) * K, *q = ch.q + size_t(l) * K, *v = ch.v + size_t(l) * ch.VW + r * V;
+          const StateRows src = place(t - 1, r), dst = place(t, r);
+          if (ch.delta) {
+            // b * k with the delta rule's erase strength: beta per token, or gdn2's b [K].
+            for (int c = 0; c < K; ++c) {
+              const float b = p.delta == Delta::beta ? ch.beta[l] : ch.erase[size_t(l) * K + c];
+              const float ac = a[ch.W == 1 ? 0 : c];
+              erase[c] = ac * b * k[c];
+              query[c] = ac * q[c];
+            }
+            erase_and_query(src, erase, query, K, V, u, y);
+            const float* w = p.delta == Delta::beta ? nullptr : ch.write + size_t(l) * ch.VW + r * V;
+            const float qk = Ops::dot(q, k, K);
+            for (int j = 0; j < V; ++j) {
+              u[j] = (w ? w[j] : ch.beta[l]) * v[j] - u[j];
+              y[j] += qk * u[j];
+            }
+            step_token(ch, a, k, q, u, true, src, dst, y);
+          } else {
+            step_token(ch, a, k, q, v, false, src, dst, y);
+          }
+          for (int j = 0; j < V; ++j) y[j] *= p.scale;
+          store_row(p.y, item.b, t, item.n0 + r, y, V);
+          if (t == p.S - 1 && kept(t) && p.ht.present()) {
+            const StateRows final_state = StateRows::of(p.ht, item.b, item.n0 + r);
+            for (int c = 0; c < K; ++c) std::memcpy(final_state.row(c), dst.row(c), sizeof(float) * V);
+          }
+        }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flat::cpu::stages
