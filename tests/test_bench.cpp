@@ -171,8 +171,8 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   const OutputFiles files;
   std::ostringstream out, err;
   const int status = tool::bench_command({"--shape", "1,64,2,16,16", "--variant", "gla", "--repeats", "1",
-                                          "--threads", "2", "--quick-ceilings", "--json", files.json.string(),
-                                          "--plot", files.plot.string()},
+                                          "--threads", "2", "--quick-ceilings", "--serving-shape", "3,2,40,2", "--json",
+                                          files.json.string(), "--plot", files.plot.string()},
                                          out, err);
   ASSERT_EQ(status, 0) << err.str();
 
@@ -187,6 +187,11 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_EQ(count(table, "| gla    | backward |"), 2u) << table;
   EXPECT_EQ(count(table, "| gla    | fwd+bwd  |"), 2u) << table;
   EXPECT_EQ(count(table, "| gla    | decode   |"), 2u) << table;
+  EXPECT_NE(table.find("| in-place update GB/s"), std::string::npos) << table;
+  // Serving: 3 decodes, 2 prefills of 40 and 20 tokens, 2 speculative tokens each.
+  for (const char* row : {"| gla | decode | 3 | 3 |", "| gla | speculative | 3 | 6 |", "| gla | prefill | 2 | 60 |",
+                          "| gla | mixed | 5 | 63 |"})
+    EXPECT_EQ(count(table, row), 1u) << row << "\n" << table;
 
   const Json json = JsonParser(read_file(files.json)).document();
   EXPECT_EQ(json["shape"]["S"].number, 64);
@@ -195,7 +200,7 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_EQ(json["threads"].number, 2);
   EXPECT_FALSE(json["isa"].text.empty());
   const Json& ceilings = json["ceilings"];
-  for (const char* key : {"copy_gb_per_s", "fp32_fma_gflop_per_s"}) {
+  for (const char* key : {"copy_gb_per_s", "update_gb_per_s", "fp32_fma_gflop_per_s"}) {
     expect_positive(ceilings[key]["one_thread"], key);
     expect_positive(ceilings[key]["all_threads"], key);
   }
@@ -219,6 +224,25 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   }
   EXPECT_NEAR(kernels[2]["fused"]["ms"].number, kernels[0]["fused"]["ms"].number + kernels[1]["fused"]["ms"].number,
               1e-3 * kernels[2]["fused"]["ms"].number);
+
+  const Json& serving = json["serving"];
+  EXPECT_EQ(serving["decodes"].number, 3);
+  EXPECT_EQ(serving["draft"].number, 2);
+  const Json& calls = serving["calls"];
+  ASSERT_EQ(calls.items.size(), 4u);
+  const char* parts[] = {"decode", "speculative", "prefill", "mixed"};
+  const double tokens[] = {3, 6, 60, 63};
+  for (size_t i = 0; i < 4; ++i) {
+    const Json& c = calls[i];
+    EXPECT_EQ(c["call"].text, parts[i]);
+    EXPECT_EQ(c["tokens"].number, tokens[i]) << parts[i];
+    expect_timing(c["timing"], std::string("serving ") + parts[i]);
+    for (const char* number : {"tokens_per_s", "percent_of_copy", "percent_of_update", "percent_of_fp32_fma_peak"})
+      expect_positive(c[number], std::string(parts[i]) + " " + number);
+    // Only the mixed call is compared with its parts.
+    EXPECT_EQ(c["against_parts_alone"].is_null(), i != 3) << parts[i];
+  }
+  expect_positive(calls[3]["against_parts_alone"], "mixed against its parts");
 
   // The plot: one marker per pass and implementation (plus one each in the legend), labelled.
   const std::string svg = read_file(files.plot);
@@ -330,6 +354,8 @@ TEST(Bench, BadOptionsFailWithOneLine) {
       {"--conv-shape", "1,64,16,9"},
       {"--norm-shape", "1,64,16"},
       {"--norm-shape", "1,0,2,16"},
+      {"--serving-shape", "64,4,1024"},
+      {"--serving-shape", "64,0,1024,4"},
   };
   for (const auto& args : cases) {
     std::string joined;

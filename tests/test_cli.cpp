@@ -1,14 +1,17 @@
 // `flat run` in process: inputs written as .npy files to a temporary directory, the command run,
-// its outputs read back and compared with the float64 oracle; the bad inputs and arguments it
-// must reject with one line naming the culprit and nothing written; and the .npy reader and
-// writer on their own.
+// its outputs read back and compared with the float64 oracle; sequences and the state pool
+// (packed sequences bitwise what each writes alone, the pool read and written at the indexed rows
+// only); the bad inputs and arguments it must reject with one line naming the culprit and nothing
+// written; and the .npy reader and writer on their own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -52,18 +55,23 @@ std::vector<Strength> strengths(const Problem& p) {
 }
 
 // The problem's inputs as the files `flat run` reads; dy and dht only for a backward run.
-void write_inputs(const fs::path& dir, const Problem& p, bool backward) {
+std::vector<InputFile> input_files(const Problem& p, bool backward) {
   const Case& c = p.c;
-  write(dir / "q.npy", {c.B, c.S, c.Nq, c.K}, p.in.q);
-  write(dir / "k.npy", {c.B, c.S, c.Nk, c.K}, p.in.k);
-  write(dir / "v.npy", {c.B, c.S, c.Nv, c.V}, p.in.v);
-  if (p.ref.has_gate()) write(dir / "g.npy", gate_shape(c), p.in.g);
+  std::vector<InputFile> files{{"q.npy", {c.B, c.S, c.Nq, c.K}, p.in.q},
+                               {"k.npy", {c.B, c.S, c.Nk, c.K}, p.in.k},
+                               {"v.npy", {c.B, c.S, c.Nv, c.V}, p.in.v}};
+  if (p.ref.has_gate()) files.push_back({"g.npy", gate_shape(c), p.in.g});
   for (const Strength& strength : strengths(p))
-    write(dir / (strength.name + ".npy"), strength.shape, p.in.*strength.input);
-  if (c.h0) write(dir / "h0.npy", state_shape(p), p.in.h0);
-  if (!backward) return;
-  write(dir / "dy.npy", {c.B, c.S, p.N, c.V}, p.dy);
-  if (c.dht) write(dir / "dht.npy", state_shape(p), p.dht);
+    files.push_back({strength.name + ".npy", strength.shape, p.in.*strength.input});
+  if (c.h0) files.push_back({"h0.npy", state_shape(p), p.in.h0});
+  if (!backward) return files;
+  files.push_back({"dy.npy", {c.B, c.S, p.N, c.V}, p.dy});
+  if (c.dht) files.push_back({"dht.npy", state_shape(p), p.dht});
+  return files;
+}
+
+void write_inputs(const fs::path& dir, const Problem& p, bool backward) {
+  for (const InputFile& file : input_files(p, backward)) write(dir / file.name, file.shape, file.values);
 }
 
 struct RunCase {
@@ -212,19 +220,220 @@ INSTANTIATE_TEST_SUITE_P(Variants, CliRun, ::testing::ValuesIn(run_cases()),
                            return std::to_string(info.index) + "_" + info.param.name();
                          });
 
-// A .npy file byte by byte, for headers write_npy would never produce.
-void write_raw_npy(const fs::path& path, int major, const std::string& header, const std::vector<float>& data) {
-  std::string bytes = "\x93NUMPY";
-  bytes += char(major);
-  bytes += '\0';
-  const size_t length_size = major == 1 ? 2 : 4;
-  for (size_t i = 0; i < length_size; ++i) bytes += char(header.size() >> (8 * i) & 0xff);
-  bytes += header;
-  bytes.append(reinterpret_cast<const char*>(data.data()), data.size() * sizeof(float));
-  std::ofstream(path, std::ios::binary) << bytes;
+void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// ---- Sequences and the state pool ------------------------------------------------------------
+
+// A value no state takes, in the pool rows no sequence reads or writes.
+constexpr double kSentinel = 12345.0;
+
+// Sequences of the given lengths packed along S of one batch row (cu_seqlens.npy), of a variant
+// whose inputs are all per token (not retnet's gate of one value per head), so that each
+// sequence's inputs are the packed ones' tokens.
+struct Packed {
+  Packed(Variant variant, DType dtype, const std::vector<int64_t>& lengths, bool backward_)
+      : c(make_case(variant, dtype, lengths)), p(c), backward(backward_), cu{0} {
+    for (int64_t n : lengths) cu.push_back(cu.back() + n);
+  }
+
+  static Case make_case(Variant variant, DType dtype, const std::vector<int64_t>& lengths) {
+    Case c;
+    c.variant = variant;
+    c.dtype = dtype;
+    c.S = int(std::accumulate(lengths.begin(), lengths.end(), int64_t{0}));
+    c.chunk = 16;
+    c.K = 16;
+    c.V = 8;
+    return c;
+  }
+
+  int64_t count() const { return int64_t(cu.size()) - 1; }
+  int64_t length(int64_t i) const { return cu[size_t(i) + 1] - cu[size_t(i)]; }
+  size_t state() const { return size_t(p.N) * size_t(c.K) * size_t(c.V); }  // elements of one state
+  std::vector<int64_t> states(int64_t rows) const { return {rows, p.N, c.K, c.V}; }
+
+  // The files along the tokens: q, k, v, g, the strengths and, for a backward, dy.
+  std::vector<InputFile> tokens() const { return input_files(p, backward); }
+  // y and, for a backward, the gradients of the token inputs.
+  std::vector<std::string> token_outputs() const {
+    std::vector<std::string> names{"y.npy"};
+    if (backward)
+      for (const InputFile& file : tokens())
+        if (file.name != "dy.npy") names.push_back("d" + file.name);
+    return names;
+  }
+
+  // Writes the tokens of sequence i (of all with -1, and cu_seqlens.npy) into `dir`.
+  void write_tokens(const fs::path& dir, int64_t i = -1, int64_t n = -1) const {
+    for (const InputFile& file : tokens()) {
+      const InputFile cut = i < 0 ? file : file.tokens(cu[size_t(i)], n < 0 ? length(i) : n);
+      write(dir / cut.name, cut.shape, cut.values);
+    }
+    if (i < 0) write_indices(dir / "cu_seqlens.npy", cu);
+  }
+
+  std::vector<std::string> args(const fs::path& in, const fs::path& out) const {
+    return {std::string(variant_name(c.variant)), "--in",  in.string(), "--out", out.string(), "--dtype",
+            std::string(dtype_name(c.dtype)),     "--chunk", std::to_string(c.chunk)};
+  }
+
+  Case c;
+  Problem p;
+  bool backward;
+  std::vector<int64_t> cu;
+};
+
+// Runs sequence i alone from `h0` (one state; empty: from zero), with `dht` for a backward.
+void run_alone(const Packed& s, int64_t i, const std::vector<double>& h0, const std::vector<double>& dht,
+               const fs::path& out) {
+  TempDir in{"flat_cli_seq_"};
+  s.write_tokens(in.path(), i);
+  if (!h0.empty()) write(in / "h0.npy", s.states(1), h0);
+  if (s.backward) write(in / "dht.npy", s.states(1), dht);
+  ASSERT_TRUE(run_ok(s.args(in.path(), out)));
 }
 
-void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+// Sequence i's tokens of every token output of the packed run: bitwise the files it wrote alone.
+void expect_tokens_alone(const Packed& s, int64_t i, const fs::path& packed, const fs::path& alone) {
+  for (const std::string& name : s.token_outputs()) {
+    const NpyArray whole = read_npy(packed / name);
+    const std::vector<float> tokens = rows(whole.data, row_size(whole.shape, 1), s.cu[size_t(i)], s.length(i));
+    EXPECT_TRUE(same_bits(tokens, floats(alone / name))) << name << " of sequence " << i;
+  }
+}
+
+// Sequences of lengths 5, 0, 17 and 40 (chunk 16) packed along S, each with its row of h0.npy and
+// dht.npy, forward and backward: every output file holds, bit for bit, what each sequence writes
+// run alone; the empty one passes its state through (ht = h0, dh0 = dht).
+TEST(CliSequences, PackedEqualsOneByOne) {
+  for (const auto& [variant, dtype] :
+       {std::pair{Variant::gated_deltanet, DType::f32}, std::pair{Variant::gla, DType::bf16}}) {
+    SCOPED_TRACE(std::string(variant_name(variant)) + " " + std::string(dtype_name(dtype)));
+    const Packed s(variant, dtype, {5, 0, 17, 40}, true);
+    const size_t state = s.state();
+    const std::vector<double> h0 = random_values(size_t(s.count()) * state, 1),
+                              dht = random_values(size_t(s.count()) * state, 2);
+    TempDir in{"flat_cli_seq_"}, scratch{"flat_cli_seq_"};
+    s.write_tokens(in.path());
+    write(in / "h0.npy", s.states(s.count()), h0);
+    write(in / "dht.npy", s.states(s.count()), dht);
+    const fs::path packed = scratch / "packed";
+    ASSERT_TRUE(run_ok(s.args(in.path(), packed)));
+    std::set<std::string> expected{"ht.npy", "dh0.npy"};
+    for (const std::string& name : s.token_outputs()) expected.insert(name);
+    EXPECT_EQ(file_names(packed), expected);
+    EXPECT_EQ(read_npy(packed / "ht.npy").shape, s.states(s.count()));
+    EXPECT_EQ(read_npy(packed / "dh0.npy").shape, s.states(s.count()));
+
+    const std::vector<float> ht = floats(packed / "ht.npy"), dh0 = floats(packed / "dh0.npy");
+    for (int64_t i = 0; i < s.count(); ++i) {
+      const std::vector<double> h0_i = rows(h0, state, i, 1), dht_i = rows(dht, state, i, 1);
+      if (s.length(i) == 0) {
+        EXPECT_TRUE(same_bits(rows(ht, state, i, 1), as_floats(h0_i))) << "ht of empty sequence " << i;
+        EXPECT_TRUE(same_bits(rows(dh0, state, i, 1), as_floats(dht_i))) << "dh0 of empty sequence " << i;
+        continue;
+      }
+      const fs::path alone = scratch / ("alone" + std::to_string(i));
+      run_alone(s, i, h0_i, dht_i, alone);
+      expect_tokens_alone(s, i, packed, alone);
+      EXPECT_TRUE(same_bits(rows(ht, state, i, 1), floats(alone / "ht.npy"))) << "ht of sequence " << i;
+      EXPECT_TRUE(same_bits(rows(dh0, state, i, 1), floats(alone / "dh0.npy"))) << "dh0 of sequence " << i;
+    }
+  }
+}
+
+// A pool of 6 rows, the sentinel but in the two rows sequences start from: initial_state_indices
+// {4, -1, 1} (an int32 file) and final_state_indices {1, 5, -1}. ht.npy is the pool with row 1
+// the first sequence's final state, row 5 the empty second one's (zero), every other row as it
+// was, bit for bit. Row 1 is written though the third sequence starts from it: the run updates a
+// copy of the pool and reads the rows as they were. y, the gradients along the tokens and dh0 (a
+// row per sequence) are each sequence's alone.
+TEST(CliSequences, PoolReadsAndWritesIndexedRows) {
+  const Packed s(Variant::gated_deltanet, DType::f32, {7, 0, 23}, true);
+  const std::vector<int64_t> reads{4, -1, 1}, writes{1, 5, -1};
+  const int64_t P = 6;
+  const size_t state = s.state();
+  std::vector<double> pool(size_t(P) * state, kSentinel);
+  const std::vector<double> values = random_values(pool.size(), 3), dht = random_values(size_t(s.count()) * state, 4);
+  for (int64_t r : reads)
+    if (r >= 0) set_row(pool, r, rows(values, state, r, 1));
+  TempDir in{"flat_cli_seq_"}, scratch{"flat_cli_seq_"};
+  s.write_tokens(in.path());
+  write_indices(in / "initial_state_indices.npy", reads, "<i4");
+  write_indices(in / "final_state_indices.npy", writes);
+  write(in / "h0.npy", s.states(P), pool);
+  write(in / "dht.npy", s.states(s.count()), dht);
+  const fs::path packed = scratch / "packed";
+  ASSERT_TRUE(run_ok(s.args(in.path(), packed)));
+  EXPECT_EQ(read_npy(packed / "ht.npy").shape, s.states(P));
+  EXPECT_EQ(read_npy(packed / "dh0.npy").shape, s.states(s.count()));
+
+  std::vector<float> expected = as_floats(pool);
+  const std::vector<float> dh0 = floats(packed / "dh0.npy");
+  for (int64_t i = 0; i < s.count(); ++i) {
+    const int64_t read = reads[size_t(i)], to = writes[size_t(i)];
+    const std::vector<double> start = read >= 0 ? rows(pool, state, read, 1) : std::vector<double>{};
+    std::vector<float> final_state = read >= 0 ? as_floats(start) : std::vector<float>(state, 0.0f);
+    if (s.length(i) == 0) {
+      EXPECT_TRUE(same_bits(rows(dh0, state, i, 1), as_floats(rows(dht, state, i, 1)))) << "dh0 of " << i;
+    } else {
+      const fs::path alone = scratch / ("alone" + std::to_string(i));
+      run_alone(s, i, start, rows(dht, state, i, 1), alone);
+      expect_tokens_alone(s, i, packed, alone);
+      final_state = floats(alone / "ht.npy");
+      EXPECT_TRUE(same_bits(rows(dh0, state, i, 1), floats(alone / "dh0.npy"))) << "dh0 of " << i;
+    }
+    if (to >= 0) set_row(expected, to, final_state);
+  }
+  const std::vector<float> ht = floats(packed / "ht.npy");
+  for (int64_t r = 0; r < P; ++r)
+    EXPECT_TRUE(same_bits(rows(ht, state, r, 1), rows(expected, state, r, 1))) << "pool row " << r;
+}
+
+// token_state_indices (with final_state_indices, each row written once in all) into a pool of 7
+// rows: each kept token's row holds, bit for bit, the state after it, what that sequence's tokens
+// up to it give run alone through the same decode path (a one-row pool, no token kept, the final
+// state to row 0); row 0, read, and row 6, the sentinel, stay as they were.
+TEST(CliSequences, TokenStatesGoToTheirRows) {
+  const Packed s(Variant::gla, DType::f32, {3, 2}, false);
+  const std::vector<int64_t> reads{0, -1}, finals{-1, 1}, tokens{4, -1, 2, 5, 3};
+  const int64_t P = 7;
+  const size_t state = s.state();
+  std::vector<double> pool(size_t(P) * state, kSentinel);
+  set_row(pool, 0, random_values(state, 5));  // the first sequence's start
+  TempDir in{"flat_cli_seq_"}, scratch{"flat_cli_seq_"};
+  s.write_tokens(in.path());
+  write_indices(in / "initial_state_indices.npy", reads);
+  write_indices(in / "final_state_indices.npy", finals);
+  write_indices(in / "token_state_indices.npy", tokens);
+  write(in / "h0.npy", s.states(P), pool);
+  const fs::path packed = scratch / "packed";
+  ASSERT_TRUE(run_ok(s.args(in.path(), packed)));
+
+  std::vector<float> expected = as_floats(pool);
+  for (int64_t i = 0; i < s.count(); ++i) {
+    for (int64_t n = 1; n <= s.length(i); ++n) {
+      TempDir one{"flat_cli_seq_"};
+      s.write_tokens(one.path(), i, n);
+      const int64_t read = reads[size_t(i)];
+      // A one-row pool: the sequence's start row, or a row it does not read (its index -1).
+      write(one / "h0.npy", s.states(1), rows(pool, state, read >= 0 ? read : P - 1, 1));
+      write_indices(one / "initial_state_indices.npy", {read >= 0 ? 0 : -1});
+      write_indices(one / "final_state_indices.npy", {0});
+      write_indices(one / "token_state_indices.npy", std::vector<int64_t>(size_t(n), -1));
+      const fs::path alone = scratch / ("alone" + std::to_string(i) + "_" + std::to_string(n));
+      ASSERT_TRUE(run_ok(s.args(one.path(), alone)));
+      const std::vector<float> after = floats(alone / "ht.npy");
+      for (const int64_t to : {tokens[size_t(s.cu[size_t(i)] + n - 1)], n == s.length(i) ? finals[size_t(i)] : -1})
+        if (to >= 0) set_row(expected, to, after);
+      if (n == s.length(i)) expect_tokens_alone(s, i, packed, alone);
+    }
+  }
+  const std::vector<float> ht = floats(packed / "ht.npy");
+  ASSERT_EQ(ht.size(), expected.size());
+  for (int64_t r = 0; r < P; ++r)
+    EXPECT_TRUE(same_bits(rows(ht, state, r, 1), rows(expected, state, r, 1))) << "pool row " << r;
+}
 
 // A valid la problem in `in` (or one of another variant), to be broken one way per test.
 class CliErrors : public ::testing::Test {
@@ -413,6 +622,90 @@ TEST_F(CliErrors, GateAboveZero) {
   expect_rejected(args("gla"), "g: expected finite values <= 0 (log-space gates), got 0.25 at [0, 2, 0, 7]");
 }
 
+// Bad sequence files on the la problem (B = 1, S = 10, K = 16, V = 8, with dy), one at a time:
+// refused naming the file (its dtype, shape, the files it needs) or, for the values the library
+// checks, the argument; nothing written.
+TEST_F(CliErrors, BadSequenceFiles) {
+  const std::vector<int64_t> pool{3, 1, 16, 8};
+  const auto write_pool = [&] { write(in / "h0.npy", pool, std::vector<double>(3 * 16 * 8, 0.5)); };
+  const auto two_sequences = [&] { write_indices(in / "cu_seqlens.npy", {0, 4, 10}); };
+  struct Bad {
+    const char* what;
+    std::function<void()> files;
+    std::string culprit;
+  };
+  const std::vector<Bad> cases{
+      {"float offsets", [&] { write(in / "cu_seqlens.npy", {3}, {0, 4, 10}); },
+       "cu_seqlens.npy: expected dtype '<i8' or '<i4' (little-endian int64 or int32), got '<f4'"},
+      {"int16 indices",
+       [&] {
+         write_raw_npy(in / "initial_state_indices.npy", 1, "{'descr': '<i2', 'fortran_order': False, 'shape': (1,), }",
+                       std::vector<int16_t>{0});
+       },
+       "initial_state_indices.npy: expected dtype '<i8' or '<i4' (little-endian int64 or int32), got '<i2'"},
+      {"indices of two axes",
+       [&] {
+         two_sequences();
+         write_indices(in / "initial_state_indices.npy", {0, 1}, "<i8", {2, 1});
+         write_pool();
+       },
+       "initial_state_indices.npy: expected shape (num_seqs=2), got (2, 1)"},
+      {"an index per token, one short",
+       [&] { write_indices(in / "token_state_indices.npy", std::vector<int64_t>(9, -1)); },
+       "token_state_indices.npy: expected shape (B*S=10), got (9,)"},
+      {"offsets short of S", [&] { write_indices(in / "cu_seqlens.npy", {0, 4, 9}); },
+       "cu_seqlens: expected the last offset to be S = 10 (the length of q), got cu_seqlens[2] = 9"},
+      {"index past the pool",
+       [&] {
+         two_sequences();
+         write_indices(in / "initial_state_indices.npy", {0, -1});
+         write_indices(in / "final_state_indices.npy", {2, 3});
+         write_pool();
+       },
+       "final_state_indices: expected indices from -1 (none) to P-1 = 2 (the rows of ht), got "
+       "final_state_indices[1] = 3"},
+      {"a row written twice",
+       [&] {
+         two_sequences();
+         write_indices(in / "initial_state_indices.npy", {-1, -1});
+         write_indices(in / "final_state_indices.npy", {1, 1});
+         write_pool();
+       },
+       "final_state_indices: expected each row of ht written once"},
+      {"a pool written without initial indices",
+       [&] {
+         two_sequences();
+         write_indices(in / "final_state_indices.npy", {0, 1});
+         write_pool();
+       },
+       "final_state_indices.npy: expected initial_state_indices.npy beside it (ht.npy is the pool h0.npy after the "
+       "run; -1 starts a sequence from zero), got none"},
+      {"token states without initial indices",
+       [&] { write_indices(in / "token_state_indices.npy", std::vector<int64_t>(10, -1)); },
+       "token_state_indices.npy: expected initial_state_indices.npy beside it"},
+      {"indices without their pool",
+       [&] {
+         two_sequences();
+         write_indices(in / "initial_state_indices.npy", {0, 1});
+       },
+       "initial_state_indices.npy: expected h0.npy beside it (the pool it indexes), got none"},
+      {"dht of the batch row, not of the sequences",
+       [&] {
+         two_sequences();
+         write(in / "dht.npy", {1, 1, 16, 8}, std::vector<double>(128, 0.5));
+       },
+       "dht.npy: expected shape (num_seqs=2, N=1, K=16, V=8), got (1, 1, 16, 8)"},
+  };
+  for (const Bad& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    for (const char* name : {"cu_seqlens.npy", "initial_state_indices.npy", "final_state_indices.npy",
+                             "token_state_indices.npy", "h0.npy", "dht.npy"})
+      fs::remove(in / name);
+    bad.files();
+    expect_rejected(args(), bad.culprit);
+  }
+}
+
 TEST_F(CliErrors, NumbersOutOfRange) {
   std::vector<std::string> command = args();
   command.insert(command.end(), {"--scale", "1e40"});
@@ -427,7 +720,7 @@ TEST_F(CliErrors, NumbersOutOfRange) {
 TEST_F(CliErrors, InputLargerThanMemory) {
   const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1024, 1024, 1024, 1024), }";
   std::string padded = header + std::string((64 - (10 + header.size() + 1) % 64) % 64, ' ') + "\n";
-  write_raw_npy(in / "q.npy", 1, padded, {});
+  write_raw_npy(in / "q.npy", 1, padded, std::vector<float>{});
   fs::resize_file(in / "q.npy", fs::file_size(in / "q.npy") + (uintmax_t{1} << 42));
   expect_rejected(args(), "q.npy: shape (1024, 1024, 1024, 1024) takes 4398046511104 bytes, more than the");
 }
@@ -531,6 +824,42 @@ TEST(Npy, ReadsHeaderVariants) {
     EXPECT_EQ(array.shape, (std::vector<int64_t>{2, 3})) << header;
     EXPECT_EQ(array.data, data) << header;
   }
+}
+
+// Index arrays, int64 or int32 (widened, -1 and values past int32 kept, any shape), through the
+// one reader; float32 files through read_npy only, each dtype refused by the other by name.
+TEST(Npy, ReadsIndices) {
+  TempDir dir("flat_cli_");
+  const std::vector<int64_t> wide{0, -1, 5, int64_t{1} << 40}, narrow{7, -1, 0, 2147483647, -2147483647, 3};
+  write_indices(dir / "a.npy", wide);
+  EXPECT_EQ(tool::read_npy_indices(dir / "a.npy").data, wide);
+  write_indices(dir / "b.npy", narrow, "<i4", {2, 3});
+  const tool::NpyIndices b = tool::read_npy_indices(dir / "b.npy");
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(b.data, narrow);
+
+  const auto message = [](auto&& read, const fs::path& path) -> std::string {
+    try {
+      read(path);
+    } catch (const NpyError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const auto read_indices = [](const fs::path& path) { tool::read_npy_indices(path); };
+  write(dir / "c.npy", {2}, {1, 2});
+  EXPECT_EQ(message(read_indices, dir / "c.npy"),
+            "c.npy: expected dtype '<i8' or '<i4' (little-endian int64 or int32), got '<f4'");
+  EXPECT_EQ(message([](const fs::path& path) { read_npy(path); }, dir / "a.npy"),
+            "a.npy: expected dtype '<f4' (little-endian float32), got '<i8'");
+  for (const char* descr : {"<u8", ">i8", "<i2", "|b1"}) {
+    write_raw_npy(dir / "d.npy", 1, std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (1,)}",
+                  std::vector<int64_t>{1});
+    EXPECT_TRUE(message(read_indices, dir / "d.npy").starts_with("d.npy: expected dtype '<i8' or '<i4'")) << descr;
+  }
+  write_raw_npy(dir / "e.npy", 1, "{'descr': '<i4', 'fortran_order': False, 'shape': (3,)}", std::vector<int64_t>{1});
+  EXPECT_EQ(message(read_indices, dir / "e.npy"),
+            "e.npy: truncated data: shape (3,) takes 12 bytes, the file holds 8");
 }
 
 TEST(Npy, RejectsMalformedFiles) {

@@ -19,6 +19,8 @@
 #include "baseline/baselines.h"
 #include "bench_conv.h"
 #include "bench_norm.h"
+#include "bench_serve.h"
+#include "bench_workload.h"
 #include "ceilings.h"
 #include "cpu/run.h"
 #include "cpu/targets.h"
@@ -35,54 +37,7 @@ namespace {
 // recurrence is slow, and the fused kernels are timed `repeats` times on all threads.
 constexpr int kMaxBaselineRepeats = 3;
 constexpr int kDecodeRepeats = 101;  // one-token steps: fast and noisy, so many
-
-std::vector<Variant> every_variant() {
-  std::vector<Variant> out;
-  for (const VariantInfo& v : all_variants()) out.push_back(v.variant);
-  return out;
-}
-
-struct BenchOptions {
-  int64_t B = 2, S = 4096, N = 16, K = 128, V = 128;
-  std::vector<Variant> variants = every_variant();
-  int threads = 0;
-  DType dtype = DType::bf16;
-  int chunk = 64;
-  int repeats = 5;
-  Solve solve = Solve::automatic;
-  bool conv = true;                 // the short convolution,
-  ConvBenchOptions conv_shape;      // at this shape (--conv-shape B,S,C,W; tools/bench_conv.h)
-  bool norm_gate = true;            // the output norm and gate,
-  NormGateBenchOptions norm_shape;  // at this shape (--norm-shape B,S,N,D; tools/bench_norm.h)
-  std::string json, plot;       // output files, empty for none
-  bool quick_ceilings = false;  // milliseconds of ceiling measurement instead of seconds (tests)
-};
-
-// The problem one variant is measured on: the bench's shape, except where the variant has its
-// own (src/variants.h: sla's K = 256, each key head shared by 4 value heads: q, k, g, beta at
-// N / R heads). The delta family runs with in-kernel L2 normalisation of q and k, as the models
-// using it do (raw keys of this size would make I - beta k k^T expand the state).
-struct Shape : ProblemSize {
-  Shape(const BenchOptions& o, Variant variant_) : variant(info(variant_)) {
-    B = o.B;
-    S = o.S;
-    N = o.N;
-    K = variant.bench_K > 0 ? variant.bench_K : o.K;
-    V = o.V;
-    R = o.N % variant.bench_value_heads == 0 ? variant.bench_value_heads : 1;
-    G = variant.default_gate_group > 0 ? variant.default_gate_group : 1;
-    chunk = o.chunk;
-    dtype = o.dtype;
-  }
-
-  const VariantInfo& variant;
-
-  std::string label() const {
-    if (variant.bench_K == 0 && variant.bench_value_heads == 1) return variant.name;
-    return std::string(variant.name) + " (K=" + std::to_string(K) + ", R=" + std::to_string(R) + ")";
-  }
-  int64_t gate_width() const { return variant.gate_width(K, G); }
-};
+constexpr int kServingRepeats = 21;  // the serving calls: a few to tens of milliseconds each
 
 // What the unfused baseline moves on top: every chunk-start state [items, chunks, K, W] fp32
 // written once and read back once; in the backward the chunks' dH as well.
@@ -91,114 +46,6 @@ double state_round_trips(const Shape& sh, bool backward) {
   const double states = double(sh.B * sh.N) * chunks * double(sh.K * sh.V) * 4;
   return (backward ? 4 : 2) * states;
 }
-
-// Inputs and outputs of one variant's problem, stored in the benchmarked dtype; shared by the
-// fused kernels and the baselines, so all run on the same inputs.
-struct Workload {
-  struct Array {
-    DType dtype;
-    std::vector<float> f32;
-    std::vector<uint16_t> bf16;
-    Array(DType d, size_t n, std::mt19937& rng, float lo, float hi) : dtype(d) {
-      std::uniform_real_distribution<float> dist(lo, hi);
-      if (d == DType::bf16) {
-        bf16.resize(n);
-        for (auto& x : bf16) x = to_bf16(dist(rng));
-      } else {
-        f32.resize(n);
-        for (auto& x : f32) x = dist(rng);
-      }
-    }
-    void* data() { return dtype == DType::bf16 ? static_cast<void*>(bf16.data()) : f32.data(); }
-  };
-
-  const Shape sh;
-  std::mt19937 rng{7};
-  Array q, k, v, g, beta, b, w, dy, y, dq, dk, dv, dg, dbeta, db, dw;
-  Array h0, ht;  // [B, N, K, V] fp32, read and written by the decode steps
-
-  Workload(const BenchOptions& o, Variant variant)
-      : sh(o, variant),
-        q(o.dtype, n(sh.key_heads(), sh.K), rng, -1, 1),
-        k(o.dtype, n(sh.key_heads(), sh.K), rng, -1, 1),
-        v(o.dtype, n(sh.N, sh.V), rng, -1, 1),
-        g(DType::f32, n(sh.key_heads(), std::max<int64_t>(1, sh.gate_width())), rng, -0.2f, 0.f),
-        beta(o.dtype, n(sh.key_heads(), 1), rng, 0.f, 1.f),
-        b(o.dtype, n(sh.N, sh.K), rng, 0.f, 1.f),
-        w(o.dtype, n(sh.N, sh.V), rng, 0.f, 1.f),
-        dy(o.dtype, n(sh.N, sh.V), rng, -1, 1),
-        y(o.dtype, n(sh.N, sh.V), rng, 0, 0),
-        dq(o.dtype, n(sh.key_heads(), sh.K), rng, 0, 0),
-        dk(o.dtype, n(sh.key_heads(), sh.K), rng, 0, 0),
-        dv(o.dtype, n(sh.N, sh.V), rng, 0, 0),
-        dg(DType::f32, n(sh.key_heads(), std::max<int64_t>(1, sh.gate_width())), rng, 0, 0),
-        dbeta(o.dtype, n(sh.key_heads(), 1), rng, 0, 0),
-        db(o.dtype, n(sh.N, sh.K), rng, 0, 0),
-        dw(o.dtype, n(sh.N, sh.V), rng, 0, 0),
-        h0(DType::f32, size_t(sh.B * sh.N * sh.K * sh.V), rng, -0.1f, 0.1f),
-        ht(DType::f32, size_t(sh.B * sh.N * sh.K * sh.V), rng, 0, 0) {}
-
-  size_t n(int64_t heads, int64_t width) const { return size_t(sh.B * sh.S * heads * width); }
-  Tensor view(Array& a, int64_t heads, int64_t width) {
-    return Tensor::contiguous(a.data(), a.dtype, {sh.B, sh.S, heads, width});
-  }
-  Tensor gate(Array& a) {
-    if (!sh.variant.has_gate()) return {};
-    const std::vector<int64_t> shape = sh.variant.gate_shape(sh.B, sh.S, sh.key_heads(), sh.K, sh.G);
-    return Tensor::contiguous(a.data(), DType::f32, std::span<const int64_t>(shape));
-  }
-  // The strengths in place of the inputs, or their gradients in place of the outputs.
-  void strengths(Inputs& in, Array& beta_, Array& b_, Array& w_) {
-    if (sh.variant.has_erase_write()) {
-      in.b = view(b_, sh.N, sh.K);
-      in.w = view(w_, sh.N, sh.V);
-    }
-    if (sh.variant.has_beta()) in.beta = Tensor::contiguous(beta_.data(), beta_.dtype, {sh.B, sh.S, sh.key_heads()});
-  }
-  Inputs inputs() {
-    Inputs a;
-    a.q = view(q, sh.key_heads(), sh.K);
-    a.k = view(k, sh.key_heads(), sh.K);
-    a.v = view(v, sh.N, sh.V);
-    a.g = gate(g);
-    strengths(a, beta, b, w);
-    return a;
-  }
-  ForwardArgs forward_args() {
-    ForwardArgs a{inputs()};
-    a.y = view(y, sh.N, sh.V);
-    return a;
-  }
-  // The forward with the state read from h0 and written to ht, as a decode step runs it.
-  ForwardArgs step_args() {
-    ForwardArgs a = forward_args();
-    a.h0 = Tensor::contiguous(h0.data(), DType::f32, {sh.B, sh.N, sh.K, sh.V});
-    a.ht = Tensor::contiguous(ht.data(), DType::f32, {sh.B, sh.N, sh.K, sh.V});
-    return a;
-  }
-  double state_bytes() const { return double(sh.B * sh.N * sh.K * sh.V) * 4; }
-  BackwardArgs backward_args() {
-    BackwardArgs a{inputs()};
-    a.dy = view(dy, sh.N, sh.V);
-    a.dq = view(dq, sh.key_heads(), sh.K);
-    a.dk = view(dk, sh.key_heads(), sh.K);
-    a.dv = view(dv, sh.N, sh.V);
-    a.dg = gate(dg);
-    Inputs grads;
-    strengths(grads, dbeta, db, dw);
-    a.dbeta = grads.beta;
-    a.db = grads.b;
-    a.dw = grads.w;
-    return a;
-  }
-  Options options(const BenchOptions& o) const {
-    Options opt;
-    opt.chunk = o.chunk;
-    opt.solve = o.solve;
-    opt.l2norm_qk = sh.variant.is_delta();
-    return opt;
-  }
-};
 
 // "[3/32] gla backward, fused ... 412.3 ms" on the error stream, one line per measurement.
 class Progress {
@@ -266,6 +113,12 @@ BenchOptions parse(const std::vector<std::string>& args) {
       const std::vector<int64_t> dims = parse_sizes(a, text);
       if (dims.size() != 4) throw Error("flat bench: --norm-shape expects B,S,N,D, got '" + text + "'");
       o.norm_shape.B = dims[0], o.norm_shape.S = dims[1], o.norm_shape.N = dims[2], o.norm_shape.D = dims[3];
+    } else if (a == "--serving-shape") {
+      const std::string& text = value();
+      const std::vector<int64_t> dims = parse_sizes(a, text);
+      if (dims.size() != 4)
+        throw Error("flat bench: --serving-shape expects DECODES,PREFILLS,LONGEST,DRAFT, got '" + text + "'");
+      o.serving = {dims[0], dims[1], dims[2], dims[3]};
     } else if (a == "--variant") {
       // One variant of the recurrence, or one of the other operations alone.
       const std::string& name = value();
@@ -432,6 +285,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.repeats = o.repeats;
   report.baseline_repeats = std::min(o.repeats, kMaxBaselineRepeats);
   report.decode_repeats = kDecodeRepeats;
+  report.serving_repeats = kServingRepeats;
   report.isa = cpu::default_target().name;
   report.products = cpu::default_target().products;
 
@@ -442,6 +296,11 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     const double ceiling_seconds = seconds([&] { report.ceilings = measure_ceilings(threads, o.quick_ceilings); });
     progress.finish(ceiling_seconds);
     for (Variant variant : o.variants) bench_variant(variant, o, threads, progress, report);
+    if (!o.variants.empty()) report.serving = BenchReport::Serving{o.serving, {}};
+    for (Variant variant : o.variants) {
+      const std::vector<ServeResult> served = bench_serving(variant, o, o.serving, threads, kServingRepeats, &err);
+      report.serving->results.insert(report.serving->results.end(), served.begin(), served.end());
+    }
     if (o.conv) {
       ConvBenchOptions conv = o.conv_shape;
       conv.threads = threads;

@@ -173,6 +173,24 @@ Rate measure_copy(int threads, const Budget& budget) {
   return {rate(1), rate(threads)};
 }
 
+// GB/s of an in-place update of a buffer of `bytes` (each float read, scaled and written back),
+// split in equal slices over the threads; bytes read plus bytes written. The roof of what updates
+// states where they are (a serving pool's decode step): no write-allocate read, unlike a copy to a
+// second buffer, where a copy by non-temporal stores may run below it on some machines.
+Rate measure_update(int threads, const Budget& budget) {
+  const int64_t count = budget.copy_bytes / int64_t(sizeof(float));
+  std::vector<float> data(size_t(count), 1.0f);
+  auto rate = [&](int parts) {
+    const int64_t slice = count / parts / 16 * 16;  // cache-line aligned slices
+    const double s = best_parallel_seconds(parts, budget.copy_repeats, [&](int i) {
+      float* x = data.data() + i * slice;
+      for (int64_t e = 0; e < slice; ++e) x[e] = x[e] * 0.5f + 0.5f;  // stays 1: no denormals
+    });
+    return 2.0 * double(slice * parts) * sizeof(float) / s * 1e-9;
+  };
+  return {rate(1), rate(threads)};
+}
+
 // GFLOP/s of a peak loop on 1 and on all threads, each thread running the same iterations. The
 // iteration count is first sized to take `peak_seconds` on one thread.
 Rate measure_peak(const PeakLoop& loop, int threads, const Budget& budget) {
@@ -210,6 +228,7 @@ Ceilings measure_ceilings(int threads, bool quick) {
   c.threads = threads;
   c.copy_bytes = budget.copy_bytes;
   c.copy_gbs = measure_copy(threads, budget);
+  c.update_gbs = measure_update(threads, budget);
   const Fp32Peak fp32 = fp32_peak_loop();
   c.fp32_loop = fp32.name;
   c.fp32_gflops = measure_peak(fp32.loop, threads, budget);

@@ -1,5 +1,5 @@
 // The machine's ceilings, measured in the process that runs the benchmark: copy bandwidth,
-// fp32 FMA peak and bf16 dot-product peak, on 1 thread and on all the benchmark's threads.
+// in-place update bandwidth, fp32 FMA peak and bf16 dot-product peak, on 1 thread and on all the benchmark's threads.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,7 @@ struct Ceilings {
   int threads = 1;
   int64_t copy_bytes = 0;  // size of each of the two copy buffers
   Rate copy_gbs;           // GB/s, bytes read plus bytes written
+  Rate update_gbs;         // GB/s of an in-place update of a buffer of copy_bytes, read plus written
   Rate fp32_gflops;        // fp32 multiply-add peak, a multiply-add counted as 2 FLOPs
   std::string fp32_loop;   // what measured it: "avx512 fma", "avx2 fma" or "portable"
   std::optional<Rate> bf16_gflops;  // bf16 dot-product peak (AVX512-BF16); absent without it

@@ -25,6 +25,11 @@ std::string usage() {
          "                  [--norm-shape B,S,N,D] [--threads N] [--dtype f32|bf16] [--chunk N] [--repeats N]\n"
          "                  [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
          "VARIANT: " + variants + "\n"
+         "run VARIANT and run conv also read optional sequence files from --in (int64 or int32):\n"
+         "  cu_seqlens.npy             sequences packed along S of one batch row: states a row each\n"
+         "  initial_state_indices.npy  h0.npy (state0.npy) is a pool, read at these rows (-1: zero)\n"
+         "  final_state_indices.npy    ht.npy (state.npy) is that pool after the run, with each\n"
+         "  token_state_indices.npy    sequence's final state, each token's state at these rows\n"
          "--threads N: 0 (the default) for every hardware thread; a call runs on at most one thread per\n"
          "             work item and 4 per hardware thread, whatever N asks\n";
 }

@@ -1,5 +1,6 @@
 #include "npy.h"
 
+#include <algorithm>
 #include <bit>
 #include <charconv>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 
@@ -27,13 +29,13 @@ constexpr size_t kAlignment = 64;                 // numpy.save starts the data 
   throw NpyError(path.filename().string() + ": " + what);
 }
 
-// Elements of an array of this shape; nullopt for a negative axis or for more float32 bytes than
-// size_t counts.
-std::optional<size_t> element_count(const std::vector<int64_t>& shape) {
+// Elements of an array of this shape; nullopt for a negative axis or for more bytes, at
+// element_size each, than size_t counts.
+std::optional<size_t> element_count(const std::vector<int64_t>& shape, size_t element_size) {
   size_t count = 1;
   for (int64_t size : shape) {
     if (size < 0) return std::nullopt;
-    if (size != 0 && count > std::numeric_limits<size_t>::max() / sizeof(float) / size_t(size)) return std::nullopt;
+    if (size != 0 && count > std::numeric_limits<size_t>::max() / element_size / size_t(size)) return std::nullopt;
     count *= size_t(size);
   }
   return count;
@@ -173,16 +175,27 @@ class HeaderParser {
   size_t pos_ = 0;
 };
 
-}  // namespace
+// An element type a reader takes: numpy's descr for it, its name in errors and its bytes.
+struct Stored {
+  std::string_view descr;
+  std::string_view name;
+  size_t size;
+};
+constexpr Stored kFloat32[] = {{"<f4", "float32", sizeof(float)}};
+// numpy saves an integer array as int64 on most platforms and int32 on some (and after astype).
+constexpr Stored kIndices[] = {{"<i8", "int64", sizeof(int64_t)}, {"<i4", "int32", sizeof(int32_t)}};
 
-std::string format_shape(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
-  if (shape.size() == 1) s += ",";
-  return s + ")";
-}
+// A file whose header has been read and checked, positioned at its data.
+struct DataFile {
+  std::ifstream file;
+  std::vector<int64_t> shape;
+  size_t count = 0;                // elements
+  const Stored* stored = nullptr;  // the accepted dtype it holds
+};
 
-NpyArray read_npy(const std::filesystem::path& path) {
+// Opens `path` and checks its header: a dtype among `accepted`, C order, data of exactly the
+// shape's size, and memory for it at `memory_size` bytes per element.
+DataFile open_data(const std::filesystem::path& path, std::span<const Stored> accepted, size_t memory_size) {
   if (!std::filesystem::exists(path)) fail(path, "no such file");
   if (!std::filesystem::is_regular_file(path)) fail(path, "not a regular file");
   const uintmax_t file_size = std::filesystem::file_size(path);
@@ -210,35 +223,76 @@ NpyArray read_npy(const std::filesystem::path& path) {
   if (!file.read(text.data(), std::streamsize(header_size))) fail(path, "truncated header");
 
   Header header = HeaderParser(path, text).parse();
-  if (header.descr != "<f4")
-    fail(path, "expected dtype '<f4' (little-endian float32), got '" + header.descr + "'");
+  const auto found = std::ranges::find(accepted, std::string_view(header.descr), &Stored::descr);
+  if (found == accepted.end()) {
+    std::string descrs, names;
+    for (size_t i = 0; i < accepted.size(); ++i) {
+      descrs += (i ? " or '" : "'") + std::string(accepted[i].descr) + "'";
+      names += (i ? " or " : "") + std::string(accepted[i].name);
+    }
+    fail(path, "expected dtype " + descrs + " (little-endian " + names + "), got '" + header.descr + "'");
+  }
+  const Stored* stored = &*found;
   if (header.fortran_order) fail(path, "Fortran-order arrays are not supported, expected C order");
-  const std::optional<size_t> count = element_count(header.shape);
+  const std::optional<size_t> count = element_count(header.shape, std::max(stored->size, memory_size));
   if (!count) fail(path, "shape " + format_shape(header.shape) + " is too large");
   const uintmax_t data_size = file_size - data_offset;
-  const uintmax_t expected_size = *count * sizeof(float);
+  const uintmax_t expected_size = *count * stored->size;
   if (data_size != expected_size)
     fail(path, std::string(data_size < expected_size ? "truncated data" : "trailing bytes after the data") +
                    ": shape " + format_shape(header.shape) + " takes " + std::to_string(expected_size) +
                    " bytes, the file holds " + std::to_string(data_size));
 
-  const uintmax_t memory = available_memory();
-  if (expected_size > memory)
-    fail(path, "shape " + format_shape(header.shape) + " takes " + std::to_string(expected_size) +
+  const uintmax_t memory = available_memory(), needed = *count * memory_size;
+  if (needed > memory)
+    fail(path, "shape " + format_shape(header.shape) + " takes " + std::to_string(needed) +
                    " bytes, more than the " + std::to_string(memory) + " bytes of memory available");
-  NpyArray array{std::move(header.shape), {}};
+  return {std::move(file), std::move(header.shape), *count, stored};
+}
+
+// Reads the data of `in`, in.count elements of T (the size of in.stored).
+template <class T>
+void read_data(DataFile& in, const std::filesystem::path& path, std::vector<T>& data) {
+  const size_t bytes = in.count * sizeof(T);
   try {
-    array.data.resize(*count);
+    data.resize(in.count);
   } catch (const std::bad_alloc&) {
-    fail(path, "out of memory for shape " + format_shape(array.shape) + " (" + std::to_string(expected_size) + " bytes)");
+    fail(path, "out of memory for shape " + format_shape(in.shape) + " (" + std::to_string(bytes) + " bytes)");
   }
-  if (!file.read(reinterpret_cast<char*>(array.data.data()), std::streamsize(expected_size)))
-    fail(path, "read error");
+  if (!in.file.read(reinterpret_cast<char*>(data.data()), std::streamsize(bytes))) fail(path, "read error");
+}
+
+}  // namespace
+
+std::string format_shape(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+NpyArray read_npy(const std::filesystem::path& path) {
+  DataFile in = open_data(path, kFloat32, sizeof(float));
+  NpyArray array{std::move(in.shape), {}};
+  read_data(in, path, array.data);
+  return array;
+}
+
+NpyIndices read_npy_indices(const std::filesystem::path& path) {
+  DataFile in = open_data(path, kIndices, sizeof(int64_t));
+  NpyIndices array{std::move(in.shape), {}};
+  if (in.stored->size == sizeof(int64_t)) {
+    read_data(in, path, array.data);
+    return array;
+  }
+  std::vector<int32_t> narrow;
+  read_data(in, path, narrow);
+  array.data.assign(narrow.begin(), narrow.end());
   return array;
 }
 
 void write_npy(const std::filesystem::path& path, const std::vector<int64_t>& shape, const float* data) {
-  const std::optional<size_t> count = element_count(shape);
+  const std::optional<size_t> count = element_count(shape, sizeof(float));
   if (!count) fail(path, "invalid shape " + format_shape(shape));
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + format_shape(shape) + ", }";
   // Spaces and a final newline pad the header so that the data starts aligned, as in numpy.save.

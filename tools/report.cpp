@@ -47,6 +47,46 @@ std::string shape_line(const BenchReport& r) {
 
 }  // namespace
 
+namespace {
+
+// The mixed call's tokens/s against its parts' run alone, the decode and prefill calls of the same
+// variant together: their tokens over the sum of their times. Absent for the other calls.
+std::optional<double> mixed_against_parts(const std::vector<ServeResult>& results, const ServeResult& mixed) {
+  if (mixed.part != "mixed") return std::nullopt;
+  double tokens = 0, seconds = 0;
+  for (const ServeResult& r : results)
+    if (r.variant == mixed.variant && (r.part == "decode" || r.part == "prefill")) {
+      tokens += double(r.tokens);
+      seconds += r.timing.seconds;
+    }
+  return mixed.tokens_per_second() / (tokens / seconds);
+}
+
+void write_serving_markdown(const BenchReport& r, std::ostream& out) {
+  const ServeBenchOptions& o = r.serving->options;
+  out << format("\nServing, every state in a pool [P, N, K, V] read and written in place through indices, the value "
+                "scan off; median of %d runs each: decode (%lld sequences, 1 token each), speculative (the same, %lld "
+                "tokens each, every token's state kept in a pool row), prefill (%lld sequences of %lld, %lld, ... "
+                "tokens), mixed (the prefills and the decodes in one call; against the decode and prefill calls' "
+                "tokens over their summed times):\n\n",
+                r.serving_repeats, (long long)o.decodes, (long long)o.draft, (long long)o.prefills,
+                (long long)o.longest, (long long)(o.longest / 2));
+  out << "| variant | call | sequences | tokens | time ms | tokens/s | GB/s | % of copy | % of update | GFLOP/s | "
+         "% of FMA peak | vs parts alone |\n"
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  const Ceilings& c = r.ceilings;
+  for (const ServeResult& k : r.serving->results) {
+    const Timing& t = k.timing;
+    out << format("| %s | %s | %lld | %lld | %s | %.0f | %.1f | %.0f | %.0f | %.1f | %.0f | %s |\n", k.variant.c_str(),
+                  k.part.c_str(), (long long)k.sequences, (long long)k.tokens, ms(t.seconds).c_str(),
+                  k.tokens_per_second(), t.gbs(), 100 * t.gbs() / c.copy_gbs.all, 100 * t.gbs() / c.update_gbs.all,
+                  t.gflops(), 100 * t.gflops() / c.fp32_gflops.all,
+                  cell(mixed_against_parts(r.serving->results, k), "x%.2f").c_str());
+  }
+}
+
+}  // namespace
+
 Standing standing(const BenchReport& r, const Timing& t) {
   const Ceilings& c = r.ceilings;
   const double compute_seconds = t.flops / (c.fp32_gflops.all * 1e9);
@@ -67,6 +107,8 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
   out << format("| ceiling | 1 thread | %d threads |\n|---|---:|---:|\n", c.threads);
   out << format("| copy bandwidth GB/s (2 x %lld MiB, read + written) | %.1f | %.1f |\n",
                 (long long)(c.copy_bytes >> 20), c.copy_gbs.one, c.copy_gbs.all);
+  out << format("| in-place update GB/s (%lld MiB, read + written back) | %.1f | %.1f |\n",
+                (long long)(c.copy_bytes >> 20), c.update_gbs.one, c.update_gbs.all);
   out << format("| fp32 FMA peak GFLOP/s (%s) | %.1f | %.1f |\n", c.fp32_loop.c_str(), c.fp32_gflops.one,
                 c.fp32_gflops.all);
   if (c.bf16_gflops)
@@ -111,6 +153,7 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
     out << "\n";
     write_norm_gate_markdown(r.norm_gate->options, r.norm_gate->results, c.copy_gbs.all, out);
   }
+  if (r.serving) write_serving_markdown(r, out);
 }
 
 namespace {
@@ -173,6 +216,7 @@ void write_json(const BenchReport& r, std::ostream& out) {
   out << "  \"ceilings\": {\n";
   out << format("    \"threads\": %d,\n    \"copy_buffer_bytes\": %lld,\n", c.threads, (long long)c.copy_bytes);
   out << "    \"copy_gb_per_s\": " << json_rate(c.copy_gbs) << ",\n";
+  out << "    \"update_gb_per_s\": " << json_rate(c.update_gbs) << ",\n";
   out << "    \"fp32_fma_gflop_per_s\": " << json_rate(c.fp32_gflops) << ",\n";
   out << "    \"fp32_fma_loop\": " << json_string(c.fp32_loop) << ",\n";
   out << "    \"bf16_dot_gflop_per_s\": " << (c.bf16_gflops ? json_rate(*c.bf16_gflops) : "null") << "\n";
@@ -216,6 +260,26 @@ void write_json(const BenchReport& r, std::ostream& out) {
         << ", \"weight_per_head\": " << (o.weight_per_head ? "true" : "false")
         << ", \"dtype\": " << json_string(std::string(dtype_name(o.dtype))) << ",\n";
     out << "    \"passes\": " << json_passes(r.norm_gate->results, c.copy_gbs.all) << "\n  }";
+  }
+  if (r.serving) {
+    const ServeBenchOptions& o = r.serving->options;
+    out << ",\n  \"serving\": {\n";
+    out << format("    \"decodes\": %lld, \"prefills\": %lld, \"longest\": %lld, \"draft\": %lld, \"repeats\": %d,\n",
+                  (long long)o.decodes, (long long)o.prefills, (long long)o.longest, (long long)o.draft,
+                  r.serving_repeats);
+    out << "    \"calls\": [";
+    const std::vector<ServeResult>& calls = r.serving->results;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const ServeResult& k = calls[i];
+      out << (i ? "," : "") << "\n      {\"variant\": " << json_string(k.variant) << ", \"call\": " << json_string(k.part)
+          << format(", \"sequences\": %lld, \"tokens\": %lld,\n       ", (long long)k.sequences, (long long)k.tokens)
+          << "\"timing\": " << json_timing(k.timing) << ", \"tokens_per_s\": " << json_number(k.tokens_per_second())
+          << ",\n       \"percent_of_copy\": " << json_number(100 * k.timing.gbs() / c.copy_gbs.all)
+          << ", \"percent_of_update\": " << json_number(100 * k.timing.gbs() / c.update_gbs.all)
+          << ", \"percent_of_fp32_fma_peak\": " << json_number(100 * k.timing.gflops() / c.fp32_gflops.all)
+          << ", \"against_parts_alone\": " << json_number(mixed_against_parts(calls, k)) << "}";
+    }
+    out << "\n    ]\n  }";
   }
   out << "\n}\n";
 }

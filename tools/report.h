@@ -10,24 +10,11 @@
 
 #include "bench_conv.h"
 #include "bench_norm.h"
+#include "bench_serve.h"
 #include "ceilings.h"
+#include "timing.h"
 
 namespace flat::tool {
-
-// One implementation of one pass: its median time and the work counted for it
-// (docs/performance.md has the formulas).
-struct Timing {
-  double seconds = 0;
-  double flops = 0;
-  double bytes = 0;  // what it must move to and from memory
-
-  double gflops() const { return flops / seconds * 1e-9; }
-  double gbs() const { return bytes / seconds * 1e-9; }
-  double intensity() const { return flops / bytes; }  // FLOP per byte
-};
-
-// Forward then backward: times, FLOPs and bytes add up.
-Timing operator+(const Timing& a, const Timing& b);
 
 struct KernelResult {
   std::string variant;
@@ -40,7 +27,7 @@ struct KernelResult {
 struct BenchReport {
   int64_t B = 0, S = 0, N = 0, K = 0, V = 0;
   std::string dtype;
-  int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0, decode_repeats = 0;
+  int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0, decode_repeats = 0, serving_repeats = 0;
   std::string isa;       // the target the fused kernels run on (src/cpu/targets.h)
   std::string products;  // what its chunk products run on, in words
   Ceilings ceilings;
@@ -57,6 +44,12 @@ struct BenchReport {
     std::vector<PassResult> results;
   };
   std::optional<NormGate> norm_gate;
+  // The serving calls of every variant (tools/bench_serve.h), when they were measured.
+  struct Serving {
+    ServeBenchOptions options;
+    std::vector<ServeResult> results;
+  };
+  std::optional<Serving> serving;
 };
 
 // Where a timing stands under the all-thread ceilings: it is compute bound when its FLOPs at

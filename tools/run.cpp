@@ -1,6 +1,7 @@
-// `flat run`: reads one problem from .npy files, runs forward (and backward when dy.npy is given)
-// and writes the results as .npy files. Every file is read and checked and every kernel has run
-// before the output directory is even created, so a rejected run leaves nothing behind.
+// `flat run`: reads one problem from .npy files (with its sequences and state pool, run_io.h's
+// SequenceFiles), runs forward (and backward when dy.npy is given) and writes the results as .npy
+// files. Every file is read and checked and every kernel has run before the output directory is
+// even created, so a rejected run leaves nothing behind.
 #include "run.h"
 
 #include <algorithm>
@@ -143,17 +144,20 @@ std::vector<Output> compute(const Config& config) {
                                           {"b.npy", "Nb", Nb},
                                           {"w.npy", "Nw", Nw}});
 
-  const std::vector<FileAxis> state{{"B", B}, {"N", N}, {"K", K}, {"V", V}};
-  std::optional<NpyArray> h0 = read_optional(dir, "h0.npy", state);
+  const SequenceFiles sequences = read_sequences(dir, B, S, "h0.npy", "ht.npy");
+  const std::vector<int64_t> state_row{N, K, V};
+  std::optional<NpyArray> h0 =
+      read_optional(dir, "h0.npy", {sequences.initial_state_axis(), {"N", N}, {"K", K}, {"V", V}});
   std::optional<NpyArray> dy = read_optional(dir, "dy.npy", {{"B", B}, {"S", S}, {"N", N}, {"V", V}});
-  std::optional<NpyArray> dht = dy ? read_optional(dir, "dht.npy", state) : std::nullopt;
+  std::optional<NpyArray> dht =
+      dy ? read_optional(dir, "dht.npy", {sequences.sequence_axis(), {"N", N}, {"K", K}, {"V", V}}) : std::nullopt;
 
   const DType dtype = config.dtype;
   Buffer qb(std::move(q), dtype), kb(std::move(k), dtype), vb(std::move(v), dtype);
   std::optional<Buffer> gb = buffer(std::move(g), DType::f32), h0b = buffer(std::move(h0), DType::f32);
   std::optional<Buffer> betab = buffer(std::move(strengths.beta), dtype), bb = buffer(std::move(strengths.b), dtype),
                         wb = buffer(std::move(strengths.w), dtype);
-  Buffer y({B, S, N, V}, dtype), ht({B, N, K, V}, DType::f32);
+  Buffer y({B, S, N, V}, dtype), ht = sequences.final_states(h0b, state_row);
 
   ForwardArgs forward_args;
   forward_args.q = qb.view();
@@ -166,6 +170,7 @@ std::vector<Output> compute(const Config& config) {
   forward_args.w = view(wb);
   forward_args.y = y.view();
   forward_args.ht = ht.view();
+  forward_args.sequences = sequences.forward();
   forward(config.variant, forward_args, config.options, config.context);
 
   std::vector<Output> outputs;
@@ -176,10 +181,13 @@ std::vector<Output> compute(const Config& config) {
   std::optional<Buffer> dyb = buffer(std::move(dy), dtype), dhtb = buffer(std::move(dht), DType::f32);
   // Gradients take their input's shape and dtype.
   Buffer dq(qb.shape, dtype), dk(kb.shape, dtype), dv(vb.shape, dtype);
-  std::optional<Buffer> dg = gradient_of(gb), dh0 = gradient_of(h0b), dbeta = gradient_of(betab),
-                        db = gradient_of(bb), dw = gradient_of(wb);
+  std::optional<Buffer> dg = gradient_of(gb), dbeta = gradient_of(betab), db = gradient_of(bb), dw = gradient_of(wb);
+  // A row per sequence, also when h0 is a pool: the gradient of each sequence's initial state.
+  std::optional<Buffer> dh0;
+  if (h0b) dh0.emplace(sequences.per_sequence(state_row), DType::f32);
 
   BackwardArgs backward_args{forward_args};
+  backward_args.sequences = sequences.backward();
   backward_args.dy = view(dyb);
   backward_args.dht = view(dhtb);
   backward_args.dq = dq.view();

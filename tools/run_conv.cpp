@@ -1,7 +1,7 @@
-// `flat run conv`: reads the convolution's inputs from .npy files, runs forward (and backward when
-// dy.npy is given) and writes the results as .npy files. Every file is read and checked and every
-// kernel has run before the output directory is even created, so a rejected run leaves nothing
-// behind.
+// `flat run conv`: reads the convolution's inputs from .npy files (with its sequences and state
+// pool, run_io.h's SequenceFiles), runs forward (and backward when dy.npy is given) and writes the
+// results as .npy files. Every file is read and checked and every kernel has run before the
+// output directory is even created, so a rejected run leaves nothing behind.
 #include "run_conv.h"
 
 #include <algorithm>
@@ -60,20 +60,26 @@ std::vector<Output> compute(const Config& config) {
     throw RunError("weight.npy: W = " + std::to_string(W) + " taps is not supported (1 to " + std::to_string(kMaxTaps) +
                    ")");
   std::optional<NpyArray> bias = read_optional(dir, "bias.npy", {{"C", C}});
-  const std::vector<FileAxis> state_axes{{"B", B}, {"C", C}, {"W-1", W - 1}};
   if (W == 1)
-    for (const char* name : {"state0.npy", "dstate.npy"})
+    for (const char* name : {"state0.npy", "dstate.npy", "initial_state_indices.npy", "final_state_indices.npy",
+                             "token_state_indices.npy"})
       if (fs::exists(dir / name)) throw RunError(std::string(name) + ": W = 1 keeps no state, remove the file");
-  std::optional<NpyArray> state0 = W > 1 ? read_optional(dir, "state0.npy", state_axes) : std::nullopt;
+  const SequenceFiles sequences = read_sequences(dir, B, S, "state0.npy", "state.npy");
+  const std::vector<int64_t> state_row{C, W - 1};
+  std::optional<NpyArray> state0 =
+      W > 1 ? read_optional(dir, "state0.npy", {sequences.initial_state_axis(), {"C", C}, {"W-1", W - 1}})
+            : std::nullopt;
   std::optional<NpyArray> dy = read_optional(dir, "dy.npy", {{"B", B}, {"S", S}, {"C", C}});
-  std::optional<NpyArray> dstate = dy && W > 1 ? read_optional(dir, "dstate.npy", state_axes) : std::nullopt;
+  std::optional<NpyArray> dstate =
+      dy && W > 1 ? read_optional(dir, "dstate.npy", {sequences.sequence_axis(), {"C", C}, {"W-1", W - 1}})
+                  : std::nullopt;
 
   const DType dtype = config.dtype;
   Buffer xb(std::move(x), dtype), wb(std::move(weight), DType::f32);
   std::optional<Buffer> bb = buffer(std::move(bias), DType::f32), s0 = buffer(std::move(state0), DType::f32);
   Buffer y({B, S, C}, dtype);
   std::optional<Buffer> state;
-  if (W > 1) state.emplace(std::vector<int64_t>{B, C, W - 1}, DType::f32);
+  if (W > 1) state.emplace(sequences.final_states(s0, state_row));
 
   ConvArgs forward_args;
   forward_args.x = xb.view();
@@ -82,6 +88,7 @@ std::vector<Output> compute(const Config& config) {
   forward_args.state0 = view(s0);
   forward_args.y = y.view();
   forward_args.state = view(state);
+  forward_args.sequences = sequences.forward();
   conv_forward(forward_args, config.options, config.context);
 
   std::vector<Output> outputs;
@@ -93,9 +100,10 @@ std::vector<Output> compute(const Config& config) {
   Buffer dx({B, S, C}, dtype), dweight({C, W}, DType::f32);
   std::optional<Buffer> dbias, dstate0;
   if (bb) dbias.emplace(std::vector<int64_t>{C}, DType::f32);
-  if (s0) dstate0.emplace(std::vector<int64_t>{B, C, W - 1}, DType::f32);
+  if (s0) dstate0.emplace(sequences.per_sequence(state_row), DType::f32);  // a row per sequence, also from a pool
 
   ConvBackwardArgs backward_args(forward_args);
+  backward_args.sequences = sequences.backward();
   backward_args.dy = view(dyb);
   backward_args.dstate = view(dsb);
   backward_args.dx = dx.view();

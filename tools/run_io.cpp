@@ -120,19 +120,37 @@ RunArgs parse_run_args(const std::vector<std::string>& args,
   return run;
 }
 
-NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<std::vector<FileAxis>>& shapes) {
-  NpyArray array = read_npy(dir / name);
-  const auto axes = std::ranges::find_if(shapes, [&](const auto& a) { return a.size() == array.shape.size(); });
+namespace {
+
+// An input file's shape against the shapes it may take, one per rank; the error names them all.
+void check_shape(const std::string& name, const std::vector<int64_t>& shape,
+                 const std::vector<std::vector<FileAxis>>& shapes) {
+  const auto axes = std::ranges::find_if(shapes, [&](const auto& a) { return a.size() == shape.size(); });
   bool fits = axes != shapes.end();
-  for (size_t d = 0; fits && d < axes->size(); ++d) fits = (*axes)[d].size < 0 || array.shape[d] == (*axes)[d].size;
+  for (size_t d = 0; fits && d < axes->size(); ++d) fits = (*axes)[d].size < 0 || shape[d] == (*axes)[d].size;
   if (!fits) {
     std::string expected;
     for (size_t i = 0; i < shapes.size(); ++i) expected += (i ? " or " : "") + format_axes(shapes[i]);
-    throw RunError(name + ": expected shape " + expected + ", got " + format_shape(array.shape));
+    throw RunError(name + ": expected shape " + expected + ", got " + format_shape(shape));
   }
   for (size_t d = 0; d < axes->size(); ++d)
-    if (array.shape[d] < 1)
-      throw RunError(name + ": axis " + (*axes)[d].name + " is empty in shape " + format_shape(array.shape));
+    if (shape[d] < 1) throw RunError(name + ": axis " + (*axes)[d].name + " is empty in shape " + format_shape(shape));
+}
+
+// dir/name, an integer array of the one axis `axis`; empty when the file is not there (a file
+// that is there has at least one entry: check_shape refuses an empty axis).
+std::vector<int64_t> read_indices(const fs::path& dir, const std::string& name, const FileAxis& axis) {
+  if (!fs::exists(dir / name)) return {};
+  NpyIndices array = read_npy_indices(dir / name);
+  check_shape(name, array.shape, {{axis}});
+  return std::move(array.data);
+}
+
+}  // namespace
+
+NpyArray read_input(const fs::path& dir, const std::string& name, const std::vector<std::vector<FileAxis>>& shapes) {
+  NpyArray array = read_npy(dir / name);
+  check_shape(name, array.shape, shapes);
   return array;
 }
 
@@ -186,6 +204,47 @@ Tensor view(std::optional<Buffer>& buffer) { return buffer ? buffer->view() : Te
 std::optional<Buffer> gradient_of(const std::optional<Buffer>& input) {
   if (!input) return std::nullopt;
   return Buffer(input->shape, input->dtype);
+}
+
+Sequences SequenceFiles::forward() const {
+  return {cu_seqlens, initial_state_indices, final_state_indices, token_state_indices};
+}
+
+Sequences SequenceFiles::backward() const { return {cu_seqlens, initial_state_indices, {}, {}}; }
+
+FileAxis SequenceFiles::initial_state_axis() const {
+  return initial_state_indices.empty() ? sequence_axis() : FileAxis{"P"};
+}
+
+FileAxis SequenceFiles::sequence_axis() const { return {cu_seqlens.empty() ? "B" : "num_seqs", count}; }
+
+std::vector<int64_t> SequenceFiles::per_sequence(const std::vector<int64_t>& row) const {
+  std::vector<int64_t> shape{count};
+  shape.insert(shape.end(), row.begin(), row.end());
+  return shape;
+}
+
+Buffer SequenceFiles::final_states(const std::optional<Buffer>& initial, const std::vector<int64_t>& row) const {
+  if (final_state_indices.empty() && token_state_indices.empty()) return Buffer(per_sequence(row), DType::f32);
+  return initial.value();
+}
+
+SequenceFiles read_sequences(const fs::path& dir, int64_t B, int64_t S, const std::string& initial,
+                             const std::string& final) {
+  SequenceFiles s;
+  s.cu_seqlens = read_indices(dir, "cu_seqlens.npy", {"num_seqs+1"});
+  s.count = s.cu_seqlens.empty() ? B : int64_t(s.cu_seqlens.size()) - 1;
+  s.initial_state_indices = read_indices(dir, "initial_state_indices.npy", s.sequence_axis());
+  s.final_state_indices = read_indices(dir, "final_state_indices.npy", s.sequence_axis());
+  s.token_state_indices = read_indices(dir, "token_state_indices.npy", {"B*S", B * S});
+  for (const auto& [name, indices] : {std::pair{"final_state_indices.npy", &s.final_state_indices},
+                                      std::pair{"token_state_indices.npy", &s.token_state_indices}})
+    if (!indices->empty() && s.initial_state_indices.empty())
+      throw RunError(std::string(name) + ": expected initial_state_indices.npy beside it (" + final +
+                     " is the pool " + initial + " after the run; -1 starts a sequence from zero), got none");
+  if (!s.initial_state_indices.empty() && !fs::exists(dir / initial))
+    throw RunError("initial_state_indices.npy: expected " + initial + " beside it (the pool it indexes), got none");
+  return s;
 }
 
 namespace {

@@ -92,6 +92,44 @@ Tensor view(std::optional<Buffer>& buffer);
 // The gradient of an optional input: its shape and dtype, absent with it.
 std::optional<Buffer> gradient_of(const std::optional<Buffer>& input);
 
+// The sequences of a run (flat::Sequences), from optional files of its input directory, each an
+// integer array (int64 or int32) of one axis:
+//   cu_seqlens.npy (num_seqs+1,)           sequences packed along S of one batch row (B = 1)
+//   initial_state_indices.npy (num_seqs,)  the initial states' file is a pool (P, ...), sequence i
+//                                          starting from its row [i] (from zero where -1)
+//   final_state_indices.npy (num_seqs,)    the final states' file is that pool after the run,
+//   token_state_indices.npy (B*S,)         with sequence i's final state, token t's state, in its
+//                                          row [i], [t] (nowhere where -1)
+// The shapes are checked here, naming the file; the values by the library (offsets from 0 to S,
+// indices within the pool, no row written twice), naming the argument.
+struct SequenceFiles {
+  std::vector<int64_t> cu_seqlens, initial_state_indices, final_state_indices, token_state_indices;
+  int64_t count = 0;  // num_seqs: cu_seqlens' size less one, or B without cu_seqlens
+
+  // All four, as a forward takes them.
+  Sequences forward() const;
+  // cu_seqlens and initial_state_indices: a backward writes no states, and its dht and dh0 have a
+  // row per sequence.
+  Sequences backward() const;
+  // The leading axis of the initial states' file: a pool of any P rows with
+  // initial_state_indices, else a row per sequence.
+  FileAxis initial_state_axis() const;
+  // A row per sequence (num_seqs, or B without cu_seqlens), as the states' gradients have.
+  FileAxis sequence_axis() const;
+  // `row` (a state's shape less its leading axis) with a row per sequence in front.
+  std::vector<int64_t> per_sequence(const std::vector<int64_t>& row) const;
+  // The final states' output: with final or token state indices, a copy of the initial states'
+  // pool, whose rows the run does not write keep their values; else a row of `row` per sequence.
+  Buffer final_states(const std::optional<Buffer>& initial, const std::vector<int64_t>& row) const;
+};
+
+// Reads the sequence files of `dir` for a batch of B rows of S tokens. `initial` and `final` name
+// the command's state files (h0.npy and ht.npy, state0.npy and state.npy). A pool written needs
+// initial_state_indices.npy, so that `initial` is the pool (its size, and the rows the run does not
+// write), and initial_state_indices.npy needs `initial`.
+SequenceFiles read_sequences(const std::filesystem::path& dir, int64_t B, int64_t S, const std::string& initial,
+                             const std::string& final);
+
 struct Output {
   std::string name;
   Buffer buffer;

@@ -8,6 +8,21 @@
 
 namespace flat::tool {
 
+// One implementation of one pass: its median time and the work counted for it
+// (docs/performance.md has the formulas).
+struct Timing {
+  double seconds = 0;
+  double flops = 0;
+  double bytes = 0;  // what it must move to and from memory
+
+  double gflops() const { return flops / seconds * 1e-9; }
+  double gbs() const { return bytes / seconds * 1e-9; }
+  double intensity() const { return flops / bytes; }  // FLOP per byte
+};
+
+// Forward then backward: times, FLOPs and bytes add up.
+Timing operator+(const Timing& a, const Timing& b);
+
 inline double seconds(const std::function<void()>& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();

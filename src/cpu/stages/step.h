@@ -65,12 +65,19 @@ void erase_and_query(const StateRows& H, const float* fe, const float* fq, int K
   }
 }
 
+// Asks for a row of the next state to read (into L2), one cache line at a time: the delta rule's
+// second pass over a state runs from L2, so memory would idle during it; prefetched there, the
+// next head's rows stream in meanwhile.
+void prefetch_row(const float* row, int V) {
+  for (int j = 0; j < V; j += 16) __builtin_prefetch(row + j, 0, 2);
+}
+
 // The update of one head's state by one token, H_t = Diag(a) H + k u^T, from src to dst (which
 // may be src). a: the decays (W = 1: one for every row), k, q [K]; u [V]: the new values. The
 // additive family's y [V] is H_t^T q, accumulated in the same pass; the delta rule's y is formed
-// before (it needs H'^T q and u) and left alone.
+// before (it needs H'^T q and u) and left alone. Rows of `next` (when present) are prefetched.
 void step_token(const Chunk& ch, const float* a, const float* k, const float* q, const float* u, bool delta,
-                const StateRows& src, const StateRows& dst, float* y) {
+                const StateRows& src, const StateRows& dst, float* y, const StateRows& next) {
   const int K = ch.K, V = ch.V;
   if (!delta) {
     for (int j = 0; j < V; ++j) y[j] = 0.0f;
@@ -78,6 +85,7 @@ void step_token(const Chunk& ch, const float* a, const float* k, const float* q,
   for (int c = 0; c < K; ++c) {
     const float ac = a[ch.W == 1 ? 0 : c], kc = k[c], qc = q[c];
     float* out = dst.row(c);
+    if (next.base) prefetch_row(next.row(c), V);
     if (src.base) {
       const float* in = src.row(c);
       if (delta) {
@@ -129,6 +137,15 @@ void step_sequence(const Params& p, int64_t first, int count, void* workspace, f
       if (t == p.S - 1 && p.ht.present()) return StateRows::of(p.ht, item.b, n);
       return StateRows{H + size_t(r) * K * V, V};
     };
+    // The state the next head reads first, after head r's last token: the next head's h0, or the
+    // next item's first head's.
+    const auto next_state = [&](int i_, int r, int t) {
+      if (t != p.S - 1) return StateRows{};
+      if (r + 1 < p.pack) return StateRows::of(p.h0, item.b, item.n0 + r + 1);
+      if (i_ + 1 == count) return StateRows{};
+      const Item following = item_at(p, first + i_ + 1);
+      return StateRows::of(p.h0, following.b, following.n0);
+    };
     for (int t0 = 0; t0 < p.S; t0 += ch.C) {
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
       for (int r = 0; r < p.pack; ++r)
@@ -152,9 +169,9 @@ void step_sequence(const Params& p, int64_t first, int count, void* workspace, f
               u[j] = (w ? w[j] : ch.beta[l]) * v[j] - u[j];
               y[j] += qk * u[j];
             }
-            step_token(ch, a, k, q, u, true, src, dst, y);
+            step_token(ch, a, k, q, u, true, src, dst, y, next_state(i, r, t));
           } else {
-            step_token(ch, a, k, q, v, false, src, dst, y);
+            step_token(ch, a, k, q, v, false, src, dst, y, next_state(i, r, t));
           }
           for (int j = 0; j < V; ++j) y[j] *= p.scale;
           store_row(p.y, item.b, t, item.n0 + r, y, V);
