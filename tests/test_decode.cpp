@@ -36,9 +36,18 @@ std::vector<Case> cases() {
     base.K = variant == Variant::sla ? 64 : 32;
     base.V = 24;
     base.chunk = 16;
-    // One decode step of three sequences from their states; a few speculative tokens.
+    // One decode step of three sequences from their states, two tokens of two with head sharing
+    // (the library's own choice of the decode path: a call of B rows); a few speculative tokens.
     add([](Case& c) {
       c.B = 3;
+      c.h0 = true;
+    });
+    add([variant](Case& c) {
+      c.B = 2;
+      c.S = 2;
+      c.Nq = c.Nk = c.Nb = 1;
+      c.Nv = c.Ng = c.Nw = 2;
+      if (variant == Variant::sla) c.Ng = 1;
       c.h0 = true;
     });
     add([](Case& c) {
@@ -74,6 +83,10 @@ std::vector<Case> cases() {
 class DecodeVsOracle : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DecodeVsOracle, Forward) { expect_within_bounds(compare(Problem(GetParam()), kDecodePath), GetParam().dtype); }
+
+// The library's own path at the same cases: the decode path where a call's rows are 1 or 2 tokens
+// long, the chunkwise path beyond.
+TEST_P(DecodeVsOracle, LibraryChoice) { expect_within_bounds(compare(GetParam()), GetParam().dtype); }
 
 INSTANTIATE_TEST_SUITE_P(Decode, DecodeVsOracle, ::testing::ValuesIn(cases()));
 
