@@ -1,6 +1,6 @@
 """What the framework bindings share: the variants' inputs and the shapes of their outputs."""
 
-from typing import NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from . import VARIANTS
 
@@ -59,6 +59,47 @@ def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool,
         raise ValueError(f"flat: solve: expected one of {', '.join(SOLVES)}, got '{solve}'")
     return Call(float(scale) if scale is not None else float("nan"), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
                 int(gate_group or 0), bool(check_values))
+
+
+class Sequences(NamedTuple):
+    """A call's variable-length batch and state pool (flat::Sequences) as the framework's integer
+    arrays, None where not given."""
+
+    cu_seqlens: Any = None
+    initial_state_indices: Any = None
+    final_state_indices: Any = None
+    token_state_indices: Any = None
+
+    @property
+    def writes_pool(self) -> bool:
+        """Whether the call writes states into the pool initial_state, in place."""
+        return self.final_state_indices is not None or self.token_state_indices is not None
+
+
+_SEQUENCE_SHAPES = {"cu_seqlens": "[num_seqs + 1]", "initial_state_indices": "[num_seqs]",
+                    "final_state_indices": "[num_seqs]", "token_state_indices": "[B * T]"}
+
+
+def check_sequences(sequences: Sequences, kind: str, problem: Callable[[Any], Optional[str]]) -> None:
+    """What the library cannot see of the arrays: each a 1-D array of int32 or int64 (it checks the
+    values). problem(x) says what is wrong with x (its dtype, shape, device), or None."""
+    for name, x in sequences._asdict().items():
+        wrong = None if x is None else problem(x)
+        if wrong is not None:
+            raise ValueError(f"flat: {name}: expected {kind} {_SEQUENCE_SHAPES[name]} of int32 or int64, got {wrong}")
+
+
+def check_pool(sequences: Sequences, pool) -> None:
+    if sequences.writes_pool and pool is None:
+        raise ValueError("flat: initial_state: final_state_indices and token_state_indices write states into the pool "
+                         "initial_state [P, ...], got none")
+
+
+def pool_error(what: str) -> ValueError:
+    """The error of a pool write that would need a gradient (what: how to avoid one)."""
+    return ValueError("flat: final_state_indices, token_state_indices: writing states into the pool initial_state in "
+                      f"place is for inference, and no gradient flows through it; {what} (initial_state_indices alone, "
+                      "reading the pool, is differentiable)")
 
 
 # The output norm and gate: FLA's activation names too ("swish" is SiLU).

@@ -183,20 +183,21 @@ def main(argv=None):
     def library_forward(fresh):
         y = torch.empty(B, T, H, V, dtype=dtype) if fresh else keep.setdefault("y", torch.empty(B, T, H, V, dtype=dtype))
         _core.forward("gla", view("q", q), view("k", k), view("v", v), view("g", g), None, None, None, None,
-                      view("y", y), None, [], float("nan"), 64, False, "auto", 0, True, threads, "openmp")
+                      view("y", y), None, ([], [], [], []), float("nan"), 64, False, "auto", 0, True, threads,
+                      "openmp")
 
     def library_backward(fresh):
         grads = [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, g)] if fresh else keep.setdefault(
             "grads", [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, g)])
         dq, dk, dv, dg = (view(n, t) for n, t in zip(("dq", "dk", "dv", "dg"), grads))
         _core.backward("gla", view("q", q), view("k", k), view("v", v), view("g", g), None, None, None, None,
-                       view("dy", dy), None, dq, dk, dv, dg, None, None, None, None, [], float("nan"), 64, False,
-                       "auto", 0, False, threads, "openmp")
+                       view("dy", dy), None, dq, dk, dv, dg, None, None, None, None, ([], [], [], []), float("nan"), 64,
+                       False, "auto", 0, False, threads, "openmp")
 
-    op_forward = lambda: torch.ops.flat.forward("gla", q, k, v, g, None, None, None, None, None, float("nan"),  # noqa: E731
-                                                64, False, "auto", 0, True, False)
-    op_backward = lambda: torch.ops.flat.backward("gla", q, k, v, g, None, None, None, None, None, dy, None,  # noqa: E731
-                                                  float("nan"), 64, False, "auto", 0)
+    op_forward = lambda: torch.ops.flat.forward("gla", q, k, v, g, None, None, None, None, None, None,  # noqa: E731
+                                                float("nan"), 64, False, "auto", 0, True, False)
+    op_backward = lambda: torch.ops.flat.backward("gla", q, k, v, g, None, None, None, None, None, None, dy,  # noqa: E731
+                                                  None, float("nan"), 64, False, "auto", 0)
     results = {"shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": args.dtype, "threads": threads,
                "target": flat.target()}
     print("\n| pass | library, outputs reused ms | library, fresh outputs ms | custom op ms | op / fresh | op / reused |")

@@ -7,6 +7,12 @@ Each is an XLA custom call through JAX's typed FFI (the handlers in flat._core, 
 intra-op threads) wrapped in ``jax.custom_vjp``, so ``jax.grad``, ``jax.jit``, ``jax.eval_shape``
 and ``jax.vmap`` (over a leading axis, one call per element) work. Inputs are float32 or bfloat16
 arrays; states float32. A bad argument raises an error carrying the library's message.
+
+Serving (python/flat/_api.py): ``cu_seqlens`` and the index arrays (int32 or int64) are traced
+arrays, not static. A call with ``final_state_indices`` or ``token_state_indices`` returns the pool
+``initial_state`` updated as its second value, the pool an input aliased to that output
+(``input_output_aliases``): in place when the caller donates it (``jax.jit(...,
+donate_argnums=...)``), a copy otherwise. It is for inference: differentiating it raises.
 """
 
 from functools import partial
@@ -35,10 +41,56 @@ def _given(x):
     return _absent() if x is None else x
 
 
-def _no_offsets(cu_seqlens):
-    if cu_seqlens is not None:
-        raise NotImplementedError("flat.jax: cu_seqlens (variable-length batches) is not available in flat.jax yet; "
-                                  "flat.torch and the C++ library (flat::Sequences) have it")
+def _ints(x):
+    """An array of flat::Sequences as the handlers take it, an integer buffer: none has no elements."""
+    return jnp.zeros((0,), jnp.int32) if x is None else x
+
+
+def _problem(x) -> Optional[str]:
+    """What keeps x from being an array of flat::Sequences (1-D, int32 or int64), or None."""
+    if x.ndim != 1 or x.dtype not in (jnp.int32, jnp.int64):
+        return f"{x.dtype} {list(x.shape)}"
+    return None
+
+
+def _sequences(sequences: _args.Sequences, pool) -> _args.Sequences:
+    """The arrays as JAX arrays (int32 unless x64 is enabled; the handlers read either), checked for
+    what the library cannot see (it checks their values)."""
+    sequences = _args.Sequences(*(None if x is None else jnp.asarray(x) for x in sequences))
+    _args.check_sequences(sequences, "an array", _problem)
+    _args.check_pool(sequences, pool)
+    return sequences
+
+
+def _count(B: int, cu_seqlens) -> int:
+    """How many sequences a call has, so how many rows its states: B, or num_seqs with cu_seqlens."""
+    return B if cu_seqlens is None else max(int(cu_seqlens.shape[0]) - 1, 0)
+
+
+def _pool_reads(count: int, reads):
+    """initial_state_indices of a call that updates the pool in place: without them its sequences
+    start from zero (-1), not from the pool's rows."""
+    return jnp.full((count,), -1, jnp.int32) if reads is None else reads
+
+
+def _state_rows(count: int, state, reads):
+    """The shape of a call's initial state's gradient as the library writes it: the state's, or with
+    initial_state_indices one row per sequence (the state a pool); (0,) without a state."""
+    if state is None:
+        return (0,)
+    return state.shape if reads is None else (count,) + tuple(state.shape[1:])
+
+
+def _pool_gradient(state, grads, reads):
+    """The gradient of an initial state from the library's (_state_rows): with initial_state_indices,
+    the pool's, each sequence's row added to the row it read (none for -1)."""
+    if reads is None:
+        return grads
+    return jnp.zeros_like(state).at[jnp.where(reads >= 0, reads, state.shape[0])].add(grads, mode="drop")
+
+
+def _no_gradient(*args):
+    raise _args.pool_error("take no gradient through the call (jax.lax.stop_gradient its inputs)")
 
 
 def _result(shape, dtype):
@@ -50,25 +102,32 @@ def _attributes(variant: str, c: _args.Call):
                 solve=c.solve, gate_group=np.int64(c.gate_group), check_values=np.int64(c.check_values))
 
 
-def _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0):
+# The index of h0 among flat_forward's operands (q, k, v, g, beta, b, w, h0) and of ht among its
+# results (y, ht): a pool updated in place is both.
+_H0, _HT = 7, 1
+
+
+def _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads):
     s = _args.shapes(variant, q, v, g, beta, b, w)
     results = (_result((s.B, s.S, s.N, s.V), v.dtype),
-               _result((s.B, s.N, s.K, s.V) if final_state else (0,), jnp.float32))
+               _result((_count(s.B, cu_seqlens), s.N, s.K, s.V) if final_state else (0,), jnp.float32))
     return jax.ffi.ffi_call("flat_forward", results, vmap_method="sequential")(
-        q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), **_attributes(variant, c))
+        q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
+        **_attributes(variant, c))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _recurrence(variant, c, final_state, q, k, v, g, beta, b, w, h0):
-    return _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0)
+def _recurrence(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads):
+    return _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads)
 
 
-def _recurrence_forward(variant, c, final_state, q, k, v, g, beta, b, w, h0):
-    return _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0), (q, k, v, g, beta, b, w, h0)
+def _recurrence_forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads):
+    return (_forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads),
+            (q, k, v, g, beta, b, w, h0, cu_seqlens, reads))
 
 
 def _recurrence_backward(variant, c, final_state, saved, cotangents):
-    q, k, v, g, beta, b, w, h0 = saved
+    q, k, v, g, beta, b, w, h0, cu_seqlens, reads = saved
     dy, dht = cotangents
     s = _args.shapes(variant, q, v, g, beta, b, w)
 
@@ -76,22 +135,39 @@ def _recurrence_backward(variant, c, final_state, saved, cotangents):
         return _result((0,) if x is None else x.shape, jnp.float32 if x is None else x.dtype)
 
     results = tuple(like(x) for x in (q, k, v, g, beta, b, w)) + (
-        _result((s.B, s.N, s.K, s.V) if h0 is not None else (0,), jnp.float32),)
+        _result(_state_rows(_count(s.B, cu_seqlens), h0, reads), jnp.float32),)
     grads = jax.ffi.ffi_call("flat_backward", results, vmap_method="sequential")(
-        q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), dy, dht if final_state else _absent(),
-        **_attributes(variant, c._replace(check_values=False)))
-    inputs = (q, k, v, g, beta, b, w, h0)
-    return tuple(None if x is None else grad for x, grad in zip(inputs, grads))
+        q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens), _ints(reads), dy,
+        dht if final_state else _absent(), **_attributes(variant, c._replace(check_values=False)))
+    inputs = (q, k, v, g, beta, b, w)
+    dh0 = None if h0 is None else _pool_gradient(h0, grads[-1], reads)
+    return tuple(None if x is None else grad for x, grad in zip(inputs, grads)) + (dh0, None, None)
 
 
 _recurrence.defvjp(_recurrence_forward, _recurrence_backward)
 
 
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, cu_seqlens, reads, writes, tokens):
+    """The recurrence with h0 and ht one pool [P, N, K, V], updated in place where the caller donates it."""
+    s = _args.shapes(variant, q, v, g, beta, b, w)
+    results = (_result((s.B, s.S, s.N, s.V), v.dtype), _result(pool.shape, pool.dtype))
+    return jax.ffi.ffi_call("flat_forward", results, vmap_method="sequential", input_output_aliases={_H0: _HT})(
+        q, k, v, *(_given(x) for x in (g, beta, b, w)), pool, _ints(cu_seqlens),
+        _pool_reads(_count(s.B, cu_seqlens), reads), _ints(writes), _ints(tokens), **_attributes(variant, c))
+
+
+_pool_recurrence.defvjp(_no_gradient, _no_gradient)
+
+
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_state, output_final_state,
-         chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values, cu_seqlens):
-    _no_offsets(cu_seqlens)
+         chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values, sequences):
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
-    o, final_state = _recurrence(variant, c, bool(output_final_state), q, k, v, g, beta, b, w, initial_state)
+    sequences = _sequences(sequences, initial_state)
+    if sequences.writes_pool:
+        return _pool_recurrence(variant, c, q, k, v, g, beta, b, w, initial_state, *sequences)
+    o, final_state = _recurrence(variant, c, bool(output_final_state), q, k, v, g, beta, b, w, initial_state,
+                                 sequences.cu_seqlens, sequences.initial_state_indices)
     return o, (final_state if output_final_state else None)
 
 
@@ -99,44 +175,79 @@ def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_
 globals().update(_api.variant_functions(_run))
 
 
+def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
+    """As flat.torch.accepted_state_indices: the pool row each sequence's next step starts from
+    after a speculative step, token_state_indices[cu_seqlens[i] + num_accepted[i] - 1]. Traceable
+    (jax.jit), so num_accepted is not checked: each count must be from 1 to its sequence's length."""
+    return jnp.asarray(token_state_indices)[jnp.asarray(cu_seqlens)[:-1] + jnp.asarray(num_accepted) - 1]
+
+
 # ---- The short convolution -------------------------------------------------------------------
 
 
-def _conv_results(x, weight, final_state):
-    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
-    return (_result(x.shape, x.dtype), _result((B, C, W - 1) if final_state and W > 1 else (0,), jnp.float32))
+def _conv_results(x, weight, rows, final_state):
+    C, W = weight.shape[0], weight.shape[1]
+    return (_result(x.shape, x.dtype), _result((rows, C, W - 1) if final_state and W > 1 else (0,), jnp.float32))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _conv(activation, final_state, x, weight, bias, state0):
-    return jax.ffi.ffi_call("flat_conv_forward", _conv_results(x, weight, final_state), vmap_method="sequential")(
-        x, weight, _given(bias), _given(state0), activation=activation)
+def _conv(activation, final_state, x, weight, bias, state0, cu_seqlens, reads):
+    results = _conv_results(x, weight, _count(x.shape[0], cu_seqlens), final_state)
+    return jax.ffi.ffi_call("flat_conv_forward", results, vmap_method="sequential")(
+        x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
+        activation=activation)
 
 
-def _conv_forward(activation, final_state, x, weight, bias, state0):
-    return _conv(activation, final_state, x, weight, bias, state0), (x, weight, bias, state0)
+def _conv_forward(activation, final_state, x, weight, bias, state0, cu_seqlens, reads):
+    return (_conv(activation, final_state, x, weight, bias, state0, cu_seqlens, reads),
+            (x, weight, bias, state0, cu_seqlens, reads))
 
 
 def _conv_backward(activation, final_state, saved, cotangents):
-    x, weight, bias, state0 = saved
+    x, weight, bias, state0, cu_seqlens, reads = saved
     dy, dstate = cotangents
-    B, C, W = x.shape[0], weight.shape[0], weight.shape[1]
+    W = weight.shape[1]
     results = (_result(x.shape, x.dtype), _result(weight.shape, jnp.float32),
                _result(bias.shape if bias is not None else (0,), jnp.float32),
-               _result((B, C, W - 1) if state0 is not None else (0,), jnp.float32))
+               _result(_state_rows(_count(x.shape[0], cu_seqlens), state0, reads), jnp.float32))
     dx, dweight, dbias, dstate0 = jax.ffi.ffi_call("flat_conv_backward", results, vmap_method="sequential")(
-        x, weight, _given(bias), _given(state0), dy, dstate if final_state and W > 1 else _absent(),
-        activation=activation)
-    return dx, dweight, (dbias if bias is not None else None), (dstate0 if state0 is not None else None)
+        x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads), dy,
+        dstate if final_state and W > 1 else _absent(), activation=activation)
+    return (dx, dweight, (dbias if bias is not None else None),
+            (_pool_gradient(state0, dstate0, reads) if state0 is not None else None), None, None)
 
 
 _conv.defvjp(_conv_forward, _conv_backward)
 
+# The index of state0 among flat_conv_forward's operands (x, weight, bias, state0) and of state
+# among its results (y, state).
+_STATE0, _STATE = 3, 1
 
-def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None):
-    """The short causal depthwise convolution, as flat.torch.conv (but cu_seqlens, not yet here)."""
-    _no_offsets(cu_seqlens)
-    y, state = _conv(activation, bool(output_final_state), x, weight, bias, initial_state)
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _pool_conv(activation, x, weight, bias, pool, cu_seqlens, reads, writes, tokens):
+    """The convolution with state0 and state one pool [P, C, W-1], updated in place where the caller
+    donates it."""
+    results = (_result(x.shape, x.dtype), _result(pool.shape, pool.dtype))
+    return jax.ffi.ffi_call("flat_conv_forward", results, vmap_method="sequential",
+                            input_output_aliases={_STATE0: _STATE})(
+        x, weight, _given(bias), pool, _ints(cu_seqlens), _pool_reads(_count(x.shape[0], cu_seqlens), reads),
+        _ints(writes), _ints(tokens), activation=activation)
+
+
+_pool_conv.defvjp(_no_gradient, _no_gradient)
+
+
+def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None, *,
+         initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+    """The short causal depthwise convolution, as flat.torch.conv: with final_state_indices or
+    token_state_indices, (y, the pool initial_state updated)."""
+    sequences = _sequences(_args.Sequences(cu_seqlens, initial_state_indices, final_state_indices,
+                                           token_state_indices), initial_state)
+    if sequences.writes_pool:
+        return _pool_conv(activation, x, weight, bias, initial_state, *sequences)
+    y, state = _conv(activation, bool(output_final_state), x, weight, bias, initial_state, sequences.cu_seqlens,
+                     sequences.initial_state_indices)
     return y, (state if output_final_state and state.size else None)
 
 

@@ -12,6 +12,12 @@ The short convolution is ``flat.torch.conv`` and the output norm and gate
 implementation, so it runs eagerly, under ``torch.compile`` without graph breaks, and under
 ``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included.
 
+Serving (python/flat/_api.py): ``cu_seqlens`` packs sequences along T; ``initial_state_indices``,
+``final_state_indices``, ``token_state_indices`` address a pool of states. A call that writes the
+pool (``flat::forward_pool``, ``flat::conv_forward_pool``, which declare the pool mutated) updates
+``initial_state`` in place and returns it; ``accepted_state_indices`` gives the rows to resume from
+after a speculative step.
+
 Inputs are read in place: ``q``, ``k``, ``v`` may be column slices of one fused projection (only
 their last axis must be contiguous; otherwise it is made so). The kernels run without the GIL on
 PyTorch's intra-op threads (``torch.get_num_threads()``: the OpenMP runtime torch loaded, which
@@ -69,19 +75,40 @@ def _like(t: Optional[Tensor]) -> Tensor:
     return _none() if t is None else torch.empty(t.shape, dtype=t.dtype)
 
 
-def _check_offsets(cu_seqlens: Optional[Tensor]) -> None:
-    """What the library cannot see of cu_seqlens: its dtype, rank and device (it checks the values)."""
-    if cu_seqlens is None:
-        return
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.device.type != "cpu":
-        raise ValueError(f"flat: cu_seqlens: expected a CPU tensor [num_seqs + 1] of int32 or int64, got "
-                         f"{cu_seqlens.dtype} {list(cu_seqlens.shape)} on {cu_seqlens.device}")
+def _problem(t) -> Optional[str]:
+    """What keeps t from being an array of flat::Sequences (a 1-D int32 or int64 CPU tensor), or None."""
+    if not isinstance(t, Tensor):
+        return type(t).__name__
+    if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64) or t.device.type != "cpu":
+        return f"{t.dtype} {list(t.shape)} on {t.device}"
+    return None
 
 
-def _offsets(cu_seqlens: Optional[Tensor]) -> List[int]:
-    """cu_seqlens as the library reads it, host integers ([] without it)."""
-    _check_offsets(cu_seqlens)
-    return [] if cu_seqlens is None else cu_seqlens.tolist()
+def _check_sequences(sequences: _args.Sequences, pool: Optional[Tensor], inputs) -> bool:
+    """Checks what the library cannot see of the sequences' arrays (it checks their values); returns
+    whether the call writes states into the pool, in place: then no input may need a gradient."""
+    _args.check_sequences(sequences, "a CPU tensor", _problem)
+    _args.check_pool(sequences, pool)
+    if sequences.writes_pool and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (*inputs, pool)):
+        raise _args.pool_error("call it under torch.no_grad() or torch.inference_mode(), or on inputs that do not "
+                               "require grad")
+    return sequences.writes_pool
+
+
+def _lists(cu_seqlens: Optional[Tensor], reads: Optional[Tensor] = None, writes: Optional[Tensor] = None,
+           tokens: Optional[Tensor] = None) -> Tuple[List[int], ...]:
+    """flat::Sequences as the library reads it: cu_seqlens, initial_state_indices, final_state_indices,
+    token_state_indices as lists of host integers, [] where not given."""
+    return tuple([] if t is None else t.tolist() for t in (cu_seqlens, reads, writes, tokens))
+
+
+def _pool_lists(count: int, cu_seqlens: Optional[Tensor], reads: Optional[Tensor], writes: Optional[Tensor],
+                tokens: Optional[Tensor]) -> Tuple[List[int], ...]:
+    """The lists of a call that updates the pool in place (h0 and ht the pool): without
+    initial_state_indices its `count` sequences start from zero (-1), not from the pool's rows."""
+    cu, reads, writes, tokens = _lists(cu_seqlens, reads, writes, tokens)
+    return cu, reads or [-1] * count, writes, tokens
 
 
 def _sequences(B: int, cu_seqlens: Optional[Tensor]) -> int:
@@ -89,55 +116,108 @@ def _sequences(B: int, cu_seqlens: Optional[Tensor]) -> int:
     return B if cu_seqlens is None else max(int(cu_seqlens.shape[0]) - 1, 0)
 
 
+def _state_rows(count: int, state: Optional[Tensor], reads: Optional[Tensor]) -> Tensor:
+    """The gradient of a call's initial state as the library writes it: like the state, or with
+    initial_state_indices, one row per sequence [count, ...] (the state a pool)."""
+    if state is None or reads is None:
+        return _like(state)
+    return torch.empty((count,) + tuple(state.shape[1:]), dtype=state.dtype)
+
+
+def _pool_gradient(state: Optional[Tensor], grads: Tensor, reads: Optional[Tensor]) -> Tensor:
+    """The gradient of an initial state from the library's (_state_rows): with initial_state_indices,
+    the pool's, each sequence's row added to the row it read (none for -1)."""
+    if state is None or reads is None:
+        return grads
+    read = reads >= 0
+    return torch.zeros_like(state).index_add_(0, reads[read].long(), grads[read])
+
+
 # ---- The recurrences -------------------------------------------------------------------------
+
+
+def _recurrence_output(variant, q, v, g, beta, b, w) -> Tuple[Tensor, _args.Shapes]:
+    s = _args.shapes(variant, q, v, g, beta, b, w)
+    return torch.empty((s.B, s.S, s.N, s.V), dtype=v.dtype), s
+
+
+def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, scale, chunk, l2norm, solve, gate_group,
+                  check_values) -> None:
+    if _trace is not None:
+        _trace.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
+    _core.forward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
+                  _view("b", b), _view("w", w), _view("initial_state", h0), _view("o", y), _view("final_state", ht),
+                  sequences, scale, chunk, l2norm, solve, gate_group, check_values, _threads(), "openmp")
 
 
 @torch.library.custom_op("flat::forward", mutates_args=())
 def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-             b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
-             chunk: int, l2norm: bool, solve: str, gate_group: int, check_values: bool,
-             final_state: bool) -> Tuple[Tensor, Tensor]:
+             b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+             initial_state_indices: Optional[Tensor], scale: float, chunk: int, l2norm: bool, solve: str,
+             gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-    y = torch.empty((s.B, s.S, s.N, s.V), dtype=v.dtype)
-    ht = torch.empty((_sequences(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state else _none()
-    if _trace is not None:
-        _trace.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
-    _core.forward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
-                  _view("b", b), _view("w", w), _view("initial_state", h0), _view("o", y),
-                  _view("final_state", ht) if final_state else None, _offsets(cu_seqlens), scale, chunk, l2norm, solve,
-                  gate_group, check_values, _threads(), "openmp")
-    return y, ht
+    y, s = _recurrence_output(variant, q, v, g, beta, b, w)
+    ht = torch.empty((_sequences(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state else None
+    _call_forward(variant, q, k, v, g, beta, b, w, h0, y, ht, _lists(cu_seqlens, initial_state_indices), scale, chunk,
+                  l2norm, solve, gate_group, check_values)
+    return y, _none() if ht is None else ht
 
 
 @_forward.register_fake
-def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, scale, chunk, l2norm, solve, gate_group, check_values,
-      final_state):
+def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, scale, chunk, l2norm, solve, gate_group,
+      check_values, final_state):
     s = _args.shapes(variant, q, v, g, beta, b, w)
     ht = (q.new_empty((_sequences(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state
           else q.new_empty(0, dtype=torch.float32))
     return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype), ht
 
 
+@torch.library.custom_op("flat::forward_pool", mutates_args=("pool",))
+def _forward_pool(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+                  b: Optional[Tensor], w: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
+                  initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
+                  token_state_indices: Optional[Tensor], scale: float, chunk: int, l2norm: bool, solve: str,
+                  gate_group: int, check_values: bool) -> Tensor:
+    """The recurrence with h0 and ht one pool [P, N, K, V], read and written in place (never copied:
+    the library refuses a pool whose last axis is not contiguous)."""
+    q, k, v, g, beta, b, w = _dense(q, k, v, g, beta, b, w)
+    y, s = _recurrence_output(variant, q, v, g, beta, b, w)
+    sequences = _pool_lists(_sequences(s.B, cu_seqlens), cu_seqlens, initial_state_indices, final_state_indices,
+                            token_state_indices)
+    _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, scale, chunk, l2norm, solve, gate_group,
+                  check_values)
+    return y
+
+
+@_forward_pool.register_fake
+def _(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, initial_state_indices, final_state_indices,
+      token_state_indices, scale, chunk, l2norm, solve, gate_group, check_values):
+    s = _args.shapes(variant, q, v, g, beta, b, w)
+    return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype)
+
+
 @torch.library.custom_op("flat::backward", mutates_args=())
 def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-              b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor], dy: Tensor,
-              dht: Optional[Tensor], scale: float, chunk: int, l2norm: bool, solve: str,
+              b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+              initial_state_indices: Optional[Tensor], dy: Tensor, dht: Optional[Tensor], scale: float, chunk: int,
+              l2norm: bool, solve: str,
               gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
-    dq, dk, dv, dg, dbeta, db, dw, dh0 = (_like(t) for t in (q, k, v, g, beta, b, w, h0))
+    dq, dk, dv, dg, dbeta, db, dw = (_like(t) for t in (q, k, v, g, beta, b, w))
+    dh0 = _state_rows(_sequences(q.shape[0], cu_seqlens), h0, initial_state_indices)
     _core.backward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
                    _view("b", b), _view("w", w), _view("initial_state", h0), _view("do", dy),
                    _view("dht", dht), _view("dq", dq), _view("dk", dk), _view("dv", dv),
                    _view("dg", dg) if g is not None else None, _view("dbeta", dbeta) if beta is not None else None,
                    _view("db", db) if b is not None else None, _view("dw", dw) if w is not None else None,
-                   _view("dh0", dh0) if h0 is not None else None, _offsets(cu_seqlens), scale, chunk, l2norm, solve,
-                   gate_group, False, _threads(), "openmp")
-    return dq, dk, dv, dg, dbeta, db, dw, dh0
+                   _view("dh0", dh0) if h0 is not None else None, _lists(cu_seqlens, initial_state_indices), scale,
+                   chunk, l2norm, solve, gate_group, False, _threads(), "openmp")
+    return dq, dk, dv, dg, dbeta, db, dw, _pool_gradient(h0, dh0, initial_state_indices)
 
 
 @_backward.register_fake
-def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, dy, dht, scale, chunk, l2norm, solve, gate_group):
+def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy, dht, scale, chunk, l2norm, solve,
+      gate_group):
     def like(t):
         return q.new_empty(0, dtype=torch.float32) if t is None else t.new_empty(t.shape)
 
@@ -145,18 +225,18 @@ def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, dy, dht, scale, chunk, l2
 
 
 def _setup_forward(ctx, inputs, output):
-    (ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, ctx.scale, ctx.chunk, ctx.l2norm, ctx.solve,
-     ctx.gate_group, _, _) = inputs
-    ctx.save_for_backward(q, k, v, g, beta, b, w, h0, cu_seqlens)
+    (ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, ctx.scale, ctx.chunk, ctx.l2norm,
+     ctx.solve, ctx.gate_group, _, _) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices)
 
 
 def _backward_formula(ctx, dy, dht):
-    q, k, v, g, beta, b, w, h0, cu_seqlens = ctx.saved_tensors
+    q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices = ctx.saved_tensors
     dht = None if dht is None or dht.numel() == 0 else dht
-    grads = _backward(ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, dy, dht, ctx.scale, ctx.chunk, ctx.l2norm,
-                      ctx.solve, ctx.gate_group)
+    grads = _backward(ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy, dht, ctx.scale,
+                      ctx.chunk, ctx.l2norm, ctx.solve, ctx.gate_group)
     dq, dk, dv, dg, dbeta, db, dw, dh0 = (_absent(t) for t in grads)
-    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None, None
+    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None, None, None
 
 
 _forward.register_autograd(_backward_formula, setup_context=_setup_forward)
@@ -166,11 +246,15 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
          b: Optional[Tensor] = None, w: Optional[Tensor] = None, *, scale: Optional[float],
          initial_state: Optional[Tensor], output_final_state: bool, chunk_size: int, use_qk_l2norm_in_kernel: bool,
          solve: str, gate_group: Optional[int], check_values: bool,
-         cu_seqlens: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+         sequences: _args.Sequences) -> Tuple[Tensor, Optional[Tensor]]:
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
-    _check_offsets(cu_seqlens)
-    o, final_state = _forward(variant, q, k, v, g, beta, b, w, initial_state, cu_seqlens, c.scale, c.chunk, c.l2norm,
-                              c.solve, c.gate_group, c.check_values, output_final_state)
+    if _check_sequences(sequences, initial_state, (q, k, v, g, beta, b, w)):
+        o = _forward_pool(variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm,
+                          c.solve, c.gate_group, c.check_values)
+        return o, initial_state
+    o, final_state = _forward(variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens,
+                              sequences.initial_state_indices, c.scale, c.chunk, c.l2norm, c.solve, c.gate_group,
+                              c.check_values, output_final_state)
     return o, (final_state if output_final_state else None)
 
 
@@ -180,45 +264,89 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
 globals().update(_api.variant_functions(_run))
 
 
+def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_accepted: Tensor) -> Tensor:
+    """After a speculative step that wrote the state after each token to the pool's row
+    token_state_indices[t], the row each sequence's next step starts from (its
+    initial_state_indices): that of its last accepted token, token_state_indices[cu_seqlens[i] +
+    num_accepted[i] - 1]. num_accepted [num_seqs] (FLA's num_accepted_tokens) counts sequence i's
+    accepted tokens, from 1 to its length."""
+    _args.check_sequences(_args.Sequences(cu_seqlens, token_state_indices=token_state_indices), "a CPU tensor",
+                          _problem)
+    wrong = _problem(num_accepted)
+    if wrong is not None:
+        raise ValueError(f"flat: num_accepted: expected a CPU tensor [num_seqs] of int32 or int64, got {wrong}")
+    starts, lengths = cu_seqlens[:-1], cu_seqlens[1:] - cu_seqlens[:-1]
+    if token_state_indices.shape[0] != int(cu_seqlens[-1]):
+        raise ValueError(f"flat: token_state_indices: expected one index per token, cu_seqlens[-1] = "
+                         f"{int(cu_seqlens[-1])}, got {token_state_indices.shape[0]}")
+    if num_accepted.shape != starts.shape or bool(((num_accepted < 1) | (num_accepted > lengths)).any()):
+        raise ValueError(f"flat: num_accepted: expected a count per sequence from 1 to its length {lengths.tolist()}, "
+                         f"got {num_accepted.tolist()}")
+    return token_state_indices[starts + num_accepted - 1]
+
+
 # ---- The short convolution -------------------------------------------------------------------
+
+
+def _call_conv(x, weight, bias, state0, y, state, sequences, activation) -> None:
+    _core.conv_forward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
+                       _view("y", y), _view("final_state", state), sequences, activation, _threads(), "openmp")
 
 
 @torch.library.custom_op("flat::conv_forward", mutates_args=())
 def _conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
-                  cu_seqlens: Optional[Tensor], activation: str, final_state: bool) -> Tuple[Tensor, Tensor]:
+                  cu_seqlens: Optional[Tensor], initial_state_indices: Optional[Tensor], activation: str,
+                  final_state: bool) -> Tuple[Tensor, Tensor]:
     x, weight, bias, state0 = _dense(x, weight, bias, state0)
     y = torch.empty(x.shape, dtype=x.dtype)
     rows, C, W = _sequences(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
-    state = torch.empty((rows, C, W - 1), dtype=torch.float32) if final_state and W > 1 else _none()
-    _core.conv_forward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
-                       _view("y", y), _view("final_state", state) if state.numel() else None, _offsets(cu_seqlens),
-                       activation, _threads(), "openmp")
-    return y, state
+    state = torch.empty((rows, C, W - 1), dtype=torch.float32) if final_state and W > 1 else None
+    _call_conv(x, weight, bias, state0, y, state, _lists(cu_seqlens, initial_state_indices), activation)
+    return y, _none() if state is None else state
 
 
 @_conv_forward.register_fake
-def _(x, weight, bias, state0, cu_seqlens, activation, final_state):
+def _(x, weight, bias, state0, cu_seqlens, initial_state_indices, activation, final_state):
     rows, C, W = _sequences(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
     state = x.new_empty((rows, C, W - 1) if final_state and W > 1 else (0,), dtype=torch.float32)
     return x.new_empty(x.shape), state
 
 
+@torch.library.custom_op("flat::conv_forward_pool", mutates_args=("pool",))
+def _conv_forward_pool(x: Tensor, weight: Tensor, bias: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
+                       initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
+                       token_state_indices: Optional[Tensor], activation: str) -> Tensor:
+    """The convolution with state0 and state one pool [P, C, W-1], read and written in place."""
+    x, weight, bias = _dense(x, weight, bias)
+    y = torch.empty(x.shape, dtype=x.dtype)
+    sequences = _pool_lists(_sequences(x.shape[0], cu_seqlens), cu_seqlens, initial_state_indices,
+                            final_state_indices, token_state_indices)
+    _call_conv(x, weight, bias, pool, y, pool, sequences, activation)
+    return y
+
+
+@_conv_forward_pool.register_fake
+def _(x, weight, bias, pool, cu_seqlens, initial_state_indices, final_state_indices, token_state_indices, activation):
+    return x.new_empty(x.shape)
+
+
 @torch.library.custom_op("flat::conv_backward", mutates_args=())
 def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
-                   cu_seqlens: Optional[Tensor], dy: Tensor, dstate: Optional[Tensor],
-                   activation: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                   cu_seqlens: Optional[Tensor], initial_state_indices: Optional[Tensor], dy: Tensor,
+                   dstate: Optional[Tensor], activation: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     x, weight, bias, state0, dy, dstate = _dense(x, weight, bias, state0, dy, dstate)
-    dx, dweight, dbias, dstate0 = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias), _like(state0)
+    dx, dweight, dbias = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias)
+    dstate0 = _state_rows(_sequences(x.shape[0], cu_seqlens), state0, initial_state_indices)
     _core.conv_backward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
                         _view("dy", dy), _view("dstate", dstate), _view("dx", dx),
                         _view("dweight", dweight), _view("dbias", dbias) if bias is not None else None,
-                        _view("dstate0", dstate0) if state0 is not None else None, _offsets(cu_seqlens), activation,
-                        _threads(), "openmp")
-    return dx, dweight, dbias, dstate0
+                        _view("dstate0", dstate0) if state0 is not None else None,
+                        _lists(cu_seqlens, initial_state_indices), activation, _threads(), "openmp")
+    return dx, dweight, dbias, _pool_gradient(state0, dstate0, initial_state_indices)
 
 
 @_conv_backward.register_fake
-def _(x, weight, bias, state0, cu_seqlens, dy, dstate, activation):
+def _(x, weight, bias, state0, cu_seqlens, initial_state_indices, dy, dstate, activation):
     def like(t):
         return x.new_empty(0, dtype=torch.float32) if t is None else t.new_empty(t.shape)
 
@@ -226,27 +354,35 @@ def _(x, weight, bias, state0, cu_seqlens, dy, dstate, activation):
 
 
 def _setup_conv(ctx, inputs, output):
-    x, weight, bias, state0, cu_seqlens, ctx.activation, _ = inputs
-    ctx.save_for_backward(x, weight, bias, state0, cu_seqlens)
+    x, weight, bias, state0, cu_seqlens, initial_state_indices, ctx.activation, _ = inputs
+    ctx.save_for_backward(x, weight, bias, state0, cu_seqlens, initial_state_indices)
 
 
 def _conv_backward_formula(ctx, dy, dstate):
-    x, weight, bias, state0, cu_seqlens = ctx.saved_tensors
+    x, weight, bias, state0, cu_seqlens, initial_state_indices = ctx.saved_tensors
     dstate = None if dstate is None or dstate.numel() == 0 else dstate
-    dx, dweight, dbias, dstate0 = _conv_backward(x, weight, bias, state0, cu_seqlens, dy, dstate, ctx.activation)
-    return dx, dweight, _absent(dbias), _absent(dstate0), None, None, None
+    dx, dweight, dbias, dstate0 = _conv_backward(x, weight, bias, state0, cu_seqlens, initial_state_indices, dy,
+                                                 dstate, ctx.activation)
+    return dx, dweight, _absent(dbias), _absent(dstate0), None, None, None, None
 
 
 _conv_forward.register_autograd(_conv_backward_formula, setup_context=_setup_conv)
 
 
-def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None):
+def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None, *,
+         initial_state_indices=None, final_state_indices=None, token_state_indices=None):
     """The short causal depthwise convolution: x [B, T, C], weight [C, W] float32, bias [C]; positions
     before 0 read initial_state [B, C, W-1] (FLA's causal_conv1d layout). Returns (y, final_state), the
     final state the last W-1 inputs. With cu_seqlens ([num_seqs + 1] offsets of sequences packed along
-    T, B = 1), no window reads across a sequence's start and the states are [num_seqs, C, W-1]."""
-    _check_offsets(cu_seqlens)
-    y, state = _conv_forward(x, weight, bias, initial_state, cu_seqlens, activation, output_final_state)
+    T, B = 1), no window reads across a sequence's start and the states are [num_seqs, C, W-1].
+    initial_state_indices, final_state_indices, token_state_indices address a pool initial_state
+    [P, C, W-1] as the variants' functions do (python/flat/_api.py): with the last two it is updated
+    in place and returned, (y, initial_state)."""
+    sequences = _args.Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
+    if _check_sequences(sequences, initial_state, (x, weight, bias)):
+        return _conv_forward_pool(x, weight, bias, initial_state, *sequences, activation), initial_state
+    y, state = _conv_forward(x, weight, bias, initial_state, cu_seqlens, initial_state_indices, activation,
+                             output_final_state)
     return y, (state if output_final_state and state.numel() else None)
 
 

@@ -1,7 +1,10 @@
 // The library as XLA custom calls on the CPU (JAX's typed FFI): one handler per entry point, on
 // XLA's buffers (dense, row-major) and on XLA's intra-op thread pool. A tensor the call does not
-// have comes as an array of 0 elements; flags come as int64 attributes. Built only where jaxlib's
-// FFI headers were found (FLAT_WITH_JAX_FFI); flat/jax.py registers the handlers.
+// have comes as an array of 0 elements; flags come as int64 attributes; flat::Sequences' arrays
+// come as integer buffers (traced values, not attributes), 0 elements where not given. A pool
+// updated in place is an input aliased to an output (ffi_call's input_output_aliases): the two
+// buffers are one. Built only where jaxlib's FFI headers were found (FLAT_WITH_JAX_FFI);
+// flat/jax.py registers the handlers.
 #include "jax_ffi.h"
 
 #ifdef FLAT_WITH_JAX_FFI
@@ -9,11 +12,13 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "flat/flat.h"
 #include "xla/ffi/api/ffi.h"
@@ -46,6 +51,45 @@ Tensor tensor_of(const ffi::AnyBuffer& buffer) {
 }
 
 Tensor output_of(ffi::Result<ffi::AnyBuffer>& result) { return tensor_of(*result); }
+
+// An integer buffer's values as the library reads them, int64 (JAX's integers are int32 unless
+// x64 is enabled); empty when it has no elements.
+std::vector<int64_t> ints_of(const ffi::AnyBuffer& buffer, const char* name) {
+  const size_t n = buffer.element_count();
+  if (n == 0) return {};
+  switch (buffer.element_type()) {
+    case ffi::DataType::S32: {
+      const auto* values = static_cast<const int32_t*>(buffer.untyped_data());
+      return {values, values + n};
+    }
+    case ffi::DataType::S64: {
+      const auto* values = static_cast<const int64_t*>(buffer.untyped_data());
+      return {values, values + n};
+    }
+    default: throw Error(std::string("flat: ") + name + ": expected int32 or int64 values");
+  }
+}
+
+// flat::Sequences' values; view() points at them.
+struct SequenceValues {
+  std::vector<int64_t> cu_seqlens, reads, writes, tokens;
+
+  Sequences view() const { return {cu_seqlens, reads, writes, tokens}; }
+};
+
+// A backward's: cu_seqlens and initial_state_indices.
+SequenceValues reads_of(const ffi::AnyBuffer& cu_seqlens, const ffi::AnyBuffer& reads) {
+  return {ints_of(cu_seqlens, "cu_seqlens"), ints_of(reads, "initial_state_indices"), {}, {}};
+}
+
+// A forward's: those and final_state_indices, token_state_indices.
+SequenceValues sequences_of(const ffi::AnyBuffer& cu_seqlens, const ffi::AnyBuffer& reads,
+                            const ffi::AnyBuffer& writes, const ffi::AnyBuffer& tokens) {
+  SequenceValues values = reads_of(cu_seqlens, reads);
+  values.writes = ints_of(writes, "final_state_indices");
+  values.tokens = ints_of(tokens, "token_state_indices");
+  return values;
+}
 
 // Runs the parts on XLA's intra-op threads. Each thread, the caller's included, takes parts until
 // none is left, so the call finishes even when no pool thread is free (a task that starts after
@@ -114,10 +158,13 @@ ffi::Error guarded(Body&& body) {
 ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t chunk, int64_t l2norm,
                         std::string_view solve, int64_t gate_group, int64_t check_values, ffi::AnyBuffer q,
                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer b,
-                        ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer reads,
+                        ffi::AnyBuffer writes, ffi::AnyBuffer tokens, ffi::Result<ffi::AnyBuffer> y,
                         ffi::Result<ffi::AnyBuffer> ht) {
   return guarded([&] {
+    const SequenceValues sequences = sequences_of(cu_seqlens, reads, writes, tokens);
     ForwardArgs args;
+    args.sequences = sequences.view();
     args.q = tensor_of(q);
     args.k = tensor_of(k);
     args.v = tensor_of(v);
@@ -136,13 +183,15 @@ ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float sc
 ffi::Error backward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t chunk, int64_t l2norm,
                          std::string_view solve, int64_t gate_group, int64_t check_values, ffi::AnyBuffer q,
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer b,
-                         ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::AnyBuffer dy, ffi::AnyBuffer dht,
-                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                         ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer reads,
+                         ffi::AnyBuffer dy, ffi::AnyBuffer dht, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                          ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dg,
                          ffi::Result<ffi::AnyBuffer> dbeta, ffi::Result<ffi::AnyBuffer> db,
                          ffi::Result<ffi::AnyBuffer> dw, ffi::Result<ffi::AnyBuffer> dh0) {
   return guarded([&] {
+    const SequenceValues sequences = reads_of(cu_seqlens, reads);
     BackwardArgs args;
+    args.sequences = sequences.view();
     args.q = tensor_of(q);
     args.k = tensor_of(k);
     args.v = tensor_of(v);
@@ -168,9 +217,12 @@ ffi::Error backward_impl(ffi::ThreadPool pool, std::string_view variant, float s
 
 ffi::Error conv_forward_impl(ffi::ThreadPool pool, std::string_view activation, ffi::AnyBuffer x,
                              ffi::AnyBuffer weight, ffi::AnyBuffer bias, ffi::AnyBuffer state0,
-                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> state) {
+                             ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer reads, ffi::AnyBuffer writes,
+                             ffi::AnyBuffer tokens, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> state) {
   return guarded([&] {
+    const SequenceValues sequences = sequences_of(cu_seqlens, reads, writes, tokens);
     ConvArgs args;
+    args.sequences = sequences.view();
     args.x = tensor_of(x);
     args.weight = tensor_of(weight);
     args.bias = tensor_of(bias);
@@ -184,12 +236,15 @@ ffi::Error conv_forward_impl(ffi::ThreadPool pool, std::string_view activation, 
 }
 
 ffi::Error conv_backward_impl(ffi::ThreadPool pool, std::string_view activation, ffi::AnyBuffer x,
-                              ffi::AnyBuffer weight, ffi::AnyBuffer bias, ffi::AnyBuffer state0, ffi::AnyBuffer dy,
+                              ffi::AnyBuffer weight, ffi::AnyBuffer bias, ffi::AnyBuffer state0,
+                              ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer reads, ffi::AnyBuffer dy,
                               ffi::AnyBuffer dstate, ffi::Result<ffi::AnyBuffer> dx,
                               ffi::Result<ffi::AnyBuffer> dweight, ffi::Result<ffi::AnyBuffer> dbias,
                               ffi::Result<ffi::AnyBuffer> dstate0) {
   return guarded([&] {
+    const SequenceValues sequences = reads_of(cu_seqlens, reads);
     ConvBackwardArgs args;
+    args.sequences = sequences.view();
     args.x = tensor_of(x);
     args.weight = tensor_of(weight);
     args.bias = tensor_of(bias);
@@ -283,15 +338,42 @@ auto with_inputs(Binding binding) {
       .template Arg<ffi::AnyBuffer>();
 }
 
+// The arrays of flat::Sequences a call takes: cu_seqlens and initial_state_indices (a backward),
+// then final_state_indices and token_state_indices (a forward).
+template <class Binding>
+auto with_reads(Binding binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>();
+}
+
+template <class Binding>
+auto with_sequences(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>();
+}
+
+// x, weight, bias, state0 after the convolution's attribute.
+template <class Binding>
+auto with_conv_inputs(Binding binding) {
+  return std::move(binding)
+      .template Attr<std::string_view>("activation")
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatForward, forward_impl,
-                              with_inputs(with_options(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
+                              with_sequences(with_inputs(with_options(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())))
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatBackward, backward_impl,
-                              with_inputs(with_options(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
+                              with_reads(with_inputs(with_options(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>())))
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
@@ -304,24 +386,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatBackward, backward_impl,
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatConvForward, conv_forward_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Attr<std::string_view>("activation")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
+                              with_sequences(with_conv_inputs(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlatConvBackward, conv_backward_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Attr<std::string_view>("activation")
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
+                              with_reads(with_conv_inputs(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()))
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()

@@ -95,12 +95,23 @@ Call call_of(float scale, int chunk, bool l2norm, const std::string& solve, int 
 
 using Opt = std::optional<View>;
 
+// flat::Sequences as Python passes them: cu_seqlens, initial_state_indices, final_state_indices,
+// token_state_indices, each a list of integers, empty where not given.
+using Ints = std::vector<int64_t>;
+using SequenceLists = std::tuple<Ints, Ints, Ints, Ints>;
+
+// A view of the lists, which must outlive the call.
+Sequences sequences_of(const SequenceLists& lists) {
+  const auto& [cu_seqlens, reads, writes, tokens] = lists;
+  return {cu_seqlens, reads, writes, tokens};
+}
+
 void forward(const std::string& variant, const View& q, const View& k, const View& v, const Opt& g, const Opt& beta,
              const Opt& b, const Opt& w, const Opt& h0, const View& y, const Opt& ht,
-             const std::vector<int64_t>& cu_seqlens, float scale, int chunk, bool l2norm, const std::string& solve,
+             const SequenceLists& sequences, float scale, int chunk, bool l2norm, const std::string& solve,
              int gate_group, bool check_values, int threads, const std::string& pool) {
   ForwardArgs args;
-  args.sequences.cu_seqlens = cu_seqlens;
+  args.sequences = sequences_of(sequences);
   args.q = tensor_of(q);
   args.k = tensor_of(k);
   args.v = tensor_of(v);
@@ -120,10 +131,10 @@ void forward(const std::string& variant, const View& q, const View& k, const Vie
 void backward(const std::string& variant, const View& q, const View& k, const View& v, const Opt& g, const Opt& beta,
               const Opt& b, const Opt& w, const Opt& h0, const View& dy, const Opt& dht, const View& dq,
               const View& dk, const View& dv, const Opt& dg, const Opt& dbeta, const Opt& db, const Opt& dw,
-              const Opt& dh0, const std::vector<int64_t>& cu_seqlens, float scale, int chunk, bool l2norm,
+              const Opt& dh0, const SequenceLists& sequences, float scale, int chunk, bool l2norm,
               const std::string& solve, int gate_group, bool check_values, int threads, const std::string& pool) {
   BackwardArgs args;
-  args.sequences.cu_seqlens = cu_seqlens;
+  args.sequences = sequences_of(sequences);
   args.q = tensor_of(q);
   args.k = tensor_of(k);
   args.v = tensor_of(v);
@@ -149,10 +160,10 @@ void backward(const std::string& variant, const View& q, const View& k, const Vi
 }
 
 void conv_forward(const View& x, const View& weight, const Opt& bias, const Opt& state0, const View& y,
-                  const Opt& state, const std::vector<int64_t>& cu_seqlens, const std::string& activation, int threads,
+                  const Opt& state, const SequenceLists& sequences, const std::string& activation, int threads,
                   const std::string& pool) {
   ConvArgs args;
-  args.sequences.cu_seqlens = cu_seqlens;
+  args.sequences = sequences_of(sequences);
   args.x = tensor_of(x);
   args.weight = tensor_of(weight);
   args.bias = tensor_of(bias);
@@ -168,10 +179,10 @@ void conv_forward(const View& x, const View& weight, const Opt& bias, const Opt&
 
 void conv_backward(const View& x, const View& weight, const Opt& bias, const Opt& state0, const View& dy,
                    const Opt& dstate, const View& dx, const View& dweight, const Opt& dbias, const Opt& dstate0,
-                   const std::vector<int64_t>& cu_seqlens, const std::string& activation, int threads,
+                   const SequenceLists& sequences, const std::string& activation, int threads,
                    const std::string& pool) {
   ConvBackwardArgs args;
-  args.sequences.cu_seqlens = cu_seqlens;
+  args.sequences = sequences_of(sequences);
   args.x = tensor_of(x);
   args.weight = tensor_of(weight);
   args.bias = tensor_of(bias);
@@ -288,20 +299,20 @@ NB_MODULE(_core, m) {
 
   m.def("forward", &python::forward, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g").none(),
         nb::arg("beta").none(), nb::arg("b").none(), nb::arg("w").none(), nb::arg("h0").none(), nb::arg("y"),
-        nb::arg("ht").none(), nb::arg("cu_seqlens"), nb::arg("scale"), nb::arg("chunk"), nb::arg("l2norm"),
+        nb::arg("ht").none(), nb::arg("sequences"), nb::arg("scale"), nb::arg("chunk"), nb::arg("l2norm"),
         nb::arg("solve"), nb::arg("gate_group"), nb::arg("check_values"), nb::arg("threads"), nb::arg("pool"));
   m.def("backward", &python::backward, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("g").none(), nb::arg("beta").none(), nb::arg("b").none(), nb::arg("w").none(), nb::arg("h0").none(),
         nb::arg("dy"), nb::arg("dht").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dg").none(),
         nb::arg("dbeta").none(), nb::arg("db").none(), nb::arg("dw").none(), nb::arg("dh0").none(),
-        nb::arg("cu_seqlens"), nb::arg("scale"), nb::arg("chunk"), nb::arg("l2norm"), nb::arg("solve"),
+        nb::arg("sequences"), nb::arg("scale"), nb::arg("chunk"), nb::arg("l2norm"), nb::arg("solve"),
         nb::arg("gate_group"), nb::arg("check_values"), nb::arg("threads"), nb::arg("pool"));
   m.def("conv_forward", &python::conv_forward, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-        nb::arg("state0").none(), nb::arg("y"), nb::arg("state").none(), nb::arg("cu_seqlens"), nb::arg("activation"),
+        nb::arg("state0").none(), nb::arg("y"), nb::arg("state").none(), nb::arg("sequences"), nb::arg("activation"),
         nb::arg("threads"), nb::arg("pool"));
   m.def("conv_backward", &python::conv_backward, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
         nb::arg("state0").none(), nb::arg("dy"), nb::arg("dstate").none(), nb::arg("dx"), nb::arg("dweight"),
-        nb::arg("dbias").none(), nb::arg("dstate0").none(), nb::arg("cu_seqlens"), nb::arg("activation"),
+        nb::arg("dbias").none(), nb::arg("dstate0").none(), nb::arg("sequences"), nb::arg("activation"),
         nb::arg("threads"), nb::arg("pool"));
 
   // The variants' table: name -> (gate, update, default gate group).

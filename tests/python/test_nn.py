@@ -1,12 +1,13 @@
 """flat.nn: every layer against a float64 copy of itself on the plain-PyTorch reference (forward and
-the gradient of every parameter and of the input), state passing across calls, bf16, and bad
-hyperparameters."""
+the gradient of every parameter and of the input), state passing across calls, bf16, bad
+hyperparameters, and serving over a pool of states (a decode loop, a speculative step)."""
 
 import copy
 
 import pytest
 import torch
 
+import flat.torch as ft
 from flat.nn import LAYERS, State
 
 # Small shapes that still exercise head sharing and two chunks of 64 tokens.
@@ -135,3 +136,107 @@ def test_state_is_a_named_tuple():
     layer, _ = make("kda")
     _, state = layer(torch.randn(1, 5, 32), output_final_state=True)
     assert isinstance(state, State) and state.recurrent.shape == (1, 2, 16, 16) and state.conv.shape[-1] == 3
+
+
+# ---- Serving: a pool of states --------------------------------------------------------------
+
+PROMPTS = [5, 9, 3]  # three sequences' prompts, prefilled packed
+# The float64 layer on a pool against itself run alone: its gates are float32 (as the kernels take
+# them), and the packed projection's last-bit differences from the lone one's can flip a gate's
+# float32 rounding (a relative 2^-24), which the recurrence carries to its outputs.
+POOL_BOUND = 1e-6
+
+
+def poisoned_pool(layer, size, dtype):
+    """The layer's pools of `size` rows, NaN until written."""
+    return State(*(None if t is None else t.fill_(float("nan")) for t in layer.state_pool(size, dtype)))
+
+
+def packed(layer, pool, chunks, **indices):
+    """One packed call over the pool (no gradient): chunks[i] [1, T_i, hidden_size] of sequence i;
+    returns each sequence's output."""
+    lengths = [c.shape[1] for c in chunks]
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0)
+    with torch.no_grad():
+        o, state = layer(torch.cat(chunks, 1).to(pool.recurrent.dtype), initial_state=pool, cu_seqlens=cu_seqlens,
+                         **{name: torch.tensor(rows) for name, rows in indices.items()})
+    assert state is pool
+    return list(o.split(lengths, 1))
+
+
+def alone(reference, x):
+    """A whole sequence through the float64 reference layer: (o, final State)."""
+    with torch.no_grad():
+        return reference(x.double(), output_final_state=True)
+
+
+def test_state_pool_has_the_shapes_of_a_state():
+    for variant in LAYERS:
+        layer, _ = make(variant)
+        _, state = layer(torch.randn(1, 3, 32), output_final_state=True)
+        pool = layer.state_pool(5)
+        assert pool.recurrent.shape == (5,) + state.recurrent.shape[1:], variant
+        assert (pool.conv is None) == (state.conv is None), variant
+        if pool.conv is not None:
+            assert pool.conv.shape == (5,) + state.conv.shape[1:], variant
+
+
+@pytest.mark.parametrize("variant", list(LAYERS))
+def test_decode_loop_over_a_pool_is_each_sequence_alone(variant):
+    """Prefill of three prompts packed (final_state_indices writing their rows, from zero), then
+    three one-token steps of all of them packed (each reading and writing its row): every output
+    and final state is the sequence's run alone through the float64 reference, within fp32's bound
+    for the kernels and POOL_BOUND for the reference layer on a pool; the other rows stay NaN."""
+    layer, reference = make(variant)
+    steps, rows = 3, [4, 1, 2]
+    torch.manual_seed(3)
+    xs = [torch.randn(1, n + steps, 32) for n in PROMPTS]
+    for model, dtype, bound in ((layer, torch.float32, BOUND), (reference, torch.float64, POOL_BOUND)):
+        pool = poisoned_pool(model, 6, dtype)
+        outputs = packed(model, pool, [x[:, :n] for x, n in zip(xs, PROMPTS)], final_state_indices=rows)
+        for t in range(steps):
+            step = packed(model, pool, [x[:, n + t:n + t + 1] for x, n in zip(xs, PROMPTS)],
+                          initial_state_indices=rows, final_state_indices=rows)
+            outputs = [torch.cat([o, s], 1) for o, s in zip(outputs, step)]
+        for i, x in enumerate(xs):
+            want, final = alone(reference, x)
+            assert relative_error(outputs[i], want) <= bound, i
+            for got, expected in zip(pool, final):
+                if got is not None:
+                    assert relative_error(got[rows[i]], expected[0]) <= bound, i
+        for t in pool:
+            if t is not None:
+                assert torch.isnan(t[[0, 3, 5]]).all()
+
+
+@pytest.mark.parametrize("variant", list(LAYERS))
+def test_speculative_step_resumes_from_the_last_accepted_token(variant):
+    """After a prefill into rows 0, 4, 8, a step of 3 draft tokens per sequence keeps the state after
+    each in rows 1-3, 5-7, 9-11 (token_state_indices); with 1, 3, 2 of them accepted, the next token
+    starts from the row accepted_state_indices gives and ends in the sequence's first row: its
+    output and final state are those of the prompt, the accepted drafts and that token alone."""
+    layer, reference = make(variant)
+    accepted, draft = [1, 3, 2], 3
+    first = [0, 4, 8]
+    tokens = [r + 1 + j for r in first for j in range(draft)]
+    torch.manual_seed(4)
+    xs = [torch.randn(1, n + draft + 1, 32) for n in PROMPTS]
+    for model, dtype, bound in ((layer, torch.float32, BOUND), (reference, torch.float64, POOL_BOUND)):
+        pool = poisoned_pool(model, 13, dtype)
+        prompts = packed(model, pool, [x[:, :n] for x, n in zip(xs, PROMPTS)], final_state_indices=first)
+        drafts = packed(model, pool, [x[:, n:n + draft] for x, n in zip(xs, PROMPTS)], initial_state_indices=first,
+                        token_state_indices=tokens)
+        resume = ft.accepted_state_indices(torch.tensor(tokens), torch.tensor([0, 3, 6, 9]), torch.tensor(accepted))
+        nexts = packed(model, pool, [x[:, n + draft:] for x, n in zip(xs, PROMPTS)],
+                       initial_state_indices=resume.tolist(), final_state_indices=first)
+        for i, (x, n, a) in enumerate(zip(xs, PROMPTS, accepted)):
+            kept = torch.cat([x[:, :n + a], x[:, n + draft:]], 1)
+            want, final = alone(reference, kept)
+            got = torch.cat([prompts[i], drafts[i][:, :a], nexts[i]], 1)
+            assert relative_error(got, want) <= bound, i
+            for state, expected in zip(pool, final):
+                if state is not None:
+                    assert relative_error(state[first[i]], expected[0]) <= bound, i
+        for t in pool:
+            if t is not None:
+                assert torch.isnan(t[12]).all()

@@ -1,6 +1,6 @@
 """flat.torch with cu_seqlens: sequences packed along T give bitwise what each gives run alone,
 forward and backward, for every variant and the convolution, empty sequences included; bad offsets
-are refused; torch.compile; flat.jax says it has no cu_seqlens yet."""
+are refused; torch.compile. Pools of states and flat.jax's cu_seqlens: test_serving.py."""
 
 import re
 
@@ -140,10 +140,3 @@ def test_bad_offsets_are_refused_and_nothing_is_returned(cu_seqlens, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ft.gla(q, k, v, g, cu_seqlens=cu_seqlens)
 
-
-def test_jax_says_it_has_no_cu_seqlens_yet():
-    fj = pytest.importorskip("flat.jax")
-    import jax.numpy as jnp
-    q = jnp.zeros((1, 4, 1, 8), jnp.float32)
-    with pytest.raises(NotImplementedError, match="cu_seqlens"):
-        fj.la(q, q, q, cu_seqlens=jnp.array([0, 4]))

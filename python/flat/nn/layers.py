@@ -17,9 +17,14 @@ Every layer maps ``x [B, T, hidden_size]`` to ``(o [B, T, hidden_size], state)``
 ``initial_state`` / ``output_final_state`` carry a :class:`flat.nn.State` (the recurrent state
 and the convolution's last inputs) between calls, for chunked prefill and decoding. ``cu_seqlens``
 ([num_seqs + 1] offsets, B = 1) packs sequences of different lengths along T, each with its own
-state (``State`` rows per sequence), as FLA's layers take it. ``ops`` picks
-the kernels (``"kernels"``) or the plain-PyTorch reference (``"reference"``, any dtype; the tests
-run a float64 copy of each layer with it).
+state (``State`` rows per sequence), as FLA's layers take it. For serving, ``initial_state`` may
+be a pool of states (``state_pool(P)``: a ``State`` of P rows, the recurrent and the convolution's
+pools) addressed by ``initial_state_indices`` (the rows sequences start from),
+``final_state_indices`` (where their final states go) and ``token_state_indices`` (where the state
+after each token goes, for speculative decoding), as flat.torch takes them: with the last two
+both pools are updated in place and returned, ``(o, initial_state)``, for inference (no
+gradient). ``ops`` picks the kernels (``"kernels"``) or the plain-PyTorch reference
+(``"reference"``, any dtype; the tests run a float64 copy of each layer with it).
 """
 
 import math
@@ -29,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._args import Sequences
 from .ops import State, ops_named
 
 
@@ -110,13 +116,30 @@ class _Mixer(nn.Module):
         """The norm and gate on the recurrence's output o [B, T, N, V], flattened to [B, T, N V]."""
         raise NotImplementedError
 
+    def _state_dims(self) -> Tuple[int, int, int]:
+        """N, K, V of the recurrent state [B, N, K, V]."""
+        raise NotImplementedError
+
     # -- the pipeline ---------------------------------------------------------------------------
 
+    def state_pool(self, size: int, dtype: torch.dtype = torch.float32) -> State:
+        """A pool of `size` zero states for serving: State(recurrent [size, N, K, V], conv
+        [size, C, W-1] or None without a convolution), float32 as the kernels keep states (float64
+        for a float64 layer on the reference ops)."""
+        N, K, V = self._state_dims()
+        convs = self._convs()
+        conv = None
+        if convs:
+            conv = torch.zeros(size, sum(c.hidden_size for c in convs), convs[0].kernel_size - 1, dtype=dtype)
+        return State(torch.zeros(size, N, K, V, dtype=dtype), conv)
+
     def forward(self, hidden_states: Tensor, initial_state: Optional[State] = None,
-                output_final_state: bool = False,
-                cu_seqlens: Optional[Tensor] = None) -> Tuple[Tensor, Optional[State]]:
+                output_final_state: bool = False, cu_seqlens: Optional[Tensor] = None, *,
+                initial_state_indices: Optional[Tensor] = None, final_state_indices: Optional[Tensor] = None,
+                token_state_indices: Optional[Tensor] = None) -> Tuple[Tensor, Optional[State]]:
         _check(hidden_states.dim() == 3, f"hidden_states: expected [B, T, hidden_size], got {list(hidden_states.shape)}")
         ops = ops_named(self.ops)
+        sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
         fused = self._projections()
         weight = torch.cat([p.weight for p in fused]) if len(fused) > 1 else fused[0].weight
         bias = None
@@ -138,13 +161,15 @@ class _Mixer(nn.Module):
                                        for c in convs])
             blocks["conv"], conv_state = ops.conv(blocks["conv"], conv_weight, conv_bias,
                                                   None if initial_state is None else initial_state.conv,
-                                                  output_final_state, "silu", cu_seqlens=cu_seqlens)
+                                                  output_final_state, "silu", **sequences._asdict())
         args = self._inputs(hidden_states, blocks)
         q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
         o, recurrent = ops.recurrence(self.variant, q, k, v, **args,
                                       initial_state=None if initial_state is None else initial_state.recurrent,
-                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                                      output_final_state=output_final_state, **sequences._asdict())
         o = self._out_proj()(self._output(o, hidden_states, blocks))
+        if sequences.writes_pool:
+            return o, initial_state
         return o, (State(recurrent, conv_state) if output_final_state else None)
 
 
@@ -220,6 +245,9 @@ class _QKVMixer(_Mixer):
 
     def _convs(self) -> List[ShortConvolution]:
         return [self.q_conv1d, self.k_conv1d, self.v_conv1d] if self.use_short_conv else []
+
+    def _state_dims(self) -> Tuple[int, int, int]:
+        return self.num_heads, self.head_k_dim, self.head_v_dim
 
     def _qkv(self, blocks: Dict[str, Tensor], heads: Tuple[int, int, int]) -> List[Tensor]:
         """q, k, v as [B, T, H, D] views of the convolution's output, or of the projection."""
@@ -397,6 +425,9 @@ class _GatedDeltaMixer(_DeltaMixer):
     per head (Gated DeltaNet) or per channel or group of channels (KDA, GDN-2, SLA; ``a`` from the
     low-rank ``f_proj``), in float32."""
 
+    def _state_dims(self) -> Tuple[int, int, int]:  # num_v_heads value heads, num_heads or more
+        return self.num_v_heads, self.head_k_dim, self.head_v_dim
+
     def _decay(self, a: Tensor, heads: int) -> Tensor:
         """g [B, T, heads] (one value per head) or [B, T, heads, width] from a [B, T, heads * width]."""
         a = a.float() + self.dt_bias.float()
@@ -527,7 +558,8 @@ class GatedDeltaNet2(_GatedDeltaMixer):
                  use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
                  ops: str = "kernels"):
         super().__init__(ops)
-        self.num_heads, self.allow_neg_eigval = num_heads, False
+        self.num_heads = self.num_v_heads = num_heads
+        self.allow_neg_eigval = False
         self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
         key_dim, value_dim = num_heads * head_dim, num_heads * self.head_v_dim
         self._qkv_modules(hidden_size, key_dim, key_dim, value_dim, use_short_conv, conv_size, conv_bias)
@@ -602,6 +634,9 @@ class Mamba2(_Mixer):
 
     def _out_proj(self) -> nn.Linear:
         return self.out_proj
+
+    def _state_dims(self) -> Tuple[int, int, int]:
+        return self.num_heads, self.state_size, self.head_dim
 
     def _inputs(self, x_in, blocks):
         I, H, GS = self.intermediate_size, self.num_heads, self.n_groups * self.state_size

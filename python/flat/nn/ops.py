@@ -17,37 +17,42 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import torch as ft
-from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, norm_activation
+from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, Sequences, norm_activation
 
 
 class Ops(NamedTuple):
     # recurrence(variant, q, k, v, g=, beta=, b=, w=, scale=, initial_state=, output_final_state=,
-    #            use_qk_l2norm_in_kernel=, gate_group=, cu_seqlens=) -> (o [B, T, N, V], final_state or None)
+    #            use_qk_l2norm_in_kernel=, gate_group=, cu_seqlens=, initial_state_indices=,
+    #            final_state_indices=, token_state_indices=) -> (o [B, T, N, V], final_state or None)
     recurrence: object
     # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation,
-    #      cu_seqlens=) -> (y, final_state or None)
-    # With cu_seqlens (B = 1, sequences packed along T), states have a row per sequence.
+    #      cu_seqlens=, initial_state_indices=, final_state_indices=, token_state_indices=)
+    #   -> (y, final_state or None)
+    # The sequences' arguments as flat.torch takes them (python/flat/_api.py): with cu_seqlens (B = 1,
+    # sequences packed along T) states have a row per sequence; with final_state_indices or
+    # token_state_indices, initial_state is a pool updated in place and returned as final_state.
     conv: object
     # norm(x [..., D], g or None, weight [D] or [N, D], activation, eps, norm_before_gate) -> y
     norm: object
 
 
 def _kernel_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
-                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, cu_seqlens=None):
+                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, **sequences):
     inputs = {name: t for name, t in dict(g=g, beta=beta, b=b, w=w).items() if t is not None}
     if gate_group is not None:
         inputs["gate_group"] = gate_group
     return getattr(ft, variant)(q, k, v, **inputs, scale=scale, initial_state=initial_state,
                                 output_final_state=output_final_state,
-                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **sequences)
 
 
-def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu",
-                 cu_seqlens=None):
-    # The kernel's taps, bias and state are float32 whatever the model's dtype.
-    return ft.conv(x, weight.float(), None if bias is None else bias.float(),
-                   None if initial_state is None else initial_state.float(), output_final_state, activation,
-                   cu_seqlens=cu_seqlens)
+def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", **sequences):
+    # The kernel's taps, bias and state are float32 whatever the model's dtype; a pool it writes in
+    # place is passed as it is (the kernel refuses one that is not float32).
+    if initial_state is not None and not Sequences(**sequences).writes_pool:
+        initial_state = initial_state.float()
+    return ft.conv(x, weight.float(), None if bias is None else bias.float(), initial_state, output_final_state,
+                   activation, **sequences)
 
 
 KERNELS = Ops(recurrence=_kernel_recurrence, conv=_kernel_conv, norm=ft.rms_norm_gated)
@@ -67,30 +72,54 @@ def _l2norm(x: Tensor) -> Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def _one_by_one(run, along_t: dict, initial_state, output_final_state, cu_seqlens, **options):
-    """A packed call (B = 1, sequences at cu_seqlens along T) as run() on each sequence alone:
-    the outputs joined along T, the final states along the batch axis."""
+def _by_sequence(run, along_t: dict, initial_state, output_final_state, sequences: Sequences, **options):
+    """A call with sequences (cu_seqlens; without it each batch row is one) or a pool, as run() on
+    each sequence alone, token by token with token_state_indices: the outputs joined along T; the
+    final states along the batch axis, or written into the pool initial_state, which is returned."""
+    B, T = next(t for t in along_t.values() if t is not None).shape[:2]
+    cu_seqlens = sequences.cu_seqlens
+    if cu_seqlens is None:  # the batch rows packed along T
+        along_t = {name: None if t is None else t.reshape(1, B * T, *t.shape[2:]) for name, t in along_t.items()}
+        cu_seqlens = torch.arange(B + 1) * T
     bounds = cu_seqlens.tolist()
-    outputs, finals = [], []
+    reads, writes, tokens = (None if t is None else t.tolist() for t in sequences[1:])
+    outputs, finals, written = [], [], []
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        sliced = {name: None if t is None else t[:, start:end] for name, t in along_t.items()}
-        y, final = run(**sliced, **options, initial_state=None if initial_state is None else initial_state[i:i + 1],
-                       output_final_state=True)
-        outputs.append(y)
-        finals.append(final)
-    return torch.cat(outputs, dim=1), (torch.cat(finals) if output_final_state else None)
+        if reads is not None:
+            state = None if reads[i] < 0 else initial_state[reads[i]:reads[i] + 1]
+        else:
+            state = None if initial_state is None or sequences.writes_pool else initial_state[i:i + 1]
+        steps = [(t, t + 1) for t in range(start, end)] if tokens is not None and end > start else [(start, end)]
+        for a, b in steps:
+            sliced = {name: None if t is None else t[:, a:b] for name, t in along_t.items()}
+            y, state = run(**sliced, **options, initial_state=state, output_final_state=True)
+            outputs.append(y)
+            if tokens is not None and b > a and tokens[a] >= 0:
+                written.append((tokens[a], state))
+        finals.append(state)
+        if writes is not None and writes[i] >= 0:
+            written.append((writes[i], state))
+    o = torch.cat(outputs, dim=1)
+    o = o.reshape(B, T, *o.shape[2:])
+    if sequences.writes_pool:  # every read done: the library refuses a row one sequence reads and another writes
+        for row, state in written:
+            initial_state[row] = state[0]
+        return o, initial_state
+    return o, (torch.cat(finals) if output_final_state else None)
 
 
 def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
-                         output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, cu_seqlens=None):
-    """The recurrence one token at a time (docs/variants.md), in q's dtype; with cu_seqlens, one
+                         output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, cu_seqlens=None,
+                         initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+    """The recurrence one token at a time (docs/variants.md), in q's dtype; with sequences, one
     sequence at a time."""
-    if cu_seqlens is not None:
+    sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
+    if any(t is not None for t in sequences):
         along_t = dict(q=q, k=k, v=v, beta=beta, b=b, w=w)
         fixed = dict(variant=variant, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      gate_group=gate_group)
         (fixed if g is not None and g.dim() == 1 else along_t)["g"] = g  # retnet's per-head gate: every token's
-        return _one_by_one(reference_recurrence, along_t, initial_state, output_final_state, cu_seqlens, **fixed)
+        return _by_sequence(reference_recurrence, along_t, initial_state, output_final_state, sequences, **fixed)
     B, T, _, K = q.shape
     V = v.shape[-1]
     heads = [q.shape[2], k.shape[2], v.shape[2]]
@@ -133,12 +162,13 @@ def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *,
 
 
 def reference_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu",
-                   cu_seqlens=None):
+                   cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
     """The short causal depthwise convolution as F.conv1d over [state, x] (positions before 0 read
-    initial_state, or zeros); with cu_seqlens, one sequence at a time."""
-    if cu_seqlens is not None:
-        return _one_by_one(reference_conv, dict(x=x), initial_state, output_final_state, cu_seqlens, weight=weight,
-                           bias=bias, activation=activation)
+    initial_state, or zeros); with sequences, one sequence at a time."""
+    sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
+    if any(t is not None for t in sequences):
+        return _by_sequence(reference_conv, dict(x=x), initial_state, output_final_state, sequences, weight=weight,
+                            bias=bias, activation=activation)
     B, T, C = x.shape
     W = weight.shape[1]
     dtype = x.dtype
@@ -184,7 +214,8 @@ def ops_named(name) -> Ops:
 class State(NamedTuple):
     """A layer's state between calls (chunked prefill, decoding): the recurrent state
     [B, N, K, V] float32 and the convolution's last inputs [B, C, W-1] (None without a
-    convolution)."""
+    convolution). For serving, the same with P rows is a pool of states, addressed by
+    initial_state_indices, final_state_indices, token_state_indices (a layer's state_pool)."""
 
     recurrent: Tensor
     conv: Optional[Tensor]
