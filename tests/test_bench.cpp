@@ -269,6 +269,7 @@ TEST(Bench, ConvolutionTableAndJson) {
   EXPECT_NE(table.find("Short convolution: B=1 S=300 C=40 W=3, bias, silu, bf16"), std::string::npos) << table;
   EXPECT_EQ(count(table, "| forward |"), 1u) << table;
   EXPECT_EQ(count(table, "| backward |"), 1u) << table;
+  EXPECT_EQ(count(table, "| decode, 64 sequences from a pool |"), 1u) << table;
 
   const Json json = JsonParser(read_file(files.json)).document();
   EXPECT_EQ(json["kernels"].items.size(), 0u);
@@ -278,14 +279,18 @@ TEST(Bench, ConvolutionTableAndJson) {
   EXPECT_EQ(conv["shape"]["W"].number, 3);
   EXPECT_EQ(conv["activation"].text, "silu");
   EXPECT_EQ(conv["dtype"].text, "bf16");
-  ASSERT_EQ(conv["passes"].items.size(), 2u);
-  const char* passes[] = {"forward", "backward"};
-  for (size_t i = 0; i < 2; ++i) {
+  ASSERT_EQ(conv["passes"].items.size(), 3u);
+  const char* passes[] = {"forward", "backward", "decode, 64 sequences from a pool"};
+  for (size_t i = 0; i < 3; ++i) {
     const Json& p = conv["passes"][i];
     EXPECT_EQ(p["pass"].text, passes[i]);
-    for (const char* number :
-         {"ms", "bytes", "flops", "gb_per_s", "percent_of_copy", "gflop_per_s", "naive_ms", "speedup_over_naive"})
+    for (const char* number : {"ms", "bytes", "flops", "gb_per_s", "percent_of_copy", "gflop_per_s"})
       expect_positive(p[number], std::string(passes[i]) + " " + number);
+    // The decode has no naive baseline.
+    for (const char* number : {"naive_ms", "speedup_over_naive"}) {
+      if (i < 2) expect_positive(p[number], std::string(passes[i]) + " " + number);
+      else EXPECT_TRUE(p[number].is_null()) << number;
+    }
   }
 }
 

@@ -405,7 +405,7 @@ TEST(ConvBench, SmallShape) {
   o.repeats = 1;
   o.baseline_repeats = 1;
   const std::vector<tool::PassResult> results = tool::bench_conv(o);
-  ASSERT_EQ(results.size(), 2u);
+  ASSERT_EQ(results.size(), 3u);
   const double n = double(o.B * o.S * o.C), taps = double(o.C) * (o.W + 1) * 4;
   EXPECT_EQ(results[0].pass, "forward");
   EXPECT_EQ(results[0].bytes, 2 * n * 2 + taps);   // x, y in bf16; weight and bias fp32
@@ -413,9 +413,16 @@ TEST(ConvBench, SmallShape) {
   EXPECT_EQ(results[1].pass, "backward");
   EXPECT_EQ(results[1].bytes, 3 * n * 2 + 2 * taps);  // x, dy, dx; weight, bias, dweight, dbias
   EXPECT_EQ(results[1].flops, n * (2 * o.W + 9 + 2 * o.W - 1 + 2 * o.W + 1));
+  // 64 sequences of one position: x, y in bf16, each state (W-1 fp32) read and written.
+  const double decoded = 64.0 * o.C;
+  EXPECT_EQ(results[2].pass, "decode, 64 sequences from a pool");
+  EXPECT_EQ(results[2].bytes, 2 * decoded * 2 + 2 * decoded * (o.W - 1) * 4 + taps);
+  EXPECT_EQ(results[2].flops, decoded * (2 * o.W + 6));
+  EXPECT_FALSE(results[2].baseline_seconds);
   for (const tool::PassResult& r : results) {
     EXPECT_GT(r.seconds, 0) << r.pass;
     EXPECT_GT(r.gbs(), 0) << r.pass;
+    if (&r == &results[2]) continue;
     ASSERT_TRUE(r.baseline_seconds) << r.pass;
     EXPECT_GT(*r.speedup(), 0) << r.pass;
   }

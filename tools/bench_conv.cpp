@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <ostream>
 #include <thread>
@@ -13,6 +14,9 @@
 
 namespace flat::tool {
 namespace {
+
+constexpr int64_t kDecodeSequences = 64, kDecodeSets = 4;
+constexpr int kDecodeRepeats = 101;  // one position per sequence: fast and noisy, so many
 
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
@@ -131,6 +135,34 @@ std::vector<PassResult> bench_conv(const ConvBenchOptions& o, std::ostream* prog
   backward.seconds =
       timed_pass(progress, "conv backward, fused", o.repeats, [&] { conv_backward(ba, options, context); });
 
+  // Decode: kDecodeSequences sequences of one position each, packed (cu_seqlens), their states in
+  // a pool updated in place, its rows rotated over kDecodeSets sets as the serving bench does
+  // (tools/bench_serve.h), so that each run finds them in memory.
+  std::vector<PassResult> passes{forward, backward};
+  if (W > 1 && o.S * o.B >= kDecodeSequences) {
+    std::vector<float> pool = values(size_t(kDecodeSets * kDecodeSequences * o.C * (W - 1)), 5, 1.0f);
+    std::vector<int64_t> cu(kDecodeSequences + 1);
+    std::iota(cu.begin(), cu.end(), 0);
+    std::vector<std::vector<int64_t>> rows(kDecodeSets, std::vector<int64_t>(kDecodeSequences));
+    for (int64_t set = 0; set < kDecodeSets; ++set)
+      std::iota(rows[size_t(set)].begin(), rows[size_t(set)].end(), set * kDecodeSequences);
+    ConvArgs da(in);
+    da.x = x.view({1, kDecodeSequences, o.C});
+    da.y = y.view({1, kDecodeSequences, o.C});
+    da.state0 = da.state =
+        Tensor::contiguous(pool.data(), DType::f32, {kDecodeSets * kDecodeSequences, o.C, int64_t(W - 1)});
+    const double tokens = double(kDecodeSequences) * double(o.C);
+    PassResult decode{"decode, 64 sequences from a pool", 0, 2 * tokens * e + 2 * tokens * (W - 1) * 4 + taps,
+                      tokens * (conv + (silu ? 6 : 0)), std::nullopt};
+    int turn = 0;
+    decode.seconds = timed_pass(progress, "conv decode, fused", kDecodeRepeats, [&] {
+      const std::vector<int64_t>& r = rows[size_t(turn++ % kDecodeSets)];
+      da.sequences = {cu, r, r, {}};
+      conv_forward(da, options, context);
+    });
+    passes.push_back(decode);
+  }
+
   if (o.baseline_repeats > 0) {
     const std::vector<float> xf = x.widened(), dyf = dy.widened(), no_bias;
     Naive naive{o, threads, xf, weight, o.bias ? bias : no_bias, dyf, {}, {}, {}, {}, {}, {}};
@@ -140,12 +172,12 @@ std::vector<PassResult> bench_conv(const ConvBenchOptions& o, std::ostream* prog
     naive.dx.resize(elements);
     naive.dweight.resize(weight.size());
     naive.dbias.resize(bias.size());
-    forward.baseline_seconds =
+    passes[0].baseline_seconds =
         timed_pass(progress, "conv forward, naive", o.baseline_repeats, [&] { naive.forward(); });
-    backward.baseline_seconds =
+    passes[1].baseline_seconds =
         timed_pass(progress, "conv backward, naive", o.baseline_repeats, [&] { naive.backward(); });
   }
-  return {forward, backward};
+  return passes;
 }
 
 void write_conv_markdown(const ConvBenchOptions& o, const std::vector<PassResult>& results,

@@ -38,7 +38,10 @@ struct ConvBenchOptions {
 //     unfused: forward z = conv(x) by a per-position, per-channel scalar loop over the taps, then
 //     a separate SiLU pass; backward (from the forward's saved z) dz = dy * SiLU'(z), then dx by
 //     a second loop over the taps, then dweight and dbias by another pass over the sequence.
-// Times forward then backward; progress lines go to `progress` when given.
+//   decode (W > 1): 64 sequences of one position each (cu_seqlens), their states in a pool
+//     [256, C, W-1] updated in place through indices, the rows rotated over 4 sets of 64 as the
+//     serving bench does; bytes: x read, y written, each state read and written, taps.
+// Times forward, backward, decode; progress lines go to `progress` when given.
 std::vector<PassResult> bench_conv(const ConvBenchOptions& options, std::ostream* progress = nullptr);
 
 // The results as a markdown table under a line naming the shape (write_pass_table).

@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/bf16.h"
 #include "cpu/buffer.h"
 #include "cpu/parallel.h"
+#include "cpu/rows.h"
 
 namespace flat::cpu {
 namespace {
@@ -76,49 +76,53 @@ std::pair<ConvParams, ConvBlock> block_of(const ConvParams& p, const ConvPartiti
   return {one, blk};
 }
 
-float read_element(const RowView& view, int b, int t, int c) {
-  const char* at = view.row(b, t, c);
-  if (view.dtype == DType::f32) {
-    float f;
-    std::memcpy(&f, at, sizeof f);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, at, sizeof h);
-  return bf16_to_f32(h);
-}
-
 // The states a problem keeps: after its last position (state[b, c, j] = the input at position
 // S - (W-1) + j: x, or before 0 state0, or zero) and, where token_rows asks, after each position t
 // (the inputs at t - (W-1) + 1 .. t). Formed in full before anything is stored, so they may go to
-// the memory of state0.
-void write_states(const ConvParams& p) {
-  const int K = p.W - 1;
+// the memory of state0. An input row of x is read whole (converted from bf16 by rows) and spread
+// over the state's [C, W-1] layout; a state row of C x (W-1) contiguous floats is stored at once.
+// scratch: the calling thread's, grown as needed and kept from call to call.
+void write_states(const ConvParams& p, std::vector<float>& scratch) {
+  const int K = p.W - 1, C = p.C;
   // A state to write: its rows (channel c at c * stride floats), the batch row and the last
   // position it follows.
   struct Kept {
-    char* base;
+    float* base;
     int64_t stride;
     int b, last;
   };
   std::vector<Kept> kept;
-  for (int b = 0; b < p.B && p.state.present(); ++b) kept.push_back({p.state.row(b, 0, 0), p.state.stride1, b, p.S - 1});
+  for (int b = 0; b < p.B && p.state.present(); ++b)
+    kept.push_back({reinterpret_cast<float*>(p.state.row(b, 0, 0)), p.state.stride1, b, p.S - 1});
   for (size_t t = 0; t < p.token_rows.size(); ++t)
-    if (p.token_rows[t] >= 0) kept.push_back({p.token_pool.row(p.token_rows[t], 0, 0), p.token_pool.stride1, 0, int(t)});
-  std::vector<float> states(kept.size() * size_t(p.C) * K);
-  for (size_t i = 0; i < kept.size(); ++i)
-    for (int c = 0; c < p.C; ++c)
-      for (int j = 0; j < K; ++j) {
-        const int q = kept[i].last + 1 - K + j;
-        float v = 0.0f;
-        if (q >= 0) v = read_element(p.x, kept[i].b, q, c);
-        else if (p.state0.present()) v = reinterpret_cast<const float*>(p.state0.row(kept[i].b, c, 0))[q + K];
-        states[(i * p.C + c) * K + j] = v;
-      }
-  for (size_t i = 0; i < kept.size(); ++i)
-    for (int c = 0; c < p.C; ++c)
-      std::memcpy(kept[i].base + c * kept[i].stride * int64_t(sizeof(float)), &states[(i * p.C + c) * K],
-                  sizeof(float) * K);
+    if (p.token_rows[t] >= 0)
+      kept.push_back({reinterpret_cast<float*>(p.token_pool.row(p.token_rows[t], 0, 0)), p.token_pool.stride1, 0, int(t)});
+  // Per state: the inputs at its positions from 0 on, rows of x [K, C] (converted from bf16 by
+  // rows); then channel by channel its W-1 values, from those rows or, before 0, from state0.
+  scratch.resize(std::max(scratch.size(), (1 + kept.size()) * size_t(C) * K));
+  float *inputs = scratch.data(), *states = inputs + size_t(K) * C;  // every value written before read
+  for (size_t i = 0; i < kept.size(); ++i) {
+    // The state's first position; its values before position 0, the first `carried`, are state0's
+    // from value first + K on (or zeros).
+    const int b = kept[i].b, first = kept[i].last + 1 - K, carried = std::max(0, -first);
+    for (int j = carried; j < K; ++j) load_row(p.x, b, first + j, 0, inputs + size_t(j) * C, C);
+    const float* before = p.state0.present() ? reinterpret_cast<const float*>(p.state0.row(b, 0, 0)) + first + K : nullptr;
+    float* state = states + i * size_t(C) * K;
+    for (int c = 0; c < C; ++c) {
+      float* out = state + size_t(c) * K;
+      for (int j = 0; j < carried; ++j) out[j] = before ? before[c * p.state0.stride1 + j] : 0.0f;
+      for (int j = carried; j < K; ++j) out[j] = inputs[size_t(j) * C + c];
+    }
+  }
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const float* state = states + i * size_t(C) * K;
+    if (kept[i].stride == K) {
+      std::memcpy(kept[i].base, state, sizeof(float) * size_t(C) * K);
+      continue;
+    }
+    for (int c = 0; c < C; ++c)
+      for (int j = 0; j < K; ++j) kept[i].base[c * kept[i].stride + j] = state[size_t(c) * K + j];
+  }
 }
 
 }  // namespace
@@ -154,11 +158,15 @@ void conv_forward(const ConvParams& p, const Run& run) {
     }
   });
   // After every block has read its state0 rows: a pool updated in place has no row that one
-  // sequence reads and another writes (validated), but may have rows read and written by one.
-  for (int64_t i = 0; i < problem_count(p); ++i) {
-    const ConvParams one = problem(p, i);
-    if (one.state.present() || !one.token_rows.empty()) write_states(one);
-  }
+  // sequence reads and another writes (validated), but may have rows read and written by one; so
+  // the sequences' states are written in parallel, each by one thread.
+  run_ranges(run, problem_count(p), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      const ConvParams one = problem(p, i);
+      if (one.state.present() || !one.token_rows.empty()) write_states(one, scratch);
+    }
+  });
 }
 
 void conv_backward(const ConvParams& p, const Run& run) {

@@ -112,18 +112,37 @@ BackwardOne pick_backward_one(const ConvParams& p) {
 
 int group_size(int W, bool backward) { return backward ? backward_group(W) : forward_group(W); }
 
-// The block's channels at position q of its batch, in fp32, into `row` (round16(n) floats): x
-// for q >= 0; before 0 the initial state (state0[b, c, W-1+q]) or zeros.
+// The ring of the W-1 inputs before the block's first position t0, value w of channel c at
+// packed_index(c, w, W-1), channels past the block's zero: x at t0-(W-1) .. t0-1 (read in rows
+// through `row`, round16(n) floats), or at the sequence's start (t0 = 0; blocks are
+// kConvSeqBlock >= W-1 positions long) the initial state, state0[b, c, w] being value w, read in
+// one pass over its rows (zeros without one). A decode step (one position) is mostly this.
 template <class Rows>
-void position_row(const ConvParams& p, const ConvBlock& blk, int q, float* row) {
-  const int n = blk.c1 - blk.c0;
-  if (q >= 0) {
-    Rows::load_row(p.x.row(blk.b, q, blk.c0), p.x.dtype, n, row);
+void window_ring(const ConvParams& p, const ConvBlock& blk, float* ring, float* row) {
+  const int K = p.W - 1, n = blk.c1 - blk.c0;
+  if (blk.t0 > 0) {
+    for (int w = 0; w < K; ++w) {
+      Rows::load_row(p.x.row(blk.b, blk.t0 - K + w, blk.c0), p.x.dtype, n, row);
+      for (int c = 0; c < round16(n); ++c) ring[packed_index(c, w, K)] = row[c];
+    }
     return;
   }
-  zero_row(row, size_t(round16(n)));
-  if (!p.state0.present()) return;
-  for (int i = 0; i < n; ++i) row[i] = reinterpret_cast<const float*>(p.state0.row(blk.b, blk.c0 + i, 0))[q + p.W - 1];
+  if (!p.state0.present()) {
+    zero_row(ring, packed_size(n, K));
+    return;
+  }
+  for (int w = 0; w < K; ++w)  // the last group's lanes past n
+    for (int c = n; c < round16(n); ++c) ring[packed_index(c, w, K)] = 0.0f;
+  const float* state = reinterpret_cast<const float*>(p.state0.row(blk.b, blk.c0, 0));
+  const int64_t stride = p.state0.stride1;
+  for (int g = 0; g < n; g += 16) {  // a group of 16 channels: K rows of 16 lanes in the ring
+    const int lanes = n - g < 16 ? n - g : 16;
+    for (int w = 0; w < K; ++w) {
+      float* out = ring + packed_index(g, w, K);
+      const float* in = state + g * stride + w;
+      for (int l = 0; l < lanes; ++l) out[l] = in[l * stride];
+    }
+  }
 }
 
 // Asks for the rows [t, t + R) of a tensor's block (n channels) ahead of use, into L2 (locality
@@ -141,11 +160,6 @@ void prefetch_rows(const RowView& view, int b, int t, int R, int c0, int n, int 
   }
 }
 
-// Value w of a ring (W-1 values per channel, packed_index layout) from a row of channels.
-void to_ring(float* ring, int w, int K, const float* row, int n) {
-  for (int c = 0; c < round16(n); ++c) ring[packed_index(c, w, K)] = row[c];
-}
-
 // The rings (W-1 values per channel each, packed) and three rows: x_t, dy_t and dx_q for the
 // positions that go one at a time (and the prologue).
 size_t workspace_floats(int W, int channels) {
@@ -157,10 +171,7 @@ void forward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, fl
   const int W = p.W, n = blk.c1 - blk.c0;
   float* ring = workspace;
   float* row = workspace + 2 * packed_size(n, W - 1);
-  for (int w = 0; w < W - 1; ++w) {
-    position_row<Rows>(p, blk, blk.t0 - (W - 1) + w, row);
-    to_ring(ring, w, W - 1, row, n);
-  }
+  window_ring<Rows>(p, blk, ring, row);
   const int R = group_size(W, false);
   const ForwardRows group = pick_forward_rows<Rows>(p, true), one = pick_forward_rows<Rows>(p, false);
   const float* tap = taps.packed + packed_index(blk.c0, 0, W + 1);
@@ -180,10 +191,7 @@ void backward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, f
   float* dyt = xt + round16(n);
   float* dx = dyt + round16(n);
   zero_row(dzring, ring_floats);  // dz before 0 is zero; after t0 > 0 it is never read
-  for (int w = 0; w < W - 1; ++w) {
-    position_row<Rows>(p, blk, blk.t0 - (W - 1) + w, xt);
-    to_ring(xring, w, W - 1, xt, n);
-  }
+  window_ring<Rows>(p, blk, xring, xt);
   zero_row(partial, packed_size(n, W + 1));
 
   const int R = group_size(W, true);
