@@ -80,6 +80,18 @@ struct SequenceLayout {
 // Row `row` of a state view, absent for -1 (a sequence with no state to read or write there).
 inline RowView state_row(const RowView& view, int64_t row) { return row < 0 ? RowView{} : view.from(row, 0); }
 
+// The states a problem of one sequence keeps after its tokens (Sequences::token_state_indices), the
+// recurrence's and the convolution's alike: the pool (ht's or state's tensor) and the row there of
+// the state after each of its S tokens (-1: not kept); nothing without token_state_indices.
+struct TokenStates {
+  RowView pool;
+  std::span<const int64_t> rows;
+
+  bool any() const { return !rows.empty(); }
+  // The pool's row of the state after token t, absent where it is not kept.
+  RowView after(int t) const { return rows.empty() ? RowView{} : state_row(pool, rows[size_t(t)]); }
+};
+
 struct Params {
   GateKind gate = GateKind::none;
   int B = 0, S = 0, N = 0, K = 0, V = 0;
@@ -106,10 +118,7 @@ struct Params {
   // With sequences, h0 and ht are [num_seqs, N, K, V] or pools addressed through them, dht and
   // dh0 [num_seqs, N, K, V].
   SequenceLayout sequences;
-  // A problem of one sequence (B = 1) that keeps its tokens' states: the pool (ht's tensor) and
-  // the row there of the state after each of its S tokens (-1: not kept).
-  RowView token_pool;
-  std::span<const int64_t> token_rows;
+  TokenStates token_states;  // a problem of one sequence (B = 1) that keeps its tokens' states
 };
 
 // Validates the arguments of forward / backward exactly as the public entry points do (throwing

@@ -384,27 +384,29 @@ void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& in
   if (!final.tensor->present() || (s.initial_state_indices.empty() && !writes_pool(s))) return;
   const SequenceLayout rows(s);
   const int64_t count = rows.count(int(B));
-  // Each row's writer: its sequence and the index that names the row ("final_state_indices[i]").
+  // Each row's writer: its sequence and the index array entry that names the row (none: the
+  // sequence's own row, without final_state_indices). Named only in an error.
   struct Writer {
     int64_t sequence = -1;
-    std::string index;
+    const char* array = nullptr;
+    int64_t index = 0;
+    std::string name() const { return std::string(array) + "[" + std::to_string(index) + "]"; }
   };
   std::vector<Writer> writers(size_t(final.tensor->shape[0]));
-  const auto write = [&](int64_t r, int64_t sequence, std::string index) {
+  const auto write = [&](int64_t r, const Writer& writer) {
     if (r < 0) return;
     Writer& w = writers[size_t(r)];
-    if (w.sequence >= 0)
-      fail(index.substr(0, index.find('[')), "expected each row of " + std::string(final.name) + " written once, got " +
-                                                 w.index + " and " + index + " both writing row " + std::to_string(r));
-    w = {sequence, std::move(index)};
+    if (w.sequence >= 0)  // two writers means an index array (two sequences' own rows differ)
+      fail(writer.array, "expected each row of " + std::string(final.name) + " written once, got " + w.name() +
+                             " and " + writer.name() + " both writing row " + std::to_string(r));
+    w = writer;
   };
   for (int64_t i = 0; i < count; ++i) {
-    write(rows.write_row(i), i, rows.write_rows.empty() ? "row " + std::to_string(i)
-                                                        : "final_state_indices[" + std::to_string(i) + "]");
+    write(rows.write_row(i), rows.write_rows.empty() ? Writer{i} : Writer{i, "final_state_indices", i});
     const std::span<const int64_t> tokens = rows.token_rows(i, int(S));
     const int64_t first = tokens.empty() ? 0 : tokens.data() - s.token_state_indices.data();
     for (size_t t = 0; t < tokens.size(); ++t)
-      write(tokens[t], i, "token_state_indices[" + std::to_string(first + int64_t(t)) + "]");
+      write(tokens[t], Writer{i, "token_state_indices", first + int64_t(t)});
   }
   if (!initial.tensor->present() || !same_view(*initial.tensor, *final.tensor)) return;
   for (int64_t i = 0; i < count; ++i) {
@@ -412,11 +414,11 @@ void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& in
     if (r < 0) continue;
     const Writer& w = writers[size_t(r)];
     if (w.sequence < 0 || w.sequence == i) continue;
-    fail(w.index.find('[') == std::string::npos ? "initial_state_indices" : w.index.substr(0, w.index.find('[')),
+    fail(w.array ? w.array : "initial_state_indices",
          std::string(initial.name) + " and " + final.name +
              " are one pool updated in place, so a row one sequence reads may be written by no other; got row " +
              std::to_string(r) + " read by sequence " + std::to_string(i) + " and written by sequence " +
-             std::to_string(w.sequence) + " (" + w.index + ")");
+             std::to_string(w.sequence) + (w.array ? " (" + w.name() + ")" : ""));
   }
 }
 

@@ -49,8 +49,7 @@ ConvParams sequence_params(const ConvParams& p, int64_t i) {
   one.state = state_row(p.state, s.write_row(i));
   one.dstate = p.dstate.from(i, 0);
   one.dstate0 = p.dstate0.from(i, 0);
-  one.token_rows = s.token_rows(i, p.S);
-  if (!one.token_rows.empty()) one.token_pool = p.state;
+  one.token_states = {p.state, s.token_rows(i, p.S)};
   return one;
 }
 
@@ -77,7 +76,7 @@ std::pair<ConvParams, ConvBlock> block_of(const ConvParams& p, const ConvPartiti
 }
 
 // The states a problem keeps: after its last position (state[b, c, j] = the input at position
-// S - (W-1) + j: x, or before 0 state0, or zero) and, where token_rows asks, after each position t
+// S - (W-1) + j: x, or before 0 state0, or zero) and, where token_states asks, after each position t
 // (the inputs at t - (W-1) + 1 .. t). Formed in full before anything is stored, so they may go to
 // the memory of state0. An input row of x is read whole (converted from bf16 by rows) and spread
 // over the state's [C, W-1] layout; a state row of C x (W-1) contiguous floats is stored at once.
@@ -94,9 +93,9 @@ void write_states(const ConvParams& p, std::vector<float>& scratch) {
   std::vector<Kept> kept;
   for (int b = 0; b < p.B && p.state.present(); ++b)
     kept.push_back({reinterpret_cast<float*>(p.state.row(b, 0, 0)), p.state.stride1, b, p.S - 1});
-  for (size_t t = 0; t < p.token_rows.size(); ++t)
-    if (p.token_rows[t] >= 0)
-      kept.push_back({reinterpret_cast<float*>(p.token_pool.row(p.token_rows[t], 0, 0)), p.token_pool.stride1, 0, int(t)});
+  for (int t = 0; t < int(p.token_states.rows.size()); ++t)
+    if (const RowView row = p.token_states.after(t); row.present())
+      kept.push_back({reinterpret_cast<float*>(row.row(0, 0, 0)), row.stride1, 0, t});
   // Per state: the inputs at its positions from 0 on, rows of x [K, C] (converted from bf16 by
   // rows); then channel by channel its W-1 values, from those rows or, before 0, from state0.
   scratch.resize(std::max(scratch.size(), (1 + kept.size()) * size_t(C) * K));
@@ -164,7 +163,7 @@ void conv_forward(const ConvParams& p, const Run& run) {
     std::vector<float> scratch;
     for (int64_t i = begin; i < end; ++i) {
       const ConvParams one = problem(p, i);
-      if (one.state.present() || !one.token_rows.empty()) write_states(one, scratch);
+      if (one.state.present() || one.token_states.any()) write_states(one, scratch);
     }
   });
 }

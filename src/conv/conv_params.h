@@ -28,10 +28,7 @@ struct ConvParams {
   // With sequences, state0 and state are [num_seqs, C, W-1] or pools addressed through them,
   // dstate and dstate0 [num_seqs, C, W-1].
   SequenceLayout sequences;
-  // A problem of one sequence (B = 1) that keeps its tokens' states: the pool (state's tensor)
-  // and the row there of the state after each of its S tokens (-1: not kept).
-  RowView token_pool;
-  std::span<const int64_t> token_rows;
+  TokenStates token_states;  // a problem of one sequence (B = 1) that keeps its tokens' states
 };
 
 // Validate exactly as the public entry points do (throwing flat::Error, writing nothing) and

@@ -119,8 +119,7 @@ Params sequence_params(const Params& p, int64_t i) {
   one.ht = state_row(p.ht, s.write_row(i));
   one.dht = p.dht.from(i, 0);
   one.dh0 = p.dh0.from(i, 0);
-  one.token_rows = s.token_rows(i, p.S);
-  if (!one.token_rows.empty()) one.token_pool = p.ht;
+  one.token_states = {p.ht, s.token_rows(i, p.S)};
   return one;
 }
 
@@ -195,7 +194,7 @@ constexpr int kLockstepItems = 8;
 constexpr int kStepTokens = 2;
 
 // An empty sequence (S = 0) takes the chunkwise path, which passes its initial state on.
-bool runs_step(const Params& p) { return !p.token_rows.empty() || (p.S >= 1 && p.S <= kStepTokens); }
+bool runs_step(const Params& p) { return p.token_states.any() || (p.S >= 1 && p.S <= kStepTokens); }
 
 // Items in lockstep belong to one problem (one sequence, or a call whose rows are its sequences).
 void recurrence_forward(const Params& p, const Run& run) {

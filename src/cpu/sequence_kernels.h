@@ -35,7 +35,7 @@ struct SequenceKernels {
                   bool write_y);
 
   // The decode path (stages/step.h): the same items token by token, from h0 (or zero) to ht,
-  // keeping the state after each token in its pool row where p.token_rows asks (a problem of one
+  // keeping the state after each token in its pool row where p.token_states asks (a problem of one
   // sequence). H [pack, K, V]: scratch for states nothing keeps.
   void (*step)(const Params& p, int64_t first, int count, void* workspace, float* H);
 

@@ -131,7 +131,7 @@ void step_token(const Chunk& ch, const float* a, const float* k, const float* q,
 }
 
 // Items [first, first + count) of p (each its packed heads in turn) token by token: y of every
-// token, the state after each token to its pool row where p.token_rows asks, the final state to
+// token, the state after each token to its pool row where p.token_states asks, the final state to
 // ht. H [pack, K, V]: where a head's state goes that nothing keeps (a token between kept ones).
 template <class Ops>
 void step_sequence(const Params& p, int64_t first, int count, void* workspace, float* H) {
@@ -142,7 +142,6 @@ void step_sequence(const Params& p, int64_t first, int count, void* workspace, f
   float* u = ch.dv;      // [V] its new values
   float* erase = ch.dq;  // [K] a * b * k, the erase product's factors
   float* query = ch.dk;  // [K] a * q
-  const auto kept = [&](int t) { return !p.token_rows.empty() && p.token_rows[size_t(t)] >= 0; };
   for (int i = 0; i < count; ++i) {
     const Item item = item_at(p, first + i);
     // Where head r's state after token t is: its pool row, ht after the last token, else the
@@ -150,7 +149,7 @@ void step_sequence(const Params& p, int64_t first, int count, void* workspace, f
     const auto place = [&](int t, int r) {
       const int n = item.n0 + r;
       if (t < 0) return StateRows::of(p.h0, item.b, n);
-      if (kept(t)) return StateRows::of(state_row(p.token_pool, p.token_rows[size_t(t)]), 0, n);
+      if (const RowView row = p.token_states.after(t); row.present()) return StateRows::of(row, 0, n);
       if (t == p.S - 1 && p.ht.present()) return StateRows::of(p.ht, item.b, n);
       return StateRows{H + size_t(r) * K * V, V};
     };
@@ -192,7 +191,7 @@ void step_sequence(const Params& p, int64_t first, int count, void* workspace, f
           }
           for (int j = 0; j < V; ++j) y[j] *= p.scale;
           store_row(p.y, item.b, t, item.n0 + r, y, V);
-          if (t == p.S - 1 && kept(t) && p.ht.present()) {
+          if (t == p.S - 1 && p.token_states.after(t).present() && p.ht.present()) {
             const StateRows final_state = StateRows::of(p.ht, item.b, item.n0 + r);
             for (int c = 0; c < K; ++c) std::memcpy(final_state.row(c), dst.row(c), sizeof(float) * V);
           }
