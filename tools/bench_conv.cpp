@@ -15,7 +15,7 @@
 namespace flat::tool {
 namespace {
 
-constexpr int64_t kDecodeSequences = 64, kDecodeSets = 4;
+constexpr int64_t kDecodeSequences = 64;
 constexpr int kDecodeRepeats = 101;  // one position per sequence: fast and noisy, so many
 
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
@@ -136,27 +136,27 @@ std::vector<PassResult> bench_conv(const ConvBenchOptions& o, std::ostream* prog
       timed_pass(progress, "conv backward, fused", o.repeats, [&] { conv_backward(ba, options, context); });
 
   // Decode: kDecodeSequences sequences of one position each, packed (cu_seqlens), their states in
-  // a pool updated in place, its rows rotated over kDecodeSets sets as the serving bench does
-  // (tools/bench_serve.h), so that each run finds them in memory.
+  // a pool updated in place, its rows rotated over kPoolSets sets (tools/bench_pass.h).
   std::vector<PassResult> passes{forward, backward};
   if (W > 1 && o.S * o.B >= kDecodeSequences) {
-    std::vector<float> pool = values(size_t(kDecodeSets * kDecodeSequences * o.C * (W - 1)), 5, 1.0f);
+    std::vector<float> pool = values(size_t(kPoolSets * kDecodeSequences * o.C * (W - 1)), 5, 1.0f);
     std::vector<int64_t> cu(kDecodeSequences + 1);
     std::iota(cu.begin(), cu.end(), 0);
-    std::vector<std::vector<int64_t>> rows(kDecodeSets, std::vector<int64_t>(kDecodeSequences));
-    for (int64_t set = 0; set < kDecodeSets; ++set)
-      std::iota(rows[size_t(set)].begin(), rows[size_t(set)].end(), set * kDecodeSequences);
+    std::vector<int64_t> first_set(kDecodeSequences);
+    std::iota(first_set.begin(), first_set.end(), 0);
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t set = 0; set < kPoolSets; ++set) rows.push_back(rows_of_set(first_set, set, kDecodeSequences));
     ConvArgs da(in);
     da.x = x.view({1, kDecodeSequences, o.C});
     da.y = y.view({1, kDecodeSequences, o.C});
     da.state0 = da.state =
-        Tensor::contiguous(pool.data(), DType::f32, {kDecodeSets * kDecodeSequences, o.C, int64_t(W - 1)});
+        Tensor::contiguous(pool.data(), DType::f32, {kPoolSets * kDecodeSequences, o.C, int64_t(W - 1)});
     const double tokens = double(kDecodeSequences) * double(o.C);
     PassResult decode{"decode, 64 sequences from a pool", 0, 2 * tokens * e + 2 * tokens * (W - 1) * 4 + taps,
                       tokens * (conv + (silu ? 6 : 0)), std::nullopt};
     int turn = 0;
     decode.seconds = timed_pass(progress, "conv decode, fused", kDecodeRepeats, [&] {
-      const std::vector<int64_t>& r = rows[size_t(turn++ % kDecodeSets)];
+      const std::vector<int64_t>& r = rows[size_t(turn++ % kPoolSets)];
       da.sequences = {cu, r, r, {}};
       conv_forward(da, options, context);
     });

@@ -19,6 +19,13 @@ double timed_pass(std::ostream* progress, const std::string& what, int repeats, 
   return s;
 }
 
+std::vector<int64_t> rows_of_set(const std::vector<int64_t>& rows, int64_t set, int64_t rows_per_set) {
+  std::vector<int64_t> moved = rows;
+  for (int64_t& row : moved)
+    if (row >= 0) row += set * rows_per_set;
+  return moved;
+}
+
 void write_pass_table(const std::vector<PassResult>& results, std::optional<double> copy_gbs, std::ostream& out) {
   char line[256];
   out << "| pass | fused ms | GB/s | % of copy | GFLOP/s | naive ms | speedup |\n";

@@ -3,6 +3,7 @@
 // against a naive same-process baseline, and judged by its bytes against the copy bandwidth.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <optional>
@@ -26,6 +27,13 @@ struct PassResult {
     return *baseline_seconds / seconds;
   }
 };
+
+// The benches of calls on a pool of states (tools/bench_serve.h, the convolution's decode) rotate
+// their timed runs over kPoolSets sets of pool rows, so that each run finds its states in memory
+// rather than in the last level cache (a server's other layers pass through it between two steps
+// of one layer). Set `set` of `rows` (pool rows, -1 kept): each moved by set * rows_per_set.
+constexpr int64_t kPoolSets = 4;
+std::vector<int64_t> rows_of_set(const std::vector<int64_t>& rows, int64_t set, int64_t rows_per_set);
 
 // The median of `repeats` timed runs (tools/timing.h); with `progress`, "<what> ... 1.23 ms" on it.
 double timed_pass(std::ostream* progress, const std::string& what, int repeats, const std::function<void()>& run);

@@ -8,10 +8,6 @@
 namespace flat::tool {
 namespace {
 
-// Sets of pool rows the timed runs rotate through: 4 x 64 MiB of states at the default shape,
-// 8 times a 32 MiB last level cache.
-constexpr int64_t kRotations = 4;
-
 // A [1, S, ...] input's tokens [first, first + count); a per-head gate (rank 1) whole.
 Tensor tokens(Tensor t, int64_t first, int64_t count) {
   if (!t.present() || t.rank == 1) return t;
@@ -69,18 +65,18 @@ std::vector<ServeResult> bench_serving(Variant variant, const BenchOptions& benc
   packed.S = std::max(o.decodes * o.draft, o.decodes + prefill.tokens() + o.decodes);
   Workload w(packed, variant);
   const Shape& sh = w.sh;
-  // The pool: kRotations sets of every call's rows, the timed runs taking them in turn, so that
-  // each run finds its states in memory rather than in the last level cache (a server's other
-  // layers pass through it between two steps of one layer). Filled with one random state repeated.
+  // The pool: kPoolSets sets of every call's rows (tools/bench_pass.h; 4 x 64 MiB of decoding
+  // states at the default shape, 8 times a 32 MiB last level cache), filled with one random state
+  // repeated.
   const int64_t state_floats = sh.N * sh.K * sh.V, rows_per_set = first_kept + o.decodes * o.draft;
-  std::vector<float> pool(size_t(kRotations * rows_per_set * state_floats));
+  std::vector<float> pool(size_t(kPoolSets * rows_per_set * state_floats));
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> dist(-0.1f, 0.1f);
   for (int64_t e = 0; e < state_floats; ++e) pool[size_t(e)] = dist(rng);
-  for (int64_t row = 1; row < kRotations * rows_per_set; ++row)
+  for (int64_t row = 1; row < kPoolSets * rows_per_set; ++row)
     std::copy_n(pool.begin(), state_floats, pool.begin() + row * state_floats);
   const Tensor pool_tensor =
-      Tensor::contiguous(pool.data(), DType::f32, {kRotations * rows_per_set, sh.N, sh.K, sh.V});
+      Tensor::contiguous(pool.data(), DType::f32, {kPoolSets * rows_per_set, sh.N, sh.K, sh.V});
   Options options = w.options(bench);
   options.check_values = false;
   ExecutionContext context;
@@ -100,13 +96,13 @@ std::vector<ServeResult> bench_serving(Variant variant, const BenchOptions& benc
     a.y = tokens(w.forward_args().y, call->first_token, T);
     a.h0 = a.ht = pool_tensor;
     // The call's rows in each set of the pool.
-    std::vector<Call> sets(kRotations, *call);
-    for (int64_t set = 0; set < kRotations; ++set)
-      for (std::vector<int64_t>* rows : {&sets[size_t(set)].reads, &sets[size_t(set)].finals, &sets[size_t(set)].kept})
-        for (int64_t& row : *rows) row += set * rows_per_set;
+    std::vector<Call> sets(kPoolSets, *call);
+    for (int64_t set = 0; set < kPoolSets; ++set)
+      for (std::vector<int64_t> Call::*rows : {&Call::reads, &Call::finals, &Call::kept})
+        sets[size_t(set)].*rows = rows_of_set(call->*rows, set, rows_per_set);
     int turn = 0;
     const auto run = [&] {
-      const Call& set = sets[size_t(turn++ % kRotations)];
+      const Call& set = sets[size_t(turn++ % kPoolSets)];
       a.sequences = {cu, set.reads, set.finals, set.kept};
       forward(variant, a, options, context);
     };

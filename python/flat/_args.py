@@ -76,6 +76,11 @@ class Sequences(NamedTuple):
         return self.final_state_indices is not None or self.token_state_indices is not None
 
 
+def sequence_count(B: int, cu_seqlens) -> int:
+    """How many sequences a call has, so how many rows its states: B, or num_seqs with cu_seqlens."""
+    return B if cu_seqlens is None else max(int(cu_seqlens.shape[0]) - 1, 0)
+
+
 _SEQUENCE_SHAPES = {"cu_seqlens": "[num_seqs + 1]", "initial_state_indices": "[num_seqs]",
                     "final_state_indices": "[num_seqs]", "token_state_indices": "[B * T]"}
 

@@ -62,11 +62,6 @@ def _sequences(sequences: _args.Sequences, pool) -> _args.Sequences:
     return sequences
 
 
-def _count(B: int, cu_seqlens) -> int:
-    """How many sequences a call has, so how many rows its states: B, or num_seqs with cu_seqlens."""
-    return B if cu_seqlens is None else max(int(cu_seqlens.shape[0]) - 1, 0)
-
-
 def _pool_reads(count: int, reads):
     """initial_state_indices of a call that updates the pool in place: without them its sequences
     start from zero (-1), not from the pool's rows."""
@@ -110,7 +105,7 @@ _H0, _HT = 7, 1
 def _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads):
     s = _args.shapes(variant, q, v, g, beta, b, w)
     results = (_result((s.B, s.S, s.N, s.V), v.dtype),
-               _result((_count(s.B, cu_seqlens), s.N, s.K, s.V) if final_state else (0,), jnp.float32))
+               _result((_args.sequence_count(s.B, cu_seqlens), s.N, s.K, s.V) if final_state else (0,), jnp.float32))
     return jax.ffi.ffi_call("flat_forward", results, vmap_method="sequential")(
         q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
         **_attributes(variant, c))
@@ -135,7 +130,7 @@ def _recurrence_backward(variant, c, final_state, saved, cotangents):
         return _result((0,) if x is None else x.shape, jnp.float32 if x is None else x.dtype)
 
     results = tuple(like(x) for x in (q, k, v, g, beta, b, w)) + (
-        _result(_state_rows(_count(s.B, cu_seqlens), h0, reads), jnp.float32),)
+        _result(_state_rows(_args.sequence_count(s.B, cu_seqlens), h0, reads), jnp.float32),)
     grads = jax.ffi.ffi_call("flat_backward", results, vmap_method="sequential")(
         q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens), _ints(reads), dy,
         dht if final_state else _absent(), **_attributes(variant, c._replace(check_values=False)))
@@ -154,7 +149,8 @@ def _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, cu_seqlens, reads
     results = (_result((s.B, s.S, s.N, s.V), v.dtype), _result(pool.shape, pool.dtype))
     return jax.ffi.ffi_call("flat_forward", results, vmap_method="sequential", input_output_aliases={_H0: _HT})(
         q, k, v, *(_given(x) for x in (g, beta, b, w)), pool, _ints(cu_seqlens),
-        _pool_reads(_count(s.B, cu_seqlens), reads), _ints(writes), _ints(tokens), **_attributes(variant, c))
+        _pool_reads(_args.sequence_count(s.B, cu_seqlens), reads), _ints(writes), _ints(tokens),
+        **_attributes(variant, c))
 
 
 _pool_recurrence.defvjp(_no_gradient, _no_gradient)
@@ -192,7 +188,7 @@ def _conv_results(x, weight, rows, final_state):
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _conv(activation, final_state, x, weight, bias, state0, cu_seqlens, reads):
-    results = _conv_results(x, weight, _count(x.shape[0], cu_seqlens), final_state)
+    results = _conv_results(x, weight, _args.sequence_count(x.shape[0], cu_seqlens), final_state)
     return jax.ffi.ffi_call("flat_conv_forward", results, vmap_method="sequential")(
         x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
         activation=activation)
@@ -209,7 +205,7 @@ def _conv_backward(activation, final_state, saved, cotangents):
     W = weight.shape[1]
     results = (_result(x.shape, x.dtype), _result(weight.shape, jnp.float32),
                _result(bias.shape if bias is not None else (0,), jnp.float32),
-               _result(_state_rows(_count(x.shape[0], cu_seqlens), state0, reads), jnp.float32))
+               _result(_state_rows(_args.sequence_count(x.shape[0], cu_seqlens), state0, reads), jnp.float32))
     dx, dweight, dbias, dstate0 = jax.ffi.ffi_call("flat_conv_backward", results, vmap_method="sequential")(
         x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads), dy,
         dstate if final_state and W > 1 else _absent(), activation=activation)
@@ -231,8 +227,9 @@ def _pool_conv(activation, x, weight, bias, pool, cu_seqlens, reads, writes, tok
     results = (_result(x.shape, x.dtype), _result(pool.shape, pool.dtype))
     return jax.ffi.ffi_call("flat_conv_forward", results, vmap_method="sequential",
                             input_output_aliases={_STATE0: _STATE})(
-        x, weight, _given(bias), pool, _ints(cu_seqlens), _pool_reads(_count(x.shape[0], cu_seqlens), reads),
-        _ints(writes), _ints(tokens), activation=activation)
+        x, weight, _given(bias), pool, _ints(cu_seqlens),
+        _pool_reads(_args.sequence_count(x.shape[0], cu_seqlens), reads), _ints(writes), _ints(tokens),
+        activation=activation)
 
 
 _pool_conv.defvjp(_no_gradient, _no_gradient)

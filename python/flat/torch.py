@@ -111,11 +111,6 @@ def _pool_lists(count: int, cu_seqlens: Optional[Tensor], reads: Optional[Tensor
     return cu, reads or [-1] * count, writes, tokens
 
 
-def _sequences(B: int, cu_seqlens: Optional[Tensor]) -> int:
-    """How many sequences a call has, so how many rows its states: B, or num_seqs with cu_seqlens."""
-    return B if cu_seqlens is None else max(int(cu_seqlens.shape[0]) - 1, 0)
-
-
 def _state_rows(count: int, state: Optional[Tensor], reads: Optional[Tensor]) -> Tensor:
     """The gradient of a call's initial state as the library writes it: like the state, or with
     initial_state_indices, one row per sequence [count, ...] (the state a pool)."""
@@ -157,7 +152,8 @@ def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
              gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
     y, s = _recurrence_output(variant, q, v, g, beta, b, w)
-    ht = torch.empty((_sequences(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state else None
+    rows = _args.sequence_count(s.B, cu_seqlens)
+    ht = torch.empty((rows, s.N, s.K, s.V), dtype=torch.float32) if final_state else None
     _call_forward(variant, q, k, v, g, beta, b, w, h0, y, ht, _lists(cu_seqlens, initial_state_indices), scale, chunk,
                   l2norm, solve, gate_group, check_values)
     return y, _none() if ht is None else ht
@@ -167,7 +163,7 @@ def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
 def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, scale, chunk, l2norm, solve, gate_group,
       check_values, final_state):
     s = _args.shapes(variant, q, v, g, beta, b, w)
-    ht = (q.new_empty((_sequences(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state
+    ht = (q.new_empty((_args.sequence_count(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state
           else q.new_empty(0, dtype=torch.float32))
     return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype), ht
 
@@ -182,8 +178,8 @@ def _forward_pool(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Ten
     the library refuses a pool whose last axis is not contiguous)."""
     q, k, v, g, beta, b, w = _dense(q, k, v, g, beta, b, w)
     y, s = _recurrence_output(variant, q, v, g, beta, b, w)
-    sequences = _pool_lists(_sequences(s.B, cu_seqlens), cu_seqlens, initial_state_indices, final_state_indices,
-                            token_state_indices)
+    sequences = _pool_lists(_args.sequence_count(s.B, cu_seqlens), cu_seqlens, initial_state_indices,
+                            final_state_indices, token_state_indices)
     _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, scale, chunk, l2norm, solve, gate_group,
                   check_values)
     return y
@@ -204,7 +200,7 @@ def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor]
               gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
     dq, dk, dv, dg, dbeta, db, dw = (_like(t) for t in (q, k, v, g, beta, b, w))
-    dh0 = _state_rows(_sequences(q.shape[0], cu_seqlens), h0, initial_state_indices)
+    dh0 = _state_rows(_args.sequence_count(q.shape[0], cu_seqlens), h0, initial_state_indices)
     _core.backward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
                    _view("b", b), _view("w", w), _view("initial_state", h0), _view("do", dy),
                    _view("dht", dht), _view("dq", dq), _view("dk", dk), _view("dv", dv),
@@ -299,7 +295,7 @@ def _conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Opt
                   final_state: bool) -> Tuple[Tensor, Tensor]:
     x, weight, bias, state0 = _dense(x, weight, bias, state0)
     y = torch.empty(x.shape, dtype=x.dtype)
-    rows, C, W = _sequences(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
+    rows, C, W = _args.sequence_count(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
     state = torch.empty((rows, C, W - 1), dtype=torch.float32) if final_state and W > 1 else None
     _call_conv(x, weight, bias, state0, y, state, _lists(cu_seqlens, initial_state_indices), activation)
     return y, _none() if state is None else state
@@ -307,7 +303,7 @@ def _conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Opt
 
 @_conv_forward.register_fake
 def _(x, weight, bias, state0, cu_seqlens, initial_state_indices, activation, final_state):
-    rows, C, W = _sequences(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
+    rows, C, W = _args.sequence_count(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
     state = x.new_empty((rows, C, W - 1) if final_state and W > 1 else (0,), dtype=torch.float32)
     return x.new_empty(x.shape), state
 
@@ -319,7 +315,7 @@ def _conv_forward_pool(x: Tensor, weight: Tensor, bias: Optional[Tensor], pool: 
     """The convolution with state0 and state one pool [P, C, W-1], read and written in place."""
     x, weight, bias = _dense(x, weight, bias)
     y = torch.empty(x.shape, dtype=x.dtype)
-    sequences = _pool_lists(_sequences(x.shape[0], cu_seqlens), cu_seqlens, initial_state_indices,
+    sequences = _pool_lists(_args.sequence_count(x.shape[0], cu_seqlens), cu_seqlens, initial_state_indices,
                             final_state_indices, token_state_indices)
     _call_conv(x, weight, bias, pool, y, pool, sequences, activation)
     return y
@@ -336,7 +332,7 @@ def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Op
                    dstate: Optional[Tensor], activation: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     x, weight, bias, state0, dy, dstate = _dense(x, weight, bias, state0, dy, dstate)
     dx, dweight, dbias = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias)
-    dstate0 = _state_rows(_sequences(x.shape[0], cu_seqlens), state0, initial_state_indices)
+    dstate0 = _state_rows(_args.sequence_count(x.shape[0], cu_seqlens), state0, initial_state_indices)
     _core.conv_backward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
                         _view("dy", dy), _view("dstate", dstate), _view("dx", dx),
                         _view("dweight", dweight), _view("dbias", dbias) if bias is not None else None,
