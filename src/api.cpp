@@ -126,7 +126,7 @@ void check_absent(const std::string& name, const Tensor& t, Variant variant, con
 Params describe_inputs(Variant variant, const Inputs& in, const Options& options, bool final_states) {
   const Tensor &q = in.q, &k = in.k, &v = in.v, &g = in.g, &h0 = in.h0;
   Params p;
-  check_tensor("q", q, {{"B", -1}, {"S", -1}, {"Nq", -1}, {"K", -1}});
+  check_tensor("q", q, {{"B", validate::kAnyOrEmpty}, {"S", validate::kAnyOrEmpty}, {"Nq", -1}, {"K", -1}});
   const int64_t B = q.shape[0], S = q.shape[1], K = q.shape[3];
   check_head_dim("q", "K", K);
   check_tensor("k", k, {{"B", B}, {"S", S}, {"Nk", -1}, {"K", K}});
@@ -212,7 +212,7 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   if (options.chunk < 16 || options.chunk > 256 || options.chunk % 16 != 0)
     fail("options.chunk", "expected a multiple of 16 from 16 to 256, got " + std::to_string(options.chunk));
   const float scale = options.scale.value_or(1.0f / std::sqrt(float(K)));
-  if (!std::isfinite(scale)) fail("options.scale", "expected a finite number");
+  if (!std::isfinite(scale)) fail("options.scale", "expected a finite number, got " + std::to_string(scale));
 
   p.B = int(B);
   p.S = int(S);
@@ -346,6 +346,7 @@ void forward(Variant variant, const ForwardArgs& args, const Options& options, c
   tensors.insert(tensors.end(), {{"y", &args.y}, {"ht", &args.ht}});
   const Backend& backend = backend_for_call(tensors, context);
   check_input_values(backend, args, options, context);
+  if (p.B == 0 || p.S == 0) return validate::pass_states(args.h0, args.ht, p.sequences, p.sequences.count(p.B));
   backend.forward(p, context);
 }
 
@@ -357,6 +358,12 @@ void backward(Variant variant, const BackwardArgs& args, const Options& options,
                                  {"db", &args.db}, {"dw", &args.dw}});
   const Backend& backend = backend_for_call(tensors, context);
   check_input_values(backend, args, options, context);
+  if (p.B == 0 || p.S == 0) {
+    // No token: the states' gradients pass through (dh0 = dht) and a per-head gate's sums are 0.
+    for (const Tensor* grad : {&args.dq, &args.dk, &args.dv, &args.dg, &args.dbeta, &args.db, &args.dw})
+      validate::fill_zero(*grad);
+    return validate::pass_states(args.dht, args.dh0, SequenceLayout{}, p.sequences.count(p.B));
+  }
   backend.backward(p, context);
 }
 

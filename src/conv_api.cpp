@@ -51,7 +51,7 @@ void check_state(const std::string& name, const Tensor& t, const ConvParams& p, 
 // final_states: the call writes final states (a forward, which may take final_state_indices).
 ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options, bool final_states) {
   ConvParams p;
-  check_tensor("x", in.x, {{"B", -1}, {"S", -1}, {"C", -1}});
+  check_tensor("x", in.x, {{"B", validate::kAnyOrEmpty}, {"S", validate::kAnyOrEmpty}, {"C", -1}});
   p.B = int(in.x.shape[0]);
   p.S = int(in.x.shape[1]);
   p.C = int(in.x.shape[2]);
@@ -131,7 +131,9 @@ void conv_forward(const ConvArgs& args, const ConvOptions& options, const Execut
   const ConvParams p = describe_conv_forward(args, options);
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"y", &args.y}, {"state", &args.state}});
-  backend_for_call(tensors, context).conv_forward(p, context);
+  const Backend& backend = backend_for_call(tensors, context);
+  if (p.B == 0 || p.S == 0) return validate::pass_states(args.state0, args.state, p.sequences, p.sequences.count(p.B));
+  backend.conv_forward(p, context);
 }
 
 void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options, const ExecutionContext& context) {
@@ -139,7 +141,13 @@ void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options, con
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dstate", &args.dstate}, {"dx", &args.dx},
                                  {"dweight", &args.dweight}, {"dbias", &args.dbias}, {"dstate0", &args.dstate0}});
-  backend_for_call(tensors, context).conv_backward(p, context);
+  const Backend& backend = backend_for_call(tensors, context);
+  if (p.B == 0 || p.S == 0) {
+    // No position: the weight's and the bias's sums are 0, the state's gradient passes through.
+    for (const Tensor* grad : {&args.dx, &args.dweight, &args.dbias}) validate::fill_zero(*grad);
+    return validate::pass_states(args.dstate, args.dstate0, SequenceLayout{}, p.sequences.count(p.B));
+  }
+  backend.conv_backward(p, context);
 }
 
 }  // namespace flat

@@ -51,7 +51,8 @@ int weight_rows_of(const Tensor& weight, const NormGateParams& p) {
 
 NormGateParams describe_inputs(const NormGateInputs& in, const NormGateOptions& options) {
   NormGateParams p;
-  check_tensor("x", in.x, {{"B", -1}, {"S", -1}, {"N", -1}, {"D", -1}});
+  check_tensor("x", in.x, {{"B", validate::kAnyOrEmpty}, {"S", validate::kAnyOrEmpty}, {"N", validate::kAnyOrEmpty},
+                           {"D", -1}});
   p.B = int(in.x.shape[0]);
   p.S = int(in.x.shape[1]);
   p.N = int(in.x.shape[2]);
@@ -114,7 +115,9 @@ void norm_gate_forward(const NormGateArgs& args, const NormGateOptions& options,
   const NormGateParams p = describe_norm_gate_forward(args, options);
   std::vector<validate::Named> tensors = input_views(args);
   tensors.push_back({"y", &args.y});
-  backend_for_call(tensors, context).norm_gate_forward(p, context);
+  const Backend& backend = backend_for_call(tensors, context);
+  if (int64_t(p.B) * p.S * p.N == 0) return;  // no row
+  backend.norm_gate_forward(p, context);
 }
 
 void norm_gate_backward(const NormGateBackwardArgs& args, const NormGateOptions& options,
@@ -122,7 +125,9 @@ void norm_gate_backward(const NormGateBackwardArgs& args, const NormGateOptions&
   const NormGateParams p = describe_norm_gate_backward(args, options);
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dx", &args.dx}, {"dg", &args.dg}, {"dweight", &args.dweight}});
-  backend_for_call(tensors, context).norm_gate_backward(p, context);
+  const Backend& backend = backend_for_call(tensors, context);
+  if (int64_t(p.B) * p.S * p.N == 0) return validate::fill_zero(args.dweight);  // summed over no row
+  backend.norm_gate_backward(p, context);
 }
 
 }  // namespace flat

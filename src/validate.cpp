@@ -1,6 +1,7 @@
 #include "validate.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <climits>
@@ -45,11 +46,11 @@ void check_tensor(const std::string& name, const Tensor& t, const std::vector<Ax
   if (t.rank != int(axes.size()))
     fail(name, "expected rank " + std::to_string(axes.size()) + " " + expected_string(axes) + ", got rank " +
                    std::to_string(t.rank) + " " + shape_string(t));
-  if (t.data == nullptr) fail(name, "null data pointer");
   for (size_t d = 0; d < axes.size(); ++d) {
-    if (t.shape[d] < 1)
-      fail(name, std::string("axis ") + axes[d].name + " must be at least 1, got " + std::to_string(t.shape[d]) +
-                     " in shape " + shape_string(t));
+    const bool may_be_empty = axes[d].size == 0 || axes[d].size == kAnyOrEmpty;
+    if (t.shape[d] < (may_be_empty ? 0 : 1))
+      fail(name, std::string("axis ") + axes[d].name + " must be at least " + (may_be_empty ? "0" : "1") + ", got " +
+                     std::to_string(t.shape[d]) + " in shape " + shape_string(t));
     if (t.shape[d] > INT_MAX)
       fail(name, std::string("axis ") + axes[d].name + " = " + std::to_string(t.shape[d]) + " is too large");
     if (axes[d].size >= 0 && t.shape[d] != axes[d].size)
@@ -58,6 +59,15 @@ void check_tensor(const std::string& name, const Tensor& t, const std::vector<Ax
   }
   if (t.stride[axes.size() - 1] != 1)
     fail(name, "the last axis must be contiguous (stride 1), got stride " + std::to_string(t.stride[axes.size() - 1]));
+  // A tensor of no elements is never read or written: frameworks give it no memory.
+  if (t.data == nullptr && element_count(t) > 0) fail(name, "null data pointer");
+}
+
+int64_t element_count(const Tensor& t) {
+  if (!t.present()) return 0;
+  int64_t count = 1;
+  for (int d = 0; d < t.rank; ++d) count *= t.shape[size_t(d)];
+  return count;
 }
 
 namespace {
@@ -149,19 +159,19 @@ bool same_view(const Tensor& a, const Tensor& b) {
 void check_no_overlap(const std::vector<Named>& outputs, const std::vector<Named>& inputs,
                       const std::vector<std::pair<std::string, std::string>>& in_place) {
   for (const Named& out : outputs) {
-    if (!out.tensor->present()) continue;
+    if (element_count(*out.tensor) == 0) continue;
     const Intervals own(*out.tensor);
     if (own.has_zero_stride()) fail(out.name, "an output's elements must not overlap, got a stride of 0");
     if (!own.nested()) fail(out.name, "an output's elements must not overlap, got strides that make them");
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Named& out = outputs[i];
-    if (!out.tensor->present()) continue;
+    if (element_count(*out.tensor) == 0) continue;
     for (size_t j = i + 1; j < outputs.size(); ++j)
-      if (outputs[j].tensor->present() && share_memory(*out.tensor, *outputs[j].tensor))
+      if (element_count(*outputs[j].tensor) > 0 && share_memory(*out.tensor, *outputs[j].tensor))
         fail(out.name, std::string("outputs must not overlap, got memory shared with ") + outputs[j].name);
     for (const Named& in : inputs) {
-      if (!in.tensor->present() || !share_memory(*out.tensor, *in.tensor)) continue;
+      if (element_count(*in.tensor) == 0 || !share_memory(*out.tensor, *in.tensor)) continue;
       const bool allowed = std::find(in_place.begin(), in_place.end(), std::pair<std::string, std::string>(out.name, in.name)) !=
                            in_place.end();
       if (allowed && same_view(*out.tensor, *in.tensor)) continue;
@@ -248,7 +258,7 @@ int64_t first_broken(const Element* row, int64_t n, Values rule) {
 }  // namespace
 
 void check_values(const std::string& name, const Tensor& t, Values rule, const cpu::Workers& workers) {
-  if (!t.present()) return;
+  if (element_count(t) == 0) return;
   // Trailing axes that are packed merge into one contiguous run; the axes before it are walked.
   int outer = t.rank - 1;
   int64_t run = t.shape[size_t(outer)];
@@ -419,6 +429,57 @@ void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& in
              " are one pool updated in place, so a row one sequence reads may be written by no other; got row " +
              std::to_string(r) + " read by sequence " + std::to_string(i) + " and written by sequence " +
              std::to_string(w.sequence) + (w.array ? " (" + w.name() + ")" : ""));
+  }
+}
+
+namespace {
+
+// The address of element (i0, i1, i2, i3) of a tensor of rank 1 to 4, its indices right-aligned
+// (a rank-3 tensor takes i1, i2, i3).
+char* element(const Tensor& t, std::array<int64_t, 4> index) {
+  int64_t offset = 0;
+  for (int d = 0; d < t.rank; ++d) offset += index[size_t(4 - t.rank + d)] * t.stride[size_t(d)];
+  return static_cast<char*>(t.data) + offset * (t.dtype == DType::bf16 ? 2 : 4);
+}
+
+// The sizes of a tensor's axes right-aligned to 4, the missing leading ones 1.
+std::array<int64_t, 4> aligned_shape(const Tensor& t) {
+  std::array<int64_t, 4> shape{1, 1, 1, 1};
+  for (int d = 0; d < t.rank; ++d) shape[size_t(4 - t.rank + d)] = t.shape[size_t(d)];
+  return shape;
+}
+
+}  // namespace
+
+void fill_zero(const Tensor& t) {
+  if (element_count(t) == 0) return;
+  const std::array<int64_t, 4> n = aligned_shape(t);
+  const size_t run = size_t(n[3]) * (t.dtype == DType::bf16 ? 2 : 4);  // the contiguous last axis
+  for (int64_t a = 0; a < n[0]; ++a)
+    for (int64_t b = 0; b < n[1]; ++b)
+      for (int64_t c = 0; c < n[2]; ++c) std::memset(element(t, {a, b, c, 0}), 0, run);
+}
+
+void pass_states(const Tensor& initial, const Tensor& final, const SequenceLayout& rows, int64_t count) {
+  if (!final.present()) return;
+  // One state: the axes after the leading (row) one, right-aligned to 3.
+  std::array<int64_t, 4> n = aligned_shape(final);
+  n[size_t(4 - final.rank)] = 1;
+  const size_t run = size_t(n[3]) * sizeof(float);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t to = rows.write_row(i), from = initial.present() ? rows.read_row(i) : -1;
+    if (to < 0) continue;
+    const auto at = [](const Tensor& t, int64_t row, int64_t b, int64_t c) {
+      std::array<int64_t, 4> index{0, b, c, 0};
+      index[size_t(4 - t.rank)] = row;
+      return element(t, index);
+    };
+    for (int64_t b = 0; b < n[1]; ++b)
+      for (int64_t c = 0; c < n[2]; ++c) {
+        char* dst = at(final, to, b, c);
+        if (from < 0) std::memset(dst, 0, run);
+        else std::memmove(dst, at(initial, from, b, c), run);
+      }
   }
 }
 

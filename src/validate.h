@@ -10,6 +10,7 @@
 
 #include "cpu/parallel.h"
 #include "flat/flat.h"
+#include "params.h"
 
 namespace flat::validate {
 
@@ -18,15 +19,21 @@ namespace flat::validate {
 // "[2, 5, 16]"
 std::string shape_string(const Tensor& t);
 
-// One expected axis: its name, and its size where it is known (-1: any size from 1).
+// One expected axis: its name, and its size where it is known (-1: any size from 1; kAnyOrEmpty:
+// any size from 0, for the axes along which a call may be empty: batch and time).
 struct Axis {
   const char* name;
   int64_t size;
 };
+inline constexpr int64_t kAnyOrEmpty = -2;
 
-// A present tensor that is a usable view of the expected shape: non-null data, every axis at
-// least 1 (and within int range), no negative stride, a contiguous last axis.
+// A present tensor that is a usable view of the expected shape: every axis at least 1 unless
+// its expected size is 0 or kAnyOrEmpty (and within int range), non-null data unless it has no
+// elements, no negative stride, a contiguous last axis.
 void check_tensor(const std::string& name, const Tensor& t, const std::vector<Axis>& axes);
+
+// Elements of a tensor (0 for an absent one).
+int64_t element_count(const Tensor& t);
 
 // A tensor as an entry point names it.
 struct Named {
@@ -34,7 +41,7 @@ struct Named {
   const Tensor* tensor;  // absent tensors are skipped
 };
 
-// Outputs must not overlap themselves (a stride of 0, say), each other or any input: the kernels
+// Outputs must not overlap themselves (tensors of no elements overlap nothing) (a stride of 0, say), each other or any input: the kernels
 // write an output while still reading the inputs, and a second output over the first. The
 // exceptions are `in_place` pairs (output, input) that may be the very same view, read in full
 // before the output is written (a state updated in place). Views whose bytes are apart pass at
@@ -57,7 +64,7 @@ int64_t head_count(const std::vector<HeadCount>& counts);
 // What every element of a tensor must be: finite, or finite and at most 0 (log-space gates).
 enum class Values { finite, finite_nonpositive };
 
-// Scans every element of a present tensor in host memory (bf16 or fp32, any strides) on the
+// Scans every element of a present tensor (of any elements) in host memory (bf16 or fp32, any strides) on the
 // workers; throws naming the first offending index and its value, e.g.
 // "g: expected finite values <= 0 (log-space gates), got inf at [0, 3, 1, 2]".
 void check_values(const std::string& name, const Tensor& t, Values rule, const cpu::Workers& workers);
@@ -88,5 +95,18 @@ void check_indices(const std::string& name, std::span<const int64_t> indices, co
 // written twice, and where the initial states are read from the very same view (a pool updated in
 // place), none that another sequence reads. S: the length of the tensor packing the sequences.
 void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& initial, const Named& final);
+
+// An empty call (no token: B = 0 or S = 0) runs no kernel; the entry points write its results
+// here instead, in host memory (the CPU's tensors).
+//
+// Zeroes every element of a present tensor (bf16 or fp32, any strides): the gradient of a
+// parameter summed over no tokens.
+void fill_zero(const Tensor& t);
+// Each sequence i < count passes its initial state on unchanged, as a sequence of no tokens does:
+// the row rows.write_row(i) of `final` (none for -1) gets the row rows.read_row(i) of `initial`, or
+// zeros where `initial` is absent or the row is -1. States are fp32 [rows, ...]; no row is read
+// after another sequence wrote it (check_pool_writes). A default SequenceLayout passes row i to
+// row i (the states' gradients: dh0 from dht).
+void pass_states(const Tensor& initial, const Tensor& final, const SequenceLayout& rows, int64_t count);
 
 }  // namespace flat::validate

@@ -19,6 +19,8 @@
 #include <tuple>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cli_files.h"
 #include "harness.h"
 #include "npy.h"
@@ -479,10 +481,25 @@ TEST_F(CliErrors, ValidInputsRun) {
   EXPECT_EQ(file_names(out), (std::set<std::string>{"y.npy", "ht.npy", "dq.npy", "dk.npy", "dv.npy"}));
 }
 
-TEST_F(CliErrors, LaIgnoresGate) {
+// An input file the run would not read is refused by name: it says the user meant something else.
+TEST_F(CliErrors, RefusesFilesItWouldNotRead) {
   write_text(in / "g.npy", "not read");
-  std::ostringstream stdout_text, stderr_text;
-  EXPECT_EQ(tool::run_command(args(), stdout_text, stderr_text), 0) << stderr_text.str();
+  expect_rejected(args(), "g.npy: la takes no gate, remove the file");
+  fs::remove(in / "g.npy");
+  for (const auto& [file, culprit] : {std::pair{"beta.npy", "beta.npy: la takes no strength beta"},
+                                      std::pair{"b.npy", "b.npy: la takes no erase gate b"},
+                                      std::pair{"w.npy", "w.npy: la takes no write gate w"}}) {
+    write_text(in / file, "not read");
+    expect_rejected(args(), culprit);
+    fs::remove(in / file);
+  }
+  write_problem(Variant::kda);
+  write_text(in / "b.npy", "not read");
+  expect_rejected(args("kda"), "b.npy: kda takes no erase gate b");
+  fs::remove(in / "b.npy");
+  fs::remove(in / "dy.npy");
+  write_text(in / "dht.npy", "not read");
+  expect_rejected(args("kda"), "dht.npy: the gradient of ht is read by a backward, which runs with dy.npy");
 }
 
 TEST_F(CliErrors, MissingInput) {
@@ -595,7 +612,7 @@ TEST_F(CliErrors, BadOptions) {
       {"la", {"--dtype", "f16"}, "--dtype"},
       {"la", {"--chunk", "64x"}, "--chunk"},
       {"la", {"--threads"}, "--threads"},
-      {"la", {"--chunk", "20"}, "chunk"},  // refused by the library, not the parser
+      {"kda", {"--chunk", "20"}, "chunk"},  // refused by the library, not the parser
   };
   for (const auto& [variant, extra, culprit] : cases) {
     SCOPED_TRACE(culprit);
@@ -770,6 +787,37 @@ TEST(WriteOutputs, FailureRemovesEverythingWritten) {
   EXPECT_EQ(file_names(out), std::set<std::string>{"keep.txt"});
   tool::write_outputs(out, outputs, [](const tool::Output& output, const fs::path& path) { output.buffer.write(path); });
   EXPECT_EQ(file_names(out), (std::set<std::string>{"keep.txt", "a.npy", "b.npy", "c.npy", "d.npy", "e.npy"}));
+}
+
+// A failed write names the output, not the temporary file it was going to.
+TEST(WriteOutputs, FailureNamesTheOutput) {
+  TempDir scratch("flat_cli_");
+  const fs::path out = scratch / "out";
+  std::vector<tool::Output> outputs;
+  outputs.push_back({"y.npy", tool::Buffer({2}, DType::f32)});
+  const auto full = [](const tool::Output&, const fs::path& path) {
+    throw tool::RunError(path.filename().string() + ": write failed");
+  };
+  try {
+    tool::write_outputs(out, outputs, full);
+    ADD_FAILURE() << "no error";
+  } catch (const tool::RunError& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(message.starts_with("y.npy: cannot write ")) << message;
+    EXPECT_TRUE(message.ends_with("y.npy: write failed")) << message;
+    EXPECT_EQ(message.find("partial"), std::string::npos) << message;
+  }
+  // The file itself failing to open (a directory in the way of the temporary name).
+  fs::create_directories(out);
+  fs::create_directory(out / (".y.npy.partial-" + std::to_string(::getpid())));
+  try {
+    tool::write_outputs(out, outputs, [](const tool::Output& output, const fs::path& path) { output.buffer.write(path); });
+    ADD_FAILURE() << "no error";
+  } catch (const tool::RunError& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(message.starts_with("y.npy: cannot write " + (out / "y.npy").string() + ": ")) << message;
+    EXPECT_EQ(message.find("partial"), std::string::npos) << message;
+  }
 }
 
 TEST_F(CliErrors, ExistingOutputDirStaysEmpty) {

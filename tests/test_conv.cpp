@@ -372,11 +372,11 @@ std::vector<Break> breaks() {
          f.x = g.x = f32(b.x, {kB, kS, kC, 1});
        },
        "flat: x: expected rank 3 [B, S, C], got rank 4 [2, 6, 20, 1]"},
-      {"S = 0",
+      {"S < 0",
        [](Buffers& b, F& f, G& g) {
-         f.x = g.x = f32(b.x, {kB, 0, kC});
+         f.x = g.x = Tensor::strided(b.x.data(), DType::f32, {kB, -1, kC}, {kS * kC, kC, 1});
        },
-       "flat: x: axis S must be at least 1, got 0"},
+       "flat: x: axis S must be at least 0, got -1"},
       {"x null", [](Buffers&, F& f, G& g) { f.x.data = g.x.data = nullptr; }, "flat: x: null data pointer"},
       {"x channel stride",
        [](Buffers& b, F& f, G& g) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -993,6 +994,163 @@ TEST(VarlenErrors, ConvRefusesBadSequencesWritingNothing) {
   a.sequences.final_state_indices = {};
   a.dstate0 = pool.tensor();
   expect_error([&] { conv_backward(a); }, "dstate0: expected shape [num_seqs=3", out);
+}
+
+// ---- Empty calls -----------------------------------------------------------------------------
+
+// A call of no token (B = 0, or S = 0: every sequence empty) does what a framework's op does on an
+// empty batch: no output element, each sequence's final state its initial one (zero without
+// one), the states' gradients passed through (dh0 = dht), a gradient summed over the tokens zero.
+// Tensors of no elements come without memory (a null data pointer), as frameworks give them.
+
+// Row i of a [rows, ...] fp32 array, bitwise `expected`'s row j (j = -1: zeros).
+void expect_row(const Array& a, int64_t i, const Array& expected, int64_t j, const std::string& what) {
+  const size_t n = a.step(0);
+  const std::vector<char> zeros(n, 0);
+  const char* want = j < 0 ? zeros.data() : expected.bytes() + size_t(j) * n;
+  EXPECT_TRUE(same_bytes(a.bytes() + size_t(i) * n, want, n)) << what << " row " << i;
+}
+
+std::vector<Layout> empty_layouts() { return {Layout{0, 6, {}}, Layout{2, 0, {}}, packed_layout({0, 0, 0})}; }
+
+std::string layout_name(const Layout& l) {
+  return "B=" + std::to_string(l.B) + " S=" + std::to_string(l.S) + " sequences=" + std::to_string(l.count());
+}
+
+TEST(EmptyCalls, RecurrencePassesTheStatesOn) {
+  for (const VariantInfo& vi : all_variants())
+    for (const Layout& layout : empty_layouts())
+      for (const bool with_states : {true, false}) {
+        SCOPED_TRACE(std::string(vi.name) + " " + layout_name(layout) + (with_states ? " h0, dht" : ""));
+        Recurrence r(vi.variant, DType::bf16, 16, 8, 16, layout, 11);
+        std::mt19937 rng{5};
+        Array h0(DType::f32, r.state_shape(layout.count()));
+        h0.fill(rng, -1, 1);
+        ForwardArgs f(r.inputs(-1));
+        if (with_states) f.h0 = h0.tensor();
+        Array y(r.dtype, r.output_shape(-1)), ht(DType::f32, r.state_shape(layout.count()));
+        f.y = y.tensor();
+        f.ht = ht.tensor();
+        forward(vi.variant, f, r.options);
+        for (int64_t i = 0; i < layout.count(); ++i) expect_row(ht, i, h0, with_states ? i : -1, "ht");
+
+        BackwardArgs b(f);
+        b.dy = r.dy.tensor();
+        if (with_states) b.dht = r.dht.tensor();
+        Array grads[7], dh0(DType::f32, r.state_shape(layout.count()));
+        for (int x = 0; x < 7; ++x)
+          if (r.in[x].present()) {
+            grads[x] = Array(r.in[x].buffer.dtype, r.in[x].shape);
+            b.*kGradients[x] = grads[x].tensor();
+          }
+        b.dh0 = dh0.tensor();
+        backward(vi.variant, b, r.options);
+        for (int64_t i = 0; i < layout.count(); ++i) expect_row(dh0, i, r.dht, with_states ? i : -1, "dh0");
+        for (int x = 0; x < 7; ++x)  // retnet's dg [Ng] alone has elements: summed over no token
+          for (size_t e = 0; e < grads[x].buffer.size(); ++e) EXPECT_EQ(grads[x].buffer.get(e), 0.0) << kNames[x];
+      }
+}
+
+// Sequences of no token with a pool updated in place: the rows written get the rows read, the
+// others stay as they were.
+TEST(EmptyCalls, PoolRowsGetTheRowsRead) {
+  Recurrence r(Variant::gla, DType::f32, 16, 8, 16, packed_layout({0, 0, 0}), 3);
+  std::mt19937 rng{9};
+  Array pool(DType::f32, r.state_shape(5));
+  pool.fill(rng, -1, 1);
+  const Array before = pool;
+  const std::vector<int64_t> reads{2, -1, 1}, writes{0, 3, 1};
+  ForwardArgs f(r.inputs(-1));
+  f.h0 = f.ht = pool.tensor();
+  f.sequences.initial_state_indices = reads;
+  f.sequences.final_state_indices = writes;
+  Array y(r.dtype, r.output_shape(-1));
+  f.y = y.tensor();
+  forward(r.variant, f, r.options);
+  for (const auto& [row, from] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {1, 1}, {2, 2}, {4, 4}})
+    expect_row(pool, row, before, from, "pool");
+  expect_row(pool, 3, before, -1, "pool");
+}
+
+TEST(EmptyCalls, ConvPassesTheStatesOn) {
+  for (const Layout& layout : empty_layouts())
+    for (const bool with_states : {true, false}) {
+      SCOPED_TRACE(layout_name(layout) + (with_states ? " state0, dstate" : ""));
+      Conv c(DType::bf16, DType::f32, 24, 4, layout, 13);
+      std::mt19937 rng{2};
+      Array state0(DType::f32, c.state_shape(layout.count()));
+      state0.fill(rng, -1, 1);
+      ConvArgs f(c.inputs(-1));
+      if (with_states) f.state0 = state0.tensor();
+      Array y(c.y_dtype, c.sequence_shape(-1)), state(DType::f32, c.state_shape(layout.count()));
+      f.y = y.tensor();
+      f.state = state.tensor();
+      conv_forward(f);
+      for (int64_t i = 0; i < layout.count(); ++i) expect_row(state, i, state0, with_states ? i : -1, "state");
+
+      ConvBackwardArgs b(f);
+      b.dy = c.dy.tensor();
+      if (with_states) b.dstate = c.dstate.tensor();
+      Array dx(c.x_dtype, c.sequence_shape(-1)), dweight(DType::f32, {c.C, c.W}), dbias(DType::f32, {c.C}),
+          dstate0(DType::f32, c.state_shape(layout.count()));
+      b.dx = dx.tensor();
+      b.dweight = dweight.tensor();
+      b.dbias = dbias.tensor();
+      b.dstate0 = dstate0.tensor();
+      conv_backward(b);
+      for (int64_t i = 0; i < layout.count(); ++i) expect_row(dstate0, i, c.dstate, with_states ? i : -1, "dstate0");
+      for (const Array* sum : {&dweight, &dbias})
+        for (size_t e = 0; e < sum->buffer.size(); ++e) EXPECT_EQ(sum->buffer.get(e), 0.0);
+    }
+}
+
+TEST(EmptyCalls, NormGateWritesAZeroWeightGradient) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{0, 3, 2, 8}, {2, 0, 2, 8}, {1, 3, 0, 8}})
+    for (const bool per_head : {false, true}) {
+      SCOPED_TRACE("x [" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + ", " +
+                   std::to_string(shape[2]) + ", 8]" + (per_head ? " weight [N, D]" : ""));
+      const std::vector<int64_t> weight_shape = per_head ? std::vector<int64_t>{shape[2], 8} : std::vector<int64_t>{8};
+      Array x(DType::bf16, shape), g(DType::f32, shape), y(DType::bf16, shape), weight(DType::f32, weight_shape);
+      std::mt19937 rng{4};
+      weight.fill(rng, 0.5, 1.5);
+      NormGateArgs f;
+      f.x = x.tensor();
+      f.g = g.tensor();
+      f.weight = weight.tensor();
+      f.y = y.tensor();
+      norm_gate_forward(f);
+      NormGateBackwardArgs b(f);
+      Array dy(DType::bf16, shape), dx(DType::bf16, shape), dg(DType::f32, shape), dweight(DType::f32, weight_shape);
+      b.dy = dy.tensor();
+      b.dx = dx.tensor();
+      b.dg = dg.tensor();
+      b.dweight = dweight.tensor();
+      norm_gate_backward(b);
+      for (size_t e = 0; e < dweight.buffer.size(); ++e) EXPECT_EQ(dweight.buffer.get(e), 0.0);
+    }
+}
+
+// An empty call is still checked in full before anything is written.
+TEST(EmptyCalls, AreCheckedLikeAnyCall) {
+  Recurrence r(Variant::gla, DType::f32, 16, 8, 16, Layout{2, 0, {}}, 1);
+  Array h0(DType::f32, r.state_shape(2)), ht(DType::f32, r.state_shape(2)), y(DType::f32, r.output_shape(-1));
+  std::mt19937 rng{1};
+  h0.fill(rng, -1, 1);
+  h0.buffer.set(5, std::numeric_limits<double>::infinity());
+  Watched out;
+  out.watch(ht);
+  ForwardArgs f(r.inputs(-1));
+  f.h0 = h0.tensor();
+  f.y = y.tensor();
+  f.ht = ht.tensor();
+  expect_error([&] { forward(r.variant, f, r.options); }, "h0: expected finite values, got inf at [0, 0, 0, 5]", out);
+  f.h0 = Tensor{};
+  f.k = Tensor::contiguous(nullptr, DType::f32, {2, 1, kNk, 16});
+  expect_error([&] { forward(r.variant, f, r.options); }, "k: expected shape [B=2, S=0, Nk, K=16], got [2, 1, 1, 16]",
+               out);
+  f.k = r.in[1].tensor();
+  f.q = Tensor::contiguous(nullptr, DType::f32, {-1, 0, kNq, 16});
+  expect_error([&] { forward(r.variant, f, r.options); }, "q: axis B must be at least 0, got -1", out);
 }
 
 }  // namespace

@@ -76,12 +76,14 @@ Config parse_args(const std::vector<std::string>& args) {
   return config;
 }
 
-// g.npy in the variant's layout (src/variants.h). Variants without a gate ignore a g.npy that is
-// there.
+// g.npy in the variant's layout (src/variants.h). A variant without a gate refuses a g.npy that
+// is there (it would not read it).
 std::optional<NpyArray> read_gate(const fs::path& dir, const VariantInfo& variant, const Options& options, int64_t B,
                                   int64_t S, int64_t K) {
   switch (variant.gate) {
-    case Gate::none: return std::nullopt;
+    case Gate::none:
+      refuse_unread(dir, "g.npy", std::string(variant.name) + " takes no gate");
+      return std::nullopt;
     case Gate::per_sequence: return read_input(dir, "g.npy", {{"Ng"}});
     case Gate::per_token: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}});
     case Gate::per_channel: return read_input(dir, "g.npy", {{"B", B}, {"S", S}, {"Ng"}, {"K", K}});
@@ -112,10 +114,15 @@ struct Strengths {
 Strengths read_strengths(const fs::path& dir, const VariantInfo& variant, int64_t B, int64_t S, int64_t K,
                          int64_t V) {
   Strengths strengths;
+  const std::string name(variant.name);
   if (variant.has_beta()) strengths.beta = read_input(dir, "beta.npy", {{"B", B}, {"S", S}, {"Nb"}});
+  else refuse_unread(dir, "beta.npy", name + " takes no strength beta");
   if (variant.has_erase_write()) {
     strengths.b = read_input(dir, "b.npy", {{"B", B}, {"S", S}, {"Nb"}, {"K", K}});
     strengths.w = read_input(dir, "w.npy", {{"B", B}, {"S", S}, {"Nw"}, {"V", V}});
+  } else {
+    refuse_unread(dir, "b.npy", name + " takes no erase gate b");
+    refuse_unread(dir, "w.npy", name + " takes no write gate w");
   }
   return strengths;
 }
@@ -149,6 +156,7 @@ std::vector<Output> compute(const Config& config) {
   std::optional<NpyArray> h0 =
       read_optional(dir, "h0.npy", {sequences.initial_state_axis(), {"N", N}, {"K", K}, {"V", V}});
   std::optional<NpyArray> dy = read_optional(dir, "dy.npy", {{"B", B}, {"S", S}, {"N", N}, {"V", V}});
+  if (!dy) refuse_unread(dir, "dht.npy", "the gradient of ht is read by a backward, which runs with dy.npy");
   std::optional<NpyArray> dht =
       dy ? read_optional(dir, "dht.npy", {sequences.sequence_axis(), {"N", N}, {"K", K}, {"V", V}}) : std::nullopt;
 

@@ -63,13 +63,14 @@ std::vector<Output> compute(const Config& config) {
   if (W == 1)
     for (const char* name : {"state0.npy", "dstate.npy", "initial_state_indices.npy", "final_state_indices.npy",
                              "token_state_indices.npy"})
-      if (fs::exists(dir / name)) throw RunError(std::string(name) + ": W = 1 keeps no state, remove the file");
+      refuse_unread(dir, name, "W = 1 keeps no state");
   const SequenceFiles sequences = read_sequences(dir, B, S, "state0.npy", "state.npy");
   const std::vector<int64_t> state_row{C, W - 1};
   std::optional<NpyArray> state0 =
       W > 1 ? read_optional(dir, "state0.npy", {sequences.initial_state_axis(), {"C", C}, {"W-1", W - 1}})
             : std::nullopt;
   std::optional<NpyArray> dy = read_optional(dir, "dy.npy", {{"B", B}, {"S", S}, {"C", C}});
+  if (!dy) refuse_unread(dir, "dstate.npy", "the gradient of state is read by a backward, which runs with dy.npy");
   std::optional<NpyArray> dstate =
       dy && W > 1 ? read_optional(dir, "dstate.npy", {sequences.sequence_axis(), {"C", C}, {"W-1", W - 1}})
                   : std::nullopt;

@@ -163,6 +163,10 @@ std::optional<NpyArray> read_optional(const fs::path& dir, const std::string& na
   return read_input(dir, name, axes);
 }
 
+void refuse_unread(const fs::path& dir, const std::string& name, const std::string& why) {
+  if (fs::exists(dir / name)) throw RunError(name + ": " + why + ", remove the file");
+}
+
 Buffer::Buffer(std::vector<int64_t> shape_, DType dtype_) : shape(std::move(shape_)), dtype(dtype_) {
   if (dtype == DType::bf16) bf16.assign(elements(), 0);
   else f32.assign(elements(), 0.0f);
@@ -279,11 +283,21 @@ void write_outputs(const fs::path& dir, const std::vector<Output>& outputs, cons
     const std::string suffix = ".partial-" + std::to_string(::getpid());
     for (const Output& output : outputs) {
       written.push_back(dir / ("." + output.name + suffix));
-      write(output, written.back());
+      // The temporary file is ours, not the user's: its errors name the output.
+      try {
+        write(output, written.back());
+      } catch (const std::exception& e) {
+        std::string_view message = e.what();
+        const std::string temporary = written.back().filename().string() + ": ";
+        if (message.starts_with(temporary)) message.remove_prefix(temporary.size());
+        throw RunError(output.name + ": cannot write " + (dir / output.name).string() + ": " + std::string(message));
+      }
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
       const fs::path final_path = dir / outputs[i].name;
-      fs::rename(written[i], final_path);
+      std::error_code error;
+      fs::rename(written[i], final_path, error);
+      if (error) throw RunError(outputs[i].name + ": cannot write " + final_path.string() + ": " + error.message());
       written[i] = final_path;
     }
   } catch (...) {

@@ -71,6 +71,9 @@ std::optional<NpyArray> read_optional(const std::filesystem::path& dir, const st
 NpyArray read_input(const std::filesystem::path& dir, const std::string& name,
                     const std::vector<std::vector<FileAxis>>& shapes);
 
+// Refuses dir/name, an input file this run would not read: "NAME: WHY, remove the file".
+void refuse_unread(const std::filesystem::path& dir, const std::string& name, const std::string& why);
+
 // A tensor as the kernels see it: float32 as read, or rounded to bf16.
 struct Buffer {
   Buffer(std::vector<int64_t> shape, DType dtype);

@@ -168,6 +168,10 @@ struct Sequences {
 //   h0, ht [B, N, K, V] fp32, optional      y [B, S, N, V]
 //   (with `sequences`, h0 and ht are [num_seqs, N, K, V] or pools [P, N, K, V]: see Sequences)
 // K and V may be 1 to 256. q, k, v, g, beta, b, w, y may each be bf16 or fp32.
+// B or S may be 0 (an empty call: checked as any, no kernel run; a tensor of no elements may have
+// a null data pointer): each sequence's final state is its initial one (zero without one), dh0 is
+// dht (zero without one), and a gradient summed over the tokens (retnet's dg; the convolution's
+// dweight, dbias) is zero.
 struct Inputs {
   Tensor q, k, v, g, h0;
   Tensor beta, b, w;
@@ -216,7 +220,7 @@ void backward(Variant variant, const BackwardArgs& args, const Options& options 
 // The pre-activation z never goes to memory: the forward applies the SiLU in the kernel, the
 // backward recomputes z from x.
 //
-// Shapes and dtypes (S, C at least 1):
+// Shapes and dtypes (C at least 1; B or S may be 0, an empty call: see Inputs):
 //   x  [B, S, C]        bf16 or fp32; only the channel axis must be contiguous, so x can be a
 //                       column block of a fused projection [B, S, 3C]
 //   weight [C, W]       fp32        bias [C] fp32, optional
@@ -284,7 +288,7 @@ void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options = {}
 //   gate before the norm (Mamba-2's block):   y = u / rms(u) * weight,   u = x * act(g)
 // and without g (no output gate), y = x / rms(x) * weight.
 //
-// Shapes and dtypes (B, S, N, D at least 1):
+// Shapes and dtypes (D at least 1; B, S or N may be 0: no row, y untouched, dweight zero):
 //   x, g, y [B, S, N, D]   bf16 or fp32 each; only the last axis must be contiguous, so g can be a
 //                          column block of a fused projection and x the recurrence's output
 //   weight [D] or [N, D]   fp32: shared by the heads, or one row of weights per head (Mamba-2's
