@@ -1,6 +1,7 @@
 """flat.nn: every layer against a float64 copy of itself on the plain-PyTorch reference (forward and
 the gradient of every parameter and of the input), state passing across calls, bf16, bad
-hyperparameters, and serving over a pool of states (a decode loop, a speculative step)."""
+hyperparameters, and serving over a pool of states (a decode loop, a speculative step, bitwise the
+calls with a state per sequence, a refused call changing neither pool)."""
 
 import copy
 
@@ -32,9 +33,11 @@ def relative_error(got, want):
     return float((got - want).norm() / max(want.norm(), 1e-30))
 
 
-def make(variant, seed=0):
+def make(variant, seed=0, **config):
+    """The layer of CONFIGS[variant] (updated by config) with its parameters moved, and a float64
+    copy of it on the reference ops."""
     torch.manual_seed(seed)
-    layer = LAYERS[variant](**CONFIGS[variant])
+    layer = LAYERS[variant](**{**CONFIGS[variant], **config})
     with torch.no_grad():  # gates away from their initial values, so every parameter matters
         for p in layer.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -240,3 +243,122 @@ def test_speculative_step_resumes_from_the_last_accepted_token(variant):
         for t in pool:
             if t is not None:
                 assert torch.isnan(t[12]).all()
+
+
+# ---- Serving: all or nothing across the two pools --------------------------------------------
+
+# RetNet with its convolution too, so that every layer runs with both pools.
+WITH_CONV = {"retnet": dict(use_short_conv=True)}
+
+
+def random_pool(layer, size):
+    """The layer's pools of `size` rows, random: every row's bits tell whether it was written."""
+    return State(*(None if t is None else torch.randn_like(t) for t in layer.state_pool(size)))
+
+
+def bits(t):
+    """t's bits as integers, a copy: NaN rows compare equal to themselves."""
+    return t.detach().view({4: torch.int32, 2: torch.int16}[t.element_size()]).clone()
+
+
+def gathered(pool, rows):
+    """A State of the pool's rows, one per sequence (a copy)."""
+    return State(*(None if t is None else t[rows].clone() for t in pool))
+
+
+def assert_bitwise(got, want, what):
+    assert torch.equal(bits(got), bits(want)), what
+
+
+@pytest.mark.parametrize("variant", list(LAYERS))
+def test_pool_calls_are_bitwise_the_calls_with_a_state_per_sequence(variant):
+    """A prefill (final_state_indices, from zero), a decode step (each sequence reading and writing
+    its row) and a speculative step of two draft tokens each (token_state_indices) over a pool give
+    bitwise the outputs and states of the same tokens through the layer with a state per sequence
+    (cu_seqlens, initial_state rows, output_final_state), in both pools; rows no index names keep
+    their bits. (The states after the first drafts: a call cutting each sequence after its first
+    token.)"""
+    layer, _ = make(variant, **WITH_CONV.get(variant, {}))
+    rows, drafts = [4, 1, 2], [6, 7, 8, 9, 10, 11]  # drafts: sequence i's two tokens write 6 + 2i, 7 + 2i
+    pool = random_pool(layer, 12)
+    untouched = [0, 3, 5]
+    before = [bits(t[untouched]) for t in pool]
+    torch.manual_seed(5)
+
+    def per_sequence(x, cu_seqlens, start=None):
+        return layer(x, initial_state=start, output_final_state=True, cu_seqlens=torch.tensor(cu_seqlens))
+
+    with torch.no_grad():
+        x = torch.randn(1, 17, 32)
+        o, _ = layer(x, initial_state=pool, cu_seqlens=torch.tensor([0, 5, 14, 17]),
+                     final_state_indices=torch.tensor(rows))
+        want, final = per_sequence(x, [0, 5, 14, 17])
+        assert_bitwise(o, want, "prefill output")
+        for got, expected in zip(pool, final):
+            assert_bitwise(got[rows], expected, "prefill states")
+
+        x = torch.randn(1, 3, 32)
+        start = gathered(pool, rows)
+        o, _ = layer(x, initial_state=pool, cu_seqlens=torch.arange(4), initial_state_indices=torch.tensor(rows),
+                     final_state_indices=torch.tensor(rows))
+        want, final = per_sequence(x, [0, 1, 2, 3], start)
+        assert_bitwise(o, want, "decode output")
+        for got, expected in zip(pool, final):
+            assert_bitwise(got[rows], expected, "decode states")
+
+        x = torch.randn(1, 6, 32)
+        start = gathered(pool, rows)
+        o, _ = layer(x, initial_state=pool, cu_seqlens=torch.tensor([0, 2, 4, 6]),
+                     initial_state_indices=torch.tensor(rows), token_state_indices=torch.tensor(drafts))
+        want, final = per_sequence(x, [0, 2, 4, 6], start)
+        _, cut = per_sequence(x, list(range(7)), gathered(pool, [r for r in rows for _ in range(2)]))
+        assert_bitwise(o, want, "speculative output")
+        for got, last, first in zip(pool, final, cut):
+            assert_bitwise(got[drafts[1::2]], last, "states after the second drafts")
+            assert_bitwise(got[drafts[0::2]], first[0::2], "states after the first drafts")
+    for got, kept in zip(pool, before):
+        assert torch.equal(bits(got[untouched]), kept)
+
+
+def nan_read_row(layer, pool):
+    pool.recurrent[1, 0, 0, 0] = float("nan")  # row 1: sequence 1's initial state
+    return pool
+
+
+def bf16_recurrent_pool(layer, pool):
+    return State(pool.recurrent.bfloat16(), pool.conv)
+
+
+def fewer_recurrent_rows(layer, pool):
+    return State(pool.recurrent[:4].clone(), pool.conv)  # row 4, sequence 0's, only in the conv's pool
+
+
+def nan_gate(layer, pool):
+    """A NaN in what the layer forms its gate (or write strength, DeltaNet's beta) from."""
+    parameter = {"gla": lambda: layer.gk_proj[1].bias, "deltanet": lambda: layer.b_proj.weight}.get(
+        layer.variant, lambda: layer.A_log)()
+    with torch.no_grad():
+        parameter.view(-1)[0] = float("nan")
+    return pool
+
+
+REFUSALS = [nan_read_row, bf16_recurrent_pool, fewer_recurrent_rows, nan_gate]
+GATED = {"mamba2", "gla", "deltanet", "gated_deltanet", "kda", "gdn2", "sla"}  # LA and RetNet: no gate to poison
+
+
+@pytest.mark.parametrize("variant, refusal",
+                         [(v, r) for r in REFUSALS for v in LAYERS if r is not nan_gate or v in GATED],
+                         ids=lambda p: p if isinstance(p, str) else p.__name__)
+def test_refused_call_changes_neither_pool(variant, refusal):
+    """A decode step the recurrence refuses (a NaN in a row it reads, a bf16 pool, a row past its
+    pool, a NaN gate) raises ValueError and leaves both pools bitwise as they were: the convolution,
+    which runs first, has not moved its rows on."""
+    layer, _ = make(variant, **WITH_CONV.get(variant, {}))
+    pool = refusal(layer, random_pool(layer, 6))
+    before = [bits(t) for t in pool]
+    rows = torch.tensor([4, 1, 2])
+    with torch.no_grad(), pytest.raises(ValueError):
+        layer(torch.randn(1, 3, 32), initial_state=pool, cu_seqlens=torch.arange(4), initial_state_indices=rows,
+              final_state_indices=rows)
+    for got, kept in zip(pool, before):
+        assert torch.equal(bits(got), kept)

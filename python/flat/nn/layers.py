@@ -23,12 +23,13 @@ pools) addressed by ``initial_state_indices`` (the rows sequences start from),
 ``final_state_indices`` (where their final states go) and ``token_state_indices`` (where the state
 after each token goes, for speculative decoding), as flat.torch takes them: with the last two
 both pools are updated in place and returned, ``(o, initial_state)``, for inference (no
-gradient). ``ops`` picks the kernels (``"kernels"``) or the plain-PyTorch reference
-(``"reference"``, any dtype; the tests run a float64 copy of each layer with it).
+gradient), all or nothing: a refused call leaves both pools unchanged. ``ops`` picks the kernels
+(``"kernels"``) or the plain-PyTorch reference (``"reference"``, any dtype; the tests run a
+float64 copy of each layer with it).
 """
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,50 @@ def _check(condition: bool, message: str) -> None:
 
 def _divides(name: str, value: int, by_name: str, by: int) -> None:
     _check(by > 0 and value % by == 0, f"{by_name} = {by} must divide {name} = {value}")
+
+
+def _scratch_rows(indices: Optional[Tensor], rows: int, first: int) -> Tuple[Optional[Tensor], Tensor]:
+    """An index array of a pool of `rows` rows renumbered to a scratch's: the entries naming a row
+    (0 to rows - 1), in order, as first, first + 1, ...; the others (-1, or out of range, which the
+    recurrence refuses on the pool itself) as -1. Returns it, of the array's dtype and shape so that
+    flat.torch judges it as the array, and the pool rows its entries name [count] int64."""
+    if not isinstance(indices, Tensor):  # None, or what flat.torch refuses by name before any work
+        return indices, torch.empty(0, dtype=torch.long)
+    flat = indices.reshape(-1)
+    named = (flat >= 0) & (flat < rows)
+    renumbered = torch.where(named, first + named.long().cumsum(0) - 1, -1)
+    return renumbered.to(indices.dtype).view(indices.shape), flat[named].long()
+
+
+class _ConvStage(NamedTuple):
+    """A pool-writing call's convolution, staged so that the layer call is all or nothing across its
+    two pools. The convolution writes its states in place, and runs before the recurrence has
+    checked its own inputs (a row it reads, its pool, its gates); so it runs on `scratch`, a copy
+    of the rows the sequences read then of those they write [R + Wr, C, W-1], through `sequences`
+    renumbered to it, and commit() copies the written rows to the pool's `rows` [Wr] once the
+    recurrence has accepted the call. Copies of a conv row, C (W-1) floats per state: small next
+    to the recurrent state the same call reads and writes."""
+
+    pool: Tensor
+    scratch: Tensor
+    sequences: Sequences
+    rows: Tensor
+
+    @staticmethod
+    def of(pool: Tensor, sequences: Sequences) -> "_ConvStage":
+        P = pool.shape[0]
+        reads, read_rows = _scratch_rows(sequences.initial_state_indices, P, 0)
+        finals, final_rows = _scratch_rows(sequences.final_state_indices, P, len(read_rows))
+        tokens, token_rows = _scratch_rows(sequences.token_state_indices, P, len(read_rows) + len(final_rows))
+        rows = torch.cat([final_rows, token_rows])
+        # One gather of the rows read, then of those written (one copy, where a fresh tensor for the
+        # written rows joined to the rows read costs two); it keeps the pool's requires_grad, so
+        # flat.torch refuses a pool needing a gradient as it would the pool itself.
+        scratch = pool.index_select(0, torch.cat([read_rows, rows]))
+        return _ConvStage(pool, scratch, Sequences(sequences.cu_seqlens, reads, finals, tokens), rows)
+
+    def commit(self) -> None:
+        self.pool.index_copy_(0, self.rows, self.scratch[self.scratch.shape[0] - len(self.rows):])
 
 
 class ShortConvolution(nn.Module):
@@ -127,11 +172,14 @@ class _Mixer(nn.Module):
         [size, C, W-1] or None without a convolution), float32 as the kernels keep states (float64
         for a float64 layer on the reference ops)."""
         N, K, V = self._state_dims()
+        conv = self._conv_state_dims()
+        return State(torch.zeros(size, N, K, V, dtype=dtype),
+                     None if conv is None else torch.zeros((size,) + conv, dtype=dtype))
+
+    def _conv_state_dims(self) -> Optional[Tuple[int, int]]:
+        """C, W-1 of the convolution's state [B, C, W-1], None without a convolution."""
         convs = self._convs()
-        conv = None
-        if convs:
-            conv = torch.zeros(size, sum(c.hidden_size for c in convs), convs[0].kernel_size - 1, dtype=dtype)
-        return State(torch.zeros(size, N, K, V, dtype=dtype), conv)
+        return (sum(c.hidden_size for c in convs), convs[0].kernel_size - 1) if convs else None
 
     def forward(self, hidden_states: Tensor, initial_state: Optional[State] = None,
                 output_final_state: bool = False, cu_seqlens: Optional[Tensor] = None, *,
@@ -140,6 +188,15 @@ class _Mixer(nn.Module):
         _check(hidden_states.dim() == 3, f"hidden_states: expected [B, T, hidden_size], got {list(hidden_states.shape)}")
         ops = ops_named(self.ops)
         sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
+        conv_pool = None if initial_state is None else initial_state.conv
+        stage = None
+        if sequences.writes_pool and conv_pool is not None and self._convs():
+            expected = tuple(initial_state.recurrent.shape[:1]) + self._conv_state_dims()
+            _check(tuple(conv_pool.shape) == expected,
+                   f"initial_state: expected conv [P, C, W-1] = {list(expected)} beside recurrent "
+                   f"{list(initial_state.recurrent.shape)} (a row of each pool per sequence slot), got conv "
+                   f"{list(conv_pool.shape)}")
+            stage = _ConvStage.of(conv_pool, sequences)
         fused = self._projections()
         weight = torch.cat([p.weight for p in fused]) if len(fused) > 1 else fused[0].weight
         bias = None
@@ -159,14 +216,16 @@ class _Mixer(nn.Module):
             if any(c.bias is not None for c in convs):
                 conv_bias = torch.cat([c.bias if c.bias is not None else c.weight.new_zeros(c.hidden_size)
                                        for c in convs])
-            blocks["conv"], conv_state = ops.conv(blocks["conv"], conv_weight, conv_bias,
-                                                  None if initial_state is None else initial_state.conv,
-                                                  output_final_state, "silu", **sequences._asdict())
+            blocks["conv"], conv_state = ops.conv(
+                blocks["conv"], conv_weight, conv_bias, conv_pool if stage is None else stage.scratch,
+                output_final_state, "silu", **(sequences if stage is None else stage.sequences)._asdict())
         args = self._inputs(hidden_states, blocks)
         q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
         o, recurrent = ops.recurrence(self.variant, q, k, v, **args,
                                       initial_state=None if initial_state is None else initial_state.recurrent,
                                       output_final_state=output_final_state, **sequences._asdict())
+        if stage is not None:
+            stage.commit()
         o = self._out_proj()(self._output(o, hidden_states, blocks))
         if sequences.writes_pool:
             return o, initial_state

@@ -214,8 +214,9 @@ def ops_named(name) -> Ops:
 class State(NamedTuple):
     """A layer's state between calls (chunked prefill, decoding): the recurrent state
     [B, N, K, V] float32 and the convolution's last inputs [B, C, W-1] (None without a
-    convolution). For serving, the same with P rows is a pool of states, addressed by
-    initial_state_indices, final_state_indices, token_state_indices (a layer's state_pool)."""
+    convolution). For serving, the same with P rows each is a pool of states, a row of each per
+    slot, addressed by initial_state_indices, final_state_indices, token_state_indices (a layer's
+    state_pool)."""
 
     recurrent: Tensor
     conv: Optional[Tensor]
