@@ -322,6 +322,24 @@ Problem::Problem(const Case& c_) : c(c_) {
 
 Implementation library() { return {"fused", cpu::recurrence_forward, cpu::recurrence_backward}; }
 
+namespace {
+
+// The library's forward with every token's state kept nowhere (token_state_indices all -1), which
+// sends each sequence down the decode path, and the final states to their own rows.
+void token_by_token_forward(const Params& p, const cpu::Run& run) {
+  const std::vector<int64_t> nowhere(size_t(p.B) * p.S, -1);
+  std::vector<int64_t> own_rows(size_t(p.B));
+  std::iota(own_rows.begin(), own_rows.end(), 0);
+  Params decode = p;
+  decode.sequences.token_state_rows = nowhere;
+  decode.sequences.write_rows = own_rows;
+  cpu::recurrence_forward(decode, run);
+}
+
+}  // namespace
+
+Implementation decode_path() { return {"decode path", token_by_token_forward, cpu::recurrence_backward}; }
+
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const cpu::Target& target,

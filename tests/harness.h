@@ -136,6 +136,9 @@ struct Implementation {
   void (*backward)(const Params&, const cpu::Run&);
 };
 Implementation library();
+// The library's forward with every sequence sent down the decode path (src/cpu/stages/step.h, the
+// recurrence token by token from a state in memory) at any length, and the library's backward.
+Implementation decode_path();
 
 // Runs forward and, when `backward`, backward on one target and `threads` threads, on poisoned
 // output buffers.

@@ -6,29 +6,12 @@
 // inputs and strong decay are all checked. Same bounds as the chunkwise kernels.
 #include <gtest/gtest.h>
 
-#include <numeric>
 #include <vector>
 
-#include "cpu/recurrence.h"
 #include "harness.h"
-#include "params.h"
 
 namespace flat::test {
 namespace {
-
-// The library's forward with every token's state kept nowhere (token_state_indices all -1), which
-// sends each sequence down the decode path, and the final states to their own rows.
-void token_by_token_forward(const Params& p, const cpu::Run& run) {
-  const std::vector<int64_t> nowhere(size_t(p.B) * p.S, -1);
-  std::vector<int64_t> own_rows(size_t(p.B));
-  std::iota(own_rows.begin(), own_rows.end(), 0);
-  Params decode = p;
-  decode.sequences.token_state_rows = nowhere;
-  decode.sequences.write_rows = own_rows;
-  cpu::recurrence_forward(decode, run);
-}
-
-const Implementation kDecodePath{"decode path", token_by_token_forward, cpu::recurrence_backward};
 
 std::vector<Case> cases() {
   const auto per_variant = [](Case& base, const auto& add) {
@@ -82,7 +65,7 @@ std::vector<Case> cases() {
 
 class DecodeVsOracle : public ::testing::TestWithParam<Case> {};
 
-TEST_P(DecodeVsOracle, Forward) { expect_within_bounds(compare(Problem(GetParam()), kDecodePath), GetParam().dtype); }
+TEST_P(DecodeVsOracle, Forward) { expect_within_bounds(compare(Problem(GetParam()), decode_path()), GetParam().dtype); }
 
 // The library's own path at the same cases: the decode path where a call's rows are 1 or 2 tokens
 // long, the chunkwise path beyond.

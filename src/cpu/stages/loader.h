@@ -7,6 +7,7 @@
 // no standard-library templates but header-only ones that inline.
 #pragma once
 
+#include <cfloat>
 #include <cstring>
 
 #include "cpu/stages/chunk.h"
@@ -14,14 +15,34 @@
 namespace flat::cpu::stages {
 namespace {
 
+// x_hat = x rstd with rstd = 1 / sqrt(sum x^2 + eps), for every finite row. The sum of squares
+// overflows fp32 once the row's norm passes about 1.8e19 (the row would normalise to 0); such a
+// row is first scaled by the power of two s that brings its largest magnitude into [0.5, 4),
+// exactly, and x s / sqrt(sum (x s)^2 + eps s^2) is the same x_hat, with rstd = s / sqrt(...).
+// Rows that do not overflow take the plain form, with no extra pass. Squares below fp32's range
+// lose nothing: eps outweighs them by 30 orders of magnitude. A row with an infinity is left to
+// the plain form, which makes it NaN.
 template <class Ops>
 void load_normalised_row(const RowView& view, int b, int t, int head, bool l2norm, float* dst,
                          float* rstd, int K) {
   load_row(view, b, t, head, dst, K);
   if (!l2norm) return;
-  const float r = 1.0f / __builtin_sqrtf(Ops::dot(dst, dst, K) + kL2NormEps);
+  float sum = Ops::dot(dst, dst, K), eps = kL2NormEps, s = 1.0f;
+  if (sum > FLT_MAX) {
+    float largest = 0.0f;
+    for (int c = 0; c < K; ++c) largest = __builtin_fmaxf(largest, __builtin_fabsf(dst[c]));
+    if (largest <= FLT_MAX) {
+      int e;
+      __builtin_frexpf(largest, &e);
+      s = __builtin_ldexpf(1.0f, -imin(e, 126));  // 2^-127 would be subnormal, 0 to denormals-are-zero
+      for (int c = 0; c < K; ++c) dst[c] *= s;
+      sum = Ops::dot(dst, dst, K);
+      eps *= s * s;
+    }
+  }
+  const float r = 1.0f / __builtin_sqrtf(sum + eps);
   for (int c = 0; c < K; ++c) dst[c] *= r;
-  *rstd = r;
+  *rstd = r * s;
 }
 
 // Gradient through x_hat = x * rstd: dx = rstd * (dx_hat - x_hat <x_hat, dx_hat>), in place.
