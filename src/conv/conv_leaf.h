@@ -246,7 +246,7 @@ namespace {
 
 // The leaves on a target's row primitives.
 template <class Rows>
-ConvKernels make_conv_kernels() {
+constexpr ConvKernels make_conv_kernels() {
   return {conv_leaf::workspace_floats, conv_leaf::forward<Rows>, conv_leaf::backward<Rows>};
 }
 

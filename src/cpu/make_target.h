@@ -40,9 +40,12 @@ struct TableOps {
 };
 
 // A target from its microkernels and its row primitives (the convolution's, which the output norm
-// shares).
+// shares). constexpr, and each target's table a constexpr static: built at compile time, so that
+// no code compiled with a target's flags runs before targets.cpp has found the CPU runs them (a
+// table built at run time was copied with AVX-512 stores, and the first look at the list of
+// targets died of an illegal instruction on a CPU without AVX-512).
 template <const MicroKernels& M, class ConvRows>
-Target make_target(const char* name, const char* products) {
+constexpr Target make_target(const char* name, const char* products) {
   return {name, products, stages::make_sequence_kernels<TableOps<M>>(), make_conv_kernels<ConvRows>(),
           make_norm_gate_kernels<M, ConvRows>(), M};
 }

@@ -17,7 +17,7 @@ constexpr MicroKernels kAvx512Bf16 = micro_kernels_avx512(gemm_bf16_6x64__avx512
 }  // namespace
 
 const Target& target_avx512_bf16() {
-  static const Target target = make_target<kAvx512Bf16, conv_avx512::ConvRowsAvx512<true>>(
+  static constexpr Target target = make_target<kAvx512Bf16, conv_avx512::ConvRowsAvx512<true>>(
       "avx512_bf16", "products of bf16 inputs on bf16 dot products, the others on fp32 FMA");
   return target;
 }

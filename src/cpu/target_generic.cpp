@@ -17,7 +17,7 @@ constexpr MicroKernels kGeneric{gemm_f32_1xn__generic,           gemm_f32_1xn__g
 }  // namespace
 
 const Target& target_generic() {
-  static const Target target = make_target<kGeneric, conv_generic::ConvRowsGeneric>("generic", "chunk products in portable C++");
+  static constexpr Target target = make_target<kGeneric, conv_generic::ConvRowsGeneric>("generic", "chunk products in portable C++");
   return target;
 }
 

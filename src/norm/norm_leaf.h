@@ -187,7 +187,7 @@ namespace flat::cpu {
 namespace {
 
 template <const MicroKernels& M, class Rows>
-NormGateKernels make_norm_gate_kernels() {
+constexpr NormGateKernels make_norm_gate_kernels() {
   return {norm_leaf::workspace_floats, norm_leaf::forward<M, Rows>, norm_leaf::backward<M, Rows>};
 }
 
