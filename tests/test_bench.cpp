@@ -177,17 +177,20 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   ASSERT_EQ(status, 0) << err.str();
 
   // Progress on the error stream, tables on the output.
-  EXPECT_NE(err.str().find("[1/13] ceilings (quick) ... "), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("[13/13] gla decode, fp32 recurrent baseline ... "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[1/17] ceilings (quick) ... "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[11/17] gla forward, model gates, subnormals kept ... "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[17/17] gla decode, fp32 recurrent baseline ... "), std::string::npos) << err.str();
   EXPECT_EQ(count(err.str(), "not measured"), 0u) << err.str();
   const std::string table = out.str();
   EXPECT_NE(table.find("| copy bandwidth GB/s"), std::string::npos) << table;
   EXPECT_NE(table.find("| fp32 FMA peak GFLOP/s"), std::string::npos) << table;
-  EXPECT_EQ(count(table, "| gla    | forward  |"), 2u) << table;
-  EXPECT_EQ(count(table, "| gla    | backward |"), 2u) << table;
+  // Forward and backward in both kernel tables and in the gates table.
+  EXPECT_EQ(count(table, "| gla    | forward  |"), 3u) << table;
+  EXPECT_EQ(count(table, "| gla    | backward |"), 3u) << table;
   EXPECT_EQ(count(table, "| gla    | fwd+bwd  |"), 2u) << table;
   EXPECT_EQ(count(table, "| gla    | decode   |"), 2u) << table;
   EXPECT_NE(table.find("| in-place update GB/s"), std::string::npos) << table;
+  EXPECT_NE(table.find("| variant | pass | weak gates ms | model gates ms |"), std::string::npos) << table;
   // Serving: 3 decodes, 2 prefills of 40 and 20 tokens, 2 speculative tokens each.
   for (const char* row : {"| gla | decode | 3 | 3 |", "| gla | speculative | 3 | 6 |", "| gla | prefill | 2 | 60 |",
                           "| gla | mixed | 5 | 63 |"})
@@ -224,6 +227,16 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   }
   EXPECT_NEAR(kernels[2]["fused"]["ms"].number, kernels[0]["fused"]["ms"].number + kernels[1]["fused"]["ms"].number,
               1e-3 * kernels[2]["fused"]["ms"].number);
+
+  const Json& gates = json["gates"];
+  ASSERT_EQ(gates.items.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(gates[i]["variant"].text, "gla");
+    EXPECT_EQ(gates[i]["pass"].text, passes[i]);
+    for (const char* timing : {"weak", "model", "model_subnormals_kept"})
+      expect_timing(gates[i][timing], std::string("gates ") + passes[i] + " " + timing);
+    EXPECT_EQ(gates[i]["weak"]["ms"].number, kernels[i]["fused"]["ms"].number);
+  }
 
   const Json& serving = json["serving"];
   EXPECT_EQ(serving["decodes"].number, 3);

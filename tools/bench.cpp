@@ -242,6 +242,34 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
   const KernelResult forward = bench_pass(Pass::forward), backward = bench_pass(Pass::backward);
   report.kernels.push_back(forward);
   report.kernels.push_back(backward);
+  if (has_model_gates(w.sh.variant)) {
+    // The same passes on gates as the models draw them, subnormals flushed as the library runs
+    // and kept as the CPU runs by default: the first against the weak gates' time above shows
+    // what strong gates cost, the second what flushing saves.
+    w.draw_model_gates();
+    const Options options = w.options(o);
+    const ForwardArgs fa = w.forward_args();
+    const BackwardArgs ba = w.backward_args();
+    for (const KernelResult* weak : {&forward, &backward}) {
+      auto run_fused = [&](bool flush) {
+        ExecutionContext context;
+        context.threads = threads;
+        context.flush_subnormals = flush;
+        return median_seconds(o.repeats, [&] {
+          weak == &backward ? flat::backward(variant, ba, options, context)
+                            : flat::forward(variant, fa, options, context);
+        });
+      };
+      auto timed = [&](const std::string& what, bool flush) {
+        progress.start(name + " " + weak->pass + ", " + what);
+        const double s = run_fused(flush);
+        progress.finish(s);
+        return Timing{s, weak->fused.flops, weak->fused.bytes};
+      };
+      const Timing model = timed("model gates", true), kept = timed("model gates, subnormals kept", false);
+      report.gates.push_back({name, weak->pass, weak->fused, model, kept});
+    }
+  }
   report.kernels.push_back({name, "fwd+bwd", forward.fused + backward.fused,
                             forward.fused_1thread + backward.fused_1thread, forward.unfused + backward.unfused,
                             forward.recurrent + backward.recurrent});
@@ -289,8 +317,10 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.isa = cpu::default_target().name;
   report.products = cpu::default_target().products;
 
-  const int per_variant = threads > 1 ? 12 : 9;
-  Progress progress(err, 1 + per_variant * int(o.variants.size()));
+  const int per_variant = threads > 1 ? 12 : 9, per_gated_variant = 4;
+  int measurements = 1;
+  for (Variant variant : o.variants) measurements += per_variant + (has_model_gates(info(variant)) ? per_gated_variant : 0);
+  Progress progress(err, measurements);
   try {
     progress.start(o.quick_ceilings ? "ceilings (quick)" : "ceilings");
     const double ceiling_seconds = seconds([&] { report.ceilings = measure_ceilings(threads, o.quick_ceilings); });

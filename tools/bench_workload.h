@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -22,6 +23,12 @@ inline std::vector<Variant> every_variant() {
   std::vector<Variant> out;
   for (const VariantInfo& v : all_variants()) out.push_back(v.variant);
   return out;
+}
+
+// Whether a variant's gates come from the input, one or more per head and token, and so can be
+// drawn as the models draw them (Workload::draw_model_gates); retnet's are constants of the model.
+inline bool has_model_gates(const VariantInfo& variant) {
+  return variant.gate != Gate::none && variant.gate != Gate::per_sequence;
 }
 
 struct BenchOptions {
@@ -112,6 +119,30 @@ struct Workload {
         dw(o.dtype, n(sh.N, sh.V), rng, 0, 0),
         h0(DType::f32, size_t(sh.B * sh.N * sh.K * sh.V), rng, -0.1f, 0.1f),
         ht(DType::f32, size_t(sh.B * sh.N * sh.K * sh.V), rng, 0, 0) {}
+
+  // g drawn as Mamba-2, Gated DeltaNet and Kimi Linear (KDA) compute it from their parameters at
+  // initialisation, in place of the weak uniform [-0.2, 0] draw: g = -A * softplus(a + dt_bias),
+  // A = exp(A_log) ~ U(1, 16) per head, dt_bias = softplus^-1(dt) with dt log-uniform in
+  // [0.001, 0.1] per gate column (per head, or per channel for KDA), a ~ N(0, 1) per token (the
+  // projection of a normalised hidden state). A token's log-decay reaches -5, a chunk's sum
+  // hundreds, so the chunk's decay factors pass through the subnormal range.
+  void draw_model_gates() {
+    std::mt19937 draws{11};
+    const int64_t width = std::max<int64_t>(1, sh.gate_width()), columns = sh.key_heads() * width;
+    std::uniform_real_distribution<double> decay_rate(1, 16), log_dt(std::log(1e-3), std::log(1e-1));
+    std::normal_distribution<double> token(0, 1);
+    const auto softplus = [](double x) { return x > 20 ? x : std::log1p(std::exp(x)); };
+    std::vector<double> A(static_cast<size_t>(sh.key_heads())), dt_bias(static_cast<size_t>(columns));
+    for (double& a : A) a = decay_rate(draws);
+    for (double& bias : dt_bias) {
+      const double dt = std::exp(log_dt(draws));
+      bias = std::log(std::expm1(dt));
+    }
+    for (size_t i = 0; i < g.f32.size(); ++i) {
+      const size_t column = i % size_t(columns);
+      g.f32[i] = float(-A[column / size_t(width)] * softplus(token(draws) + dt_bias[column]));
+    }
+  }
 
   size_t n(int64_t heads, int64_t width) const { return size_t(sh.B * sh.S * heads * width); }
   Tensor view(Array& a, int64_t heads, int64_t width) {

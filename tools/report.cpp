@@ -145,6 +145,19 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
                   cell(speedup(k.recurrent, k.fused), "x%.2f").c_str(), ms(seconds(k.fused_1thread)).c_str(),
                   cell(scaling, "x%.2f").c_str());
   }
+  if (!r.gates.empty()) {
+    out << format("\nGates as the models draw them (g = -exp(A_log) * softplus(a + dt_bias) at Mamba-2's, Gated "
+                  "DeltaNet's and Kimi Linear's initialisation) against the weak gates above, fused on %d threads, "
+                  "median of %d runs; subnormals flushed as the library runs, then kept as the CPU runs by "
+                  "default (ExecutionContext::flush_subnormals = false):\n\n",
+                  r.threads, r.repeats);
+    out << "| variant | pass | weak gates ms | model gates ms | model / weak | subnormals kept ms | kept / flushed |\n"
+           "|---|---|---:|---:|---:|---:|---:|\n";
+    for (const GateResult& g : r.gates)
+      out << format("| %-6s | %-8s | %s | %s | x%.2f | %s | x%.2f |\n", g.variant.c_str(), g.pass.c_str(),
+                    ms(g.weak.seconds).c_str(), ms(g.model.seconds).c_str(), g.model.seconds / g.weak.seconds,
+                    ms(g.model_subnormals_kept.seconds).c_str(), g.model_subnormals_kept.seconds / g.model.seconds);
+  }
   if (r.conv) {
     out << "\n";
     write_conv_markdown(r.conv->options, r.conv->results, c.copy_gbs.all, out);
@@ -237,6 +250,13 @@ void write_json(const BenchReport& r, std::ostream& out) {
         << ", \"speedup_over_unfused\": " << json_number(speedup(k.unfused, k.fused)) << ",\n";
     out << "     \"recurrent_fp32\": " << json_timing(k.recurrent)
         << ", \"speedup_over_recurrent\": " << json_number(speedup(k.recurrent, k.fused)) << "}";
+  }
+  out << "\n  ],\n  \"gates\": [";
+  for (size_t i = 0; i < r.gates.size(); ++i) {
+    const GateResult& g = r.gates[i];
+    out << (i ? "," : "") << "\n    {\"variant\": " << json_string(g.variant) << ", \"pass\": " << json_string(g.pass)
+        << ",\n     \"weak\": " << json_timing(g.weak) << ",\n     \"model\": " << json_timing(g.model)
+        << ",\n     \"model_subnormals_kept\": " << json_timing(g.model_subnormals_kept) << "}";
   }
   out << "\n  ]";
   if (r.conv) {

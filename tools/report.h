@@ -24,6 +24,15 @@ struct KernelResult {
   std::optional<Timing> unfused, recurrent;  // absent when a baseline could not run
 };
 
+// One pass of a variant with the weak gates of the tables above and with gates as the models
+// draw them (tools/bench_workload.h), both with subnormals flushed as the library runs, and the
+// model's gates again with them kept (ExecutionContext::flush_subnormals = false).
+struct GateResult {
+  std::string variant;
+  std::string pass;  // "forward" or "backward"
+  Timing weak, model, model_subnormals_kept;
+};
+
 struct BenchReport {
   int64_t B = 0, S = 0, N = 0, K = 0, V = 0;
   std::string dtype;
@@ -32,6 +41,7 @@ struct BenchReport {
   std::string products;  // what its chunk products run on, in words
   Ceilings ceilings;
   std::vector<KernelResult> kernels;
+  std::vector<GateResult> gates;  // the variants whose gates come from the input
   // The short convolution at its own shape, when it was measured.
   struct Conv {
     ConvBenchOptions options;

@@ -118,6 +118,14 @@ struct ExecutionContext {
   // and returns when all have returned; parts is at most `threads`. Empty: flat's own worker
   // threads.
   std::function<void(int parts, const std::function<void(int part)>& run_part)> parallel_for;
+  // Subnormal numbers flushed to zero, as inputs and as results (the CPU's DAZ and FTZ modes),
+  // on every thread for the span of the call's work, each thread's own mode restored after: on
+  // Intel cores every operation on a subnormal costs a microcode assist, and gates as strong as
+  // real models' make a chunk's decays underflow through the subnormal range (the chunked passes
+  // ran 8-18x slower). What it means for the results: docs/algorithm.md, "Subnormal numbers".
+  // false: the threads' own mode, to measure that cost (as FLAT_SUBNORMALS=keep in the
+  // environment does for every call).
+  bool flush_subnormals = true;
 };
 
 // Variable-length batches and a pool of states, for serving (the recurrence's and the

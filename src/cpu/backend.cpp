@@ -1,10 +1,13 @@
 // The CPU backend: every call on the default target (src/cpu/targets.h), on the context's
 // threads, or on the host framework's parallel-for when the context gives one.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <thread>
 
 #include "backend.h"
 #include "conv/conv.h"
+#include "cpu/float_mode.h"
 #include "cpu/recurrence.h"
 #include "norm/norm.h"
 
@@ -16,19 +19,43 @@ Workers workers_of(const ExecutionContext& context) {
   return {threads, context.parallel_for ? &context.parallel_for : nullptr};
 }
 
-Run run_of(const ExecutionContext& context) { return {default_target(), workers_of(context)}; }
+// FLAT_SUBNORMALS=keep in the environment: every call runs in the threads' own floating-point
+// mode, as ExecutionContext::flush_subnormals = false asks for one call. Read once.
+bool subnormals_kept_by_environment() {
+  static const bool kept = [] {
+    const char* value = std::getenv("FLAT_SUBNORMALS");
+    return value && std::string_view(value) == "keep";
+  }();
+  return kept;
+}
+
+Run run_of(const ExecutionContext& context) {
+  return {default_target(), workers_of(context), context.flush_subnormals && !subnormals_kept_by_environment()};
+}
 
 void check_values(const char* name, const Tensor& tensor, validate::Values rule, const ExecutionContext& context) {
   validate::check_values(name, tensor, rule, workers_of(context));
 }
 
-void forward(const Params& p, const ExecutionContext& context) { recurrence_forward(p, run_of(context)); }
-void backward(const Params& p, const ExecutionContext& context) { recurrence_backward(p, run_of(context)); }
-void forward_conv(const ConvParams& p, const ExecutionContext& context) { conv_forward(p, run_of(context)); }
-void backward_conv(const ConvParams& p, const ExecutionContext& context) { conv_backward(p, run_of(context)); }
-void forward_norm_gate(const NormGateParams& p, const ExecutionContext& context) { norm_gate_forward(p, run_of(context)); }
+// A driver on the call's run. The calling thread's own share of the work (a range, the
+// reductions after the ranges) runs in the call's floating-point mode too, its mode restored
+// after; the worker threads' ranges each in their per-thread scope (src/cpu/run.h).
+template <class Problem>
+void run_driver(void (*driver)(const Problem&, const Run&), const Problem& p, const ExecutionContext& context) {
+  const Run run = run_of(context);
+  const FlushSubnormals mode(run.flush_subnormals);
+  driver(p, run);
+}
+
+void forward(const Params& p, const ExecutionContext& context) { run_driver(recurrence_forward, p, context); }
+void backward(const Params& p, const ExecutionContext& context) { run_driver(recurrence_backward, p, context); }
+void forward_conv(const ConvParams& p, const ExecutionContext& context) { run_driver(conv_forward, p, context); }
+void backward_conv(const ConvParams& p, const ExecutionContext& context) { run_driver(conv_backward, p, context); }
+void forward_norm_gate(const NormGateParams& p, const ExecutionContext& context) {
+  run_driver(norm_gate_forward, p, context);
+}
 void backward_norm_gate(const NormGateParams& p, const ExecutionContext& context) {
-  norm_gate_backward(p, run_of(context));
+  run_driver(norm_gate_backward, p, context);
 }
 
 }  // namespace

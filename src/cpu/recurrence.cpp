@@ -22,7 +22,7 @@ namespace {
 
 // out(b, s, x) = sum over the scratch rows x*group .. x*group+group-1 of scratch(b, s, .), in that
 // order. With over_sequence (retnet's per-head gate) out(x) also sums over b, then s.
-void reduce_heads(const Params& p, const Workers& workers, const RowView& scratch, const RowView& out, int rows,
+void reduce_heads(const Params& p, const Run& run, const RowView& scratch, const RowView& out, int rows,
                   int group, int width, bool over_sequence) {
   const int Nx = rows / group;
   // acc += the group's rows at (b, s), through `row` ([width] scratch of the calling thread).
@@ -45,7 +45,7 @@ void reduce_heads(const Params& p, const Workers& workers, const RowView& scratc
     }
     return;
   }
-  parallel_ranges(int64_t(p.B) * p.S, workers, [&](int64_t begin, int64_t end) {
+  run_ranges(run, int64_t(p.B) * p.S, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(static_cast<size_t>(width)), row(static_cast<size_t>(width));
     for (int64_t bs = begin; bs < end; ++bs) {
       const int b = int(bs / p.S), s = int(bs % p.S);
@@ -93,9 +93,9 @@ void Gradients::add(RowView& sink, const RowView& out, int rows, int group, int 
   sink = r.view;
 }
 
-void Gradients::finish(const Workers& workers) const {
+void Gradients::finish(const Run& run) const {
   for (const Reduction& r : reductions_)
-    reduce_heads(p_, workers, r.view, r.out, r.rows, r.group, r.width, r.over_sequence);
+    reduce_heads(p_, run, r.view, r.out, r.rows, r.group, r.width, r.over_sequence);
 }
 
 namespace {
@@ -232,7 +232,7 @@ void recurrence_backward(const Params& p, const Run& run) {
       kernels.backward(one, index, workspace.data, states.floats(), dH.floats(), work.sinks(grads.sinks, problem));
     }
   });
-  grads.finish(run.workers);
+  grads.finish(run);
 }
 
 }  // namespace flat::cpu

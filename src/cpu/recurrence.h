@@ -32,7 +32,7 @@ int64_t item_count(const Params& p);
 class Gradients {
  public:
   explicit Gradients(const Params& p);
-  void finish(const Workers& workers) const;
+  void finish(const Run& run) const;
 
   GradSinks sinks;
 

@@ -11,13 +11,14 @@ namespace flat::cpu {
 struct Run {
   const Target& target;
   Workers workers;
+  bool flush_subnormals = true;  // ExecutionContext::flush_subnormals
 };
 
-// parallel_ranges over the call's workers, each range inside the target's per-thread scope.
+// parallel_ranges over the call's workers, each range inside the per-thread scope.
 template <class Body>
 void run_ranges(const Run& run, int64_t items, Body&& body) {
   parallel_ranges(items, run.workers, [&](int64_t begin, int64_t end) {
-    const ThreadScope scope(run.target);
+    const ThreadScope scope(run.target, run.flush_subnormals);
     body(begin, end);
   });
 }

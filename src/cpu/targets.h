@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "conv/conv_kernels.h"
+#include "cpu/float_mode.h"
 #include "cpu/kernels/product.h"
 #include "cpu/sequence_kernels.h"
 #include "norm/norm_kernels.h"
@@ -49,10 +50,11 @@ struct Target {
   void (*leave_thread)() = nullptr;
 };
 
-// Enters target's per-thread scope for its lifetime.
+// The per-thread scope of a call's work: subnormals flushed (src/cpu/float_mode.h) when the call
+// asks, then the target's own per-thread state, both undone in reverse order at the end.
 class ThreadScope {
  public:
-  explicit ThreadScope(const Target& target) : target_(target) {
+  ThreadScope(const Target& target, bool flush_subnormals) : mode_(flush_subnormals), target_(target) {
     if (target_.enter_thread) target_.enter_thread();
   }
   ~ThreadScope() {
@@ -62,6 +64,7 @@ class ThreadScope {
   ThreadScope& operator=(const ThreadScope&) = delete;
 
  private:
+  const FlushSubnormals mode_;
   const Target& target_;
 };
 

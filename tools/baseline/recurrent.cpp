@@ -482,7 +482,7 @@ void recurrent_backward(const Params& p, const cpu::Run& run) {
     for (int64_t item = begin; item < end; ++item)
       backward_walk(p, int(item / p.N), int(item % p.N), w, grads.sinks);
   });
-  grads.finish(run.workers);
+  grads.finish(run);
 }
 
 }  // namespace flat::baseline

@@ -95,7 +95,7 @@ void unfused_backward(const Params& p, const cpu::Run& run) {
     kernels.chunk_gradients(p, b, m, c, workspace, states.item(item) + size_t(c) * state,
                             dstates.item(item) + size_t(c + 1) * state, grads.sinks);
   });
-  grads.finish(run.workers);
+  grads.finish(run);
 }
 
 }  // namespace flat::baseline
