@@ -1,6 +1,7 @@
 """What the framework bindings share: the variants' inputs and the shapes of their outputs."""
 
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+import math
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 from . import VARIANTS
 
@@ -45,7 +46,7 @@ def shapes(variant: str, q, v, g, beta, b, w) -> Shapes:
 class Call(NamedTuple):
     """A call's options, as the library takes them (flat::Options)."""
 
-    scale: float  # NaN: K^-1/2
+    scale: Optional[float]  # None: K^-1/2
     chunk: int
     l2norm: bool
     solve: str
@@ -57,8 +58,11 @@ def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool,
          check_values: bool) -> Call:
     if solve not in SOLVES:
         raise ValueError(f"flat: solve: expected one of {', '.join(SOLVES)}, got '{solve}'")
-    return Call(float(scale) if scale is not None else float("nan"), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
-                int(gate_group or 0), bool(check_values))
+    if scale is not None:
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"flat: scale: expected a finite number, or None for K^-1/2, got {scale}")
+    return Call(scale, int(chunk_size), bool(use_qk_l2norm_in_kernel), solve, int(gate_group or 0), bool(check_values))
 
 
 class Sequences(NamedTuple):
@@ -92,6 +96,39 @@ def check_sequences(sequences: Sequences, kind: str, problem: Callable[[Any], Op
         wrong = None if x is None else problem(x)
         if wrong is not None:
             raise ValueError(f"flat: {name}: expected {kind} {_SEQUENCE_SHAPES[name]} of int32 or int64, got {wrong}")
+    check_offsets_given(sequences.cu_seqlens)
+
+
+def check_offsets_given(cu_seqlens) -> None:
+    """An empty cu_seqlens is not "not given" (that is None): it has not even the first offset 0."""
+    if cu_seqlens is not None and int(cu_seqlens.shape[0]) == 0:
+        raise ValueError("flat: cu_seqlens: expected num_seqs + 1 offsets from 0 to T (None for one sequence per "
+                         "batch row), got an empty array")
+
+
+def accepted_rows(token_state_indices: List[int], cu_seqlens: List[int], num_accepted: List[int]) -> List[int]:
+    """accepted_state_indices on host integers, checked: the row of each sequence's last accepted
+    token, token_state_indices[cu_seqlens[i] + num_accepted[i] - 1]; -1 for an empty sequence
+    (num_accepted 0), which kept no state in this step."""
+    if not cu_seqlens or cu_seqlens[0] != 0 or any(a > b for a, b in zip(cu_seqlens, cu_seqlens[1:])):
+        raise ValueError(f"flat: cu_seqlens: expected non-decreasing offsets from 0, got {cu_seqlens}")
+    if len(token_state_indices) != cu_seqlens[-1]:
+        raise ValueError(f"flat: token_state_indices: expected one index per token, cu_seqlens[-1] = "
+                         f"{cu_seqlens[-1]}, got {len(token_state_indices)}")
+    lengths = [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
+    if len(num_accepted) != len(lengths) or any(not (1 <= n <= length or n == length == 0)
+                                                for n, length in zip(num_accepted, lengths)):
+        raise ValueError(f"flat: num_accepted: expected a count per sequence from 1 to its length {lengths} (0 for an "
+                         f"empty sequence), got {num_accepted}")
+    rows = []
+    for i, (start, n) in enumerate(zip(cu_seqlens, num_accepted)):
+        row = token_state_indices[start + n - 1] if n else -1
+        if n and row < 0:
+            raise ValueError(f"flat: token_state_indices: sequence {i}'s last accepted token, "
+                             f"token_state_indices[{start + n - 1}], kept no state (-1), expected a pool row to "
+                             "resume from")
+        rows.append(row)
+    return rows
 
 
 def check_pool(sequences: Sequences, pool) -> None:

@@ -53,9 +53,30 @@ def _problem(x) -> Optional[str]:
     return None
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _check_narrowing(name: str, x) -> None:
+    """With jax_enable_x64 off (JAX's default) JAX narrows int64 to int32, wrapping what does not
+    fit: a concrete array's values are checked before, so that 2**32 + 1 is refused rather than read
+    as 1. A traced array is int32 already (narrowed where it entered the trace)."""
+    if x is None or isinstance(x, jax.core.Tracer) or jax.dtypes.canonicalize_dtype(np.int64) == np.int64:
+        return
+    values = np.asarray(x)
+    if values.dtype.kind not in "iu" or values.size == 0:
+        return
+    out = (values < _INT32.min) | (values > _INT32.max)
+    if out.any():
+        at = tuple(int(i) for i in np.argwhere(out)[0])
+        raise ValueError(f"flat: {name}: expected values that fit int32 (jax_enable_x64 is off, so JAX would narrow "
+                         f"them), got {values[at]} at {list(at)}")
+
+
 def _sequences(sequences: _args.Sequences, pool) -> _args.Sequences:
     """The arrays as JAX arrays (int32 unless x64 is enabled; the handlers read either), checked for
     what the library cannot see (it checks their values)."""
+    for name, x in sequences._asdict().items():
+        _check_narrowing(name, x)
     sequences = _args.Sequences(*(None if x is None else jnp.asarray(x) for x in sequences))
     _args.check_sequences(sequences, "an array", _problem)
     _args.check_pool(sequences, pool)
@@ -93,7 +114,8 @@ def _result(shape, dtype):
 
 
 def _attributes(variant: str, c: _args.Call):
-    return dict(variant=variant, scale=np.float32(c.scale), chunk=np.int64(c.chunk), l2norm=np.int64(c.l2norm),
+    return dict(variant=variant, scale=np.float32(0.0 if c.scale is None else c.scale),
+                default_scale=np.int64(c.scale is None), chunk=np.int64(c.chunk), l2norm=np.int64(c.l2norm),
                 solve=c.solve, gate_group=np.int64(c.gate_group), check_values=np.int64(c.check_values))
 
 
@@ -173,9 +195,25 @@ globals().update(_api.variant_functions(_run))
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
     """As flat.torch.accepted_state_indices: the pool row each sequence's next step starts from
-    after a speculative step, token_state_indices[cu_seqlens[i] + num_accepted[i] - 1]. Traceable
-    (jax.jit), so num_accepted is not checked: each count must be from 1 to its sequence's length."""
-    return jnp.asarray(token_state_indices)[jnp.asarray(cu_seqlens)[:-1] + jnp.asarray(num_accepted) - 1]
+    after a speculative step, token_state_indices[cu_seqlens[i] + num_accepted[i] - 1], -1 for an
+    empty sequence (num_accepted 0). Concrete arrays are checked as flat.torch checks them; traced
+    ones (under jax.jit) cannot be, only their shapes: there each count must be from 1 to its
+    sequence's length (0 for an empty one), and a last accepted token's row -1 comes back as -1."""
+    arrays = {"token_state_indices": token_state_indices, "cu_seqlens": cu_seqlens, "num_accepted": num_accepted}
+    for name, x in arrays.items():
+        _check_narrowing(name, x)
+    tokens, cu, accepted = (jnp.asarray(x) for x in arrays.values())
+    _args.check_sequences(_args.Sequences(cu, token_state_indices=tokens), "an array", _problem)
+    if _problem(accepted) is not None:
+        raise ValueError(f"flat: num_accepted: expected an array [num_seqs] of int32 or int64, got {_problem(accepted)}")
+    if not any(isinstance(x, jax.core.Tracer) for x in (tokens, cu, accepted)):
+        rows = _args.accepted_rows(np.asarray(tokens).tolist(), np.asarray(cu).tolist(), np.asarray(accepted).tolist())
+        return jnp.asarray(rows, tokens.dtype)
+    if tokens.shape[0] == 0:  # no token, every sequence empty (and nothing to gather from)
+        return jnp.full(accepted.shape, -1, tokens.dtype)
+    # An empty sequence's index points past the end, where the gather fills in -1.
+    last = jnp.where(accepted > 0, cu[:-1] + accepted - 1, tokens.shape[0])
+    return tokens.at[last].get(mode="fill", fill_value=-1)
 
 
 # ---- The short convolution -------------------------------------------------------------------
@@ -245,7 +283,8 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
         return _pool_conv(activation, x, weight, bias, initial_state, *sequences)
     y, state = _conv(activation, bool(output_final_state), x, weight, bias, initial_state, sequences.cu_seqlens,
                      sequences.initial_state_indices)
-    return y, (state if output_final_state and state.size else None)
+    # Without a state (W = 1) the handler's is absent, shape (0,); an empty batch's has its rank.
+    return y, (state if output_final_state and state.ndim > 1 else None)
 
 
 # ---- The output norm and gate ----------------------------------------------------------------

@@ -45,6 +45,8 @@ def _view(name: str, t: Optional[Tensor]):
     outlive the call that reads the view (see _dense)."""
     if t is None:
         return None
+    if not 1 <= t.dim() <= 4:
+        raise ValueError(f"flat: {name}: expected a tensor of rank 1 to 4, got rank {t.dim()} {list(t.shape)}")
     if t.device.type != "cpu":
         raise ValueError(f"flat: {name}: expected a tensor on the CPU, got one on {t.device}")
     if t.dtype not in _DTYPES:
@@ -148,7 +150,7 @@ def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, sc
 @torch.library.custom_op("flat::forward", mutates_args=())
 def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
              b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-             initial_state_indices: Optional[Tensor], scale: float, chunk: int, l2norm: bool, solve: str,
+             initial_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
              gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
     y, s = _recurrence_output(variant, q, v, g, beta, b, w)
@@ -172,7 +174,7 @@ def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, sc
 def _forward_pool(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
                   b: Optional[Tensor], w: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
                   initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
-                  token_state_indices: Optional[Tensor], scale: float, chunk: int, l2norm: bool, solve: str,
+                  token_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
                   gate_group: int, check_values: bool) -> Tensor:
     """The recurrence with h0 and ht one pool [P, N, K, V], read and written in place (never copied:
     the library refuses a pool whose last axis is not contiguous)."""
@@ -195,8 +197,8 @@ def _(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, initial_state_indices, 
 @torch.library.custom_op("flat::backward", mutates_args=())
 def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
               b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-              initial_state_indices: Optional[Tensor], dy: Tensor, dht: Optional[Tensor], scale: float, chunk: int,
-              l2norm: bool, solve: str,
+              initial_state_indices: Optional[Tensor], dy: Tensor, dht: Optional[Tensor], scale: Optional[float],
+              chunk: int, l2norm: bool, solve: str,
               gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
     dq, dk, dv, dg, dbeta, db, dw = (_like(t) for t in (q, k, v, g, beta, b, w))
@@ -265,20 +267,16 @@ def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_
     token_state_indices[t], the row each sequence's next step starts from (its
     initial_state_indices): that of its last accepted token, token_state_indices[cu_seqlens[i] +
     num_accepted[i] - 1]. num_accepted [num_seqs] (FLA's num_accepted_tokens) counts sequence i's
-    accepted tokens, from 1 to its length."""
+    accepted tokens, from 1 to its length; an empty sequence takes 0 and gets -1 (it kept no state:
+    its next step starts from the row it started this one from, which the caller holds). A last
+    accepted token that kept no state (-1) is refused."""
     _args.check_sequences(_args.Sequences(cu_seqlens, token_state_indices=token_state_indices), "a CPU tensor",
                           _problem)
     wrong = _problem(num_accepted)
     if wrong is not None:
         raise ValueError(f"flat: num_accepted: expected a CPU tensor [num_seqs] of int32 or int64, got {wrong}")
-    starts, lengths = cu_seqlens[:-1], cu_seqlens[1:] - cu_seqlens[:-1]
-    if token_state_indices.shape[0] != int(cu_seqlens[-1]):
-        raise ValueError(f"flat: token_state_indices: expected one index per token, cu_seqlens[-1] = "
-                         f"{int(cu_seqlens[-1])}, got {token_state_indices.shape[0]}")
-    if num_accepted.shape != starts.shape or bool(((num_accepted < 1) | (num_accepted > lengths)).any()):
-        raise ValueError(f"flat: num_accepted: expected a count per sequence from 1 to its length {lengths.tolist()}, "
-                         f"got {num_accepted.tolist()}")
-    return token_state_indices[starts + num_accepted - 1]
+    rows = _args.accepted_rows(token_state_indices.tolist(), cu_seqlens.tolist(), num_accepted.tolist())
+    return torch.tensor(rows, dtype=token_state_indices.dtype)
 
 
 # ---- The short convolution -------------------------------------------------------------------
@@ -379,7 +377,7 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
         return _conv_forward_pool(x, weight, bias, initial_state, *sequences, activation), initial_state
     y, state = _conv_forward(x, weight, bias, initial_state, cu_seqlens, initial_state_indices, activation,
                              output_final_state)
-    return y, (state if output_final_state and state.numel() else None)
+    return y, (_absent(state) if output_final_state else None)
 
 
 # ---- The output norm and gate ----------------------------------------------------------------

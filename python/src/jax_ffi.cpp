@@ -1,7 +1,9 @@
 // The library as XLA custom calls on the CPU (JAX's typed FFI): one handler per entry point, on
 // XLA's buffers (dense, row-major) and on XLA's intra-op thread pool. A tensor the call does not
-// have comes as an array of 0 elements; flags come as int64 attributes; flat::Sequences' arrays
-// come as integer buffers (traced values, not attributes), 0 elements where not given. A pool
+// have comes as an array of shape (0,) (a tensor of an empty batch has its rank, 3 or 4); flags
+// come as int64 attributes, the scale with default_scale (1: K^-1/2, scale unread); flat::Sequences'
+// arrays come as integer buffers (traced values, not attributes), 0 elements where not given (flat.jax
+// refuses an empty cu_seqlens before it gets here). A pool
 // updated in place is an input aliased to an output (ffi_call's input_output_aliases): the two
 // buffers are one. Built only where jaxlib's FFI headers were found (FLAT_WITH_JAX_FFI);
 // flat/jax.py registers the handlers.
@@ -10,7 +12,6 @@
 #ifdef FLAT_WITH_JAX_FFI
 
 #include <atomic>
-#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "flat/flat.h"
+#include "options.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -28,18 +30,20 @@ namespace ffi = xla::ffi;
 namespace flat::python {
 namespace {
 
-// A buffer as a dense view; absent (no tensor) when it has no elements.
-Tensor tensor_of(const ffi::AnyBuffer& buffer) {
-  if (buffer.element_count() == 0) return {};
+// A buffer as a dense view; absent (no tensor) when of shape (0,).
+Tensor tensor_of(const ffi::AnyBuffer& buffer, const char* name) {
+  const auto dims = buffer.dimensions();
+  if (dims.size() == 1 && dims[0] == 0) return {};
+  if (dims.size() == 0 || dims.size() > 4)
+    throw Error(std::string("flat: ") + name + ": expected an array of rank 1 to 4, got rank " +
+                std::to_string(dims.size()));
   Tensor t;
   t.data = buffer.untyped_data();
   switch (buffer.element_type()) {
     case ffi::DataType::F32: t.dtype = DType::f32; break;
     case ffi::DataType::BF16: t.dtype = DType::bf16; break;
-    default: throw Error("flat: dtype not supported (expected float32 or bfloat16)");
+    default: throw Error(std::string("flat: ") + name + ": dtype not supported (expected float32 or bfloat16)");
   }
-  const auto dims = buffer.dimensions();
-  if (dims.size() > 4) throw Error("flat: an array of rank above 4");
   t.rank = int(dims.size());
   int64_t step = 1;
   for (int d = t.rank - 1; d >= 0; --d) {
@@ -50,7 +54,7 @@ Tensor tensor_of(const ffi::AnyBuffer& buffer) {
   return t;
 }
 
-Tensor output_of(ffi::Result<ffi::AnyBuffer>& result) { return tensor_of(*result); }
+Tensor output_of(ffi::Result<ffi::AnyBuffer>& result, const char* name) { return tensor_of(*result, name); }
 
 // An integer buffer's values as the library reads them, int64 (JAX's integers are int32 unless
 // x64 is enabled); empty when it has no elements.
@@ -125,23 +129,11 @@ ExecutionContext context_of(ffi::ThreadPool& pool) {
   return context;
 }
 
-Solve solve_of(std::string_view name) {
-  if (name == "subst") return Solve::substitution;
-  if (name == "blocked") return Solve::blocked;
-  if (name == "doubling") return Solve::doubling;
-  return Solve::automatic;
-}
-
-Options options_of(float scale, int64_t chunk, int64_t l2norm, std::string_view solve, int64_t gate_group,
-                   int64_t check_values) {
-  Options options;
-  if (!std::isnan(scale)) options.scale = scale;
-  options.chunk = int(chunk);
-  options.l2norm_qk = l2norm != 0;
-  options.solve = solve_of(solve);
-  options.gate_group = int(gate_group);
-  options.check_values = check_values != 0;
-  return options;
+// The recurrence's attributes as flat::Options.
+Options attribute_options(float scale, int64_t default_scale, int64_t chunk, int64_t l2norm, std::string_view solve,
+                          int64_t gate_group, int64_t check_values) {
+  return options_of(default_scale != 0 ? std::nullopt : std::optional<float>(scale), chunk, l2norm != 0, solve,
+                    gate_group, check_values != 0);
 }
 
 // The library's errors (flat::Error) as XLA's, which JAX raises with the message.
@@ -155,8 +147,9 @@ ffi::Error guarded(Body&& body) {
   }
 }
 
-ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t chunk, int64_t l2norm,
-                        std::string_view solve, int64_t gate_group, int64_t check_values, ffi::AnyBuffer q,
+ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t default_scale,
+                        int64_t chunk, int64_t l2norm, std::string_view solve, int64_t gate_group,
+                        int64_t check_values, ffi::AnyBuffer q,
                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer b,
                         ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer reads,
                         ffi::AnyBuffer writes, ffi::AnyBuffer tokens, ffi::Result<ffi::AnyBuffer> y,
@@ -165,23 +158,24 @@ ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float sc
     const SequenceValues sequences = sequences_of(cu_seqlens, reads, writes, tokens);
     ForwardArgs args;
     args.sequences = sequences.view();
-    args.q = tensor_of(q);
-    args.k = tensor_of(k);
-    args.v = tensor_of(v);
-    args.g = tensor_of(g);
-    args.beta = tensor_of(beta);
-    args.b = tensor_of(b);
-    args.w = tensor_of(w);
-    args.h0 = tensor_of(h0);
-    args.y = output_of(y);
-    args.ht = output_of(ht);
-    forward(parse_variant(variant), args, options_of(scale, chunk, l2norm, solve, gate_group, check_values),
-            context_of(pool));
+    args.q = tensor_of(q, "q");
+    args.k = tensor_of(k, "k");
+    args.v = tensor_of(v, "v");
+    args.g = tensor_of(g, "g");
+    args.beta = tensor_of(beta, "beta");
+    args.b = tensor_of(b, "b");
+    args.w = tensor_of(w, "w");
+    args.h0 = tensor_of(h0, "initial_state");
+    args.y = output_of(y, "o");
+    args.ht = output_of(ht, "final_state");
+    forward(parse_variant(variant), args,
+            attribute_options(scale, default_scale, chunk, l2norm, solve, gate_group, check_values), context_of(pool));
   });
 }
 
-ffi::Error backward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t chunk, int64_t l2norm,
-                         std::string_view solve, int64_t gate_group, int64_t check_values, ffi::AnyBuffer q,
+ffi::Error backward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t default_scale,
+                         int64_t chunk, int64_t l2norm, std::string_view solve, int64_t gate_group,
+                         int64_t check_values, ffi::AnyBuffer q,
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer b,
                          ffi::AnyBuffer w, ffi::AnyBuffer h0, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer reads,
                          ffi::AnyBuffer dy, ffi::AnyBuffer dht, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
@@ -192,26 +186,26 @@ ffi::Error backward_impl(ffi::ThreadPool pool, std::string_view variant, float s
     const SequenceValues sequences = reads_of(cu_seqlens, reads);
     BackwardArgs args;
     args.sequences = sequences.view();
-    args.q = tensor_of(q);
-    args.k = tensor_of(k);
-    args.v = tensor_of(v);
-    args.g = tensor_of(g);
-    args.beta = tensor_of(beta);
-    args.b = tensor_of(b);
-    args.w = tensor_of(w);
-    args.h0 = tensor_of(h0);
-    args.dy = tensor_of(dy);
-    args.dht = tensor_of(dht);
-    args.dq = output_of(dq);
-    args.dk = output_of(dk);
-    args.dv = output_of(dv);
-    args.dg = output_of(dg);
-    args.dbeta = output_of(dbeta);
-    args.db = output_of(db);
-    args.dw = output_of(dw);
-    args.dh0 = output_of(dh0);
-    backward(parse_variant(variant), args, options_of(scale, chunk, l2norm, solve, gate_group, check_values),
-             context_of(pool));
+    args.q = tensor_of(q, "q");
+    args.k = tensor_of(k, "k");
+    args.v = tensor_of(v, "v");
+    args.g = tensor_of(g, "g");
+    args.beta = tensor_of(beta, "beta");
+    args.b = tensor_of(b, "b");
+    args.w = tensor_of(w, "w");
+    args.h0 = tensor_of(h0, "initial_state");
+    args.dy = tensor_of(dy, "dy");
+    args.dht = tensor_of(dht, "dht");
+    args.dq = output_of(dq, "dq");
+    args.dk = output_of(dk, "dk");
+    args.dv = output_of(dv, "dv");
+    args.dg = output_of(dg, "dg");
+    args.dbeta = output_of(dbeta, "dbeta");
+    args.db = output_of(db, "db");
+    args.dw = output_of(dw, "dw");
+    args.dh0 = output_of(dh0, "dh0");
+    backward(parse_variant(variant), args,
+             attribute_options(scale, default_scale, chunk, l2norm, solve, gate_group, check_values), context_of(pool));
   });
 }
 
@@ -223,12 +217,12 @@ ffi::Error conv_forward_impl(ffi::ThreadPool pool, std::string_view activation, 
     const SequenceValues sequences = sequences_of(cu_seqlens, reads, writes, tokens);
     ConvArgs args;
     args.sequences = sequences.view();
-    args.x = tensor_of(x);
-    args.weight = tensor_of(weight);
-    args.bias = tensor_of(bias);
-    args.state0 = tensor_of(state0);
-    args.y = output_of(y);
-    args.state = output_of(state);
+    args.x = tensor_of(x, "x");
+    args.weight = tensor_of(weight, "weight");
+    args.bias = tensor_of(bias, "bias");
+    args.state0 = tensor_of(state0, "initial_state");
+    args.y = output_of(y, "y");
+    args.state = output_of(state, "final_state");
     ConvOptions options;
     options.activation = parse_activation(activation);
     conv_forward(args, options, context_of(pool));
@@ -245,16 +239,16 @@ ffi::Error conv_backward_impl(ffi::ThreadPool pool, std::string_view activation,
     const SequenceValues sequences = reads_of(cu_seqlens, reads);
     ConvBackwardArgs args;
     args.sequences = sequences.view();
-    args.x = tensor_of(x);
-    args.weight = tensor_of(weight);
-    args.bias = tensor_of(bias);
-    args.state0 = tensor_of(state0);
-    args.dy = tensor_of(dy);
-    args.dstate = tensor_of(dstate);
-    args.dx = output_of(dx);
-    args.dweight = output_of(dweight);
-    args.dbias = output_of(dbias);
-    args.dstate0 = output_of(dstate0);
+    args.x = tensor_of(x, "x");
+    args.weight = tensor_of(weight, "weight");
+    args.bias = tensor_of(bias, "bias");
+    args.state0 = tensor_of(state0, "initial_state");
+    args.dy = tensor_of(dy, "dy");
+    args.dstate = tensor_of(dstate, "dstate");
+    args.dx = output_of(dx, "dx");
+    args.dweight = output_of(dweight, "dweight");
+    args.dbias = output_of(dbias, "dbias");
+    args.dstate0 = output_of(dstate0, "dstate0");
     ConvOptions options;
     options.activation = parse_activation(activation);
     conv_backward(args, options, context_of(pool));
@@ -274,10 +268,10 @@ ffi::Error norm_gate_forward_impl(ffi::ThreadPool pool, std::string_view activat
                                   ffi::Result<ffi::AnyBuffer> y) {
   return guarded([&] {
     NormGateArgs args;
-    args.x = tensor_of(x);
-    args.g = tensor_of(g);
-    args.weight = tensor_of(weight);
-    args.y = output_of(y);
+    args.x = tensor_of(x, "x");
+    args.g = tensor_of(g, "g");
+    args.weight = tensor_of(weight, "weight");
+    args.y = output_of(y, "y");
     norm_gate_forward(args, norm_gate_options(activation, norm_before_gate, eps), context_of(pool));
   });
 }
@@ -288,13 +282,13 @@ ffi::Error norm_gate_backward_impl(ffi::ThreadPool pool, std::string_view activa
                                    ffi::Result<ffi::AnyBuffer> dweight) {
   return guarded([&] {
     NormGateBackwardArgs args;
-    args.x = tensor_of(x);
-    args.g = tensor_of(g);
-    args.weight = tensor_of(weight);
-    args.dy = tensor_of(dy);
-    args.dx = output_of(dx);
-    args.dg = output_of(dg);
-    args.dweight = output_of(dweight);
+    args.x = tensor_of(x, "x");
+    args.g = tensor_of(g, "g");
+    args.weight = tensor_of(weight, "weight");
+    args.dy = tensor_of(dy, "dy");
+    args.dx = output_of(dx, "dx");
+    args.dg = output_of(dg, "dg");
+    args.dweight = output_of(dweight, "dweight");
     norm_gate_backward(args, norm_gate_options(activation, norm_before_gate, eps), context_of(pool));
   });
 }
@@ -317,6 +311,7 @@ auto with_options(Binding binding) {
   return std::move(binding)
       .template Attr<std::string_view>("variant")
       .template Attr<float>("scale")
+      .template Attr<int64_t>("default_scale")
       .template Attr<int64_t>("chunk")
       .template Attr<int64_t>("l2norm")
       .template Attr<std::string_view>("solve")

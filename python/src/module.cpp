@@ -13,7 +13,6 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "flat/flat.h"
 #include "host_threads.h"
 #include "jax_ffi.h"
+#include "options.h"
 #include "ref/conv_reference.h"
 #include "ref/norm_reference.h"
 #include "ref/reference.h"
@@ -42,10 +42,14 @@ DType dtype_of(const std::string& name) {
   throw Error("flat: dtype " + name + " is not supported (expected float32 or bfloat16)");
 }
 
+// A tensor's view; rank 0 is refused, since the library takes a Tensor of rank 0 for an absent
+// one (flat.torch names the tensor before this).
 Tensor tensor_of(const std::optional<View>& view) {
   if (!view) return {};
   const auto& [data, dtype, shape, strides] = *view;
-  if (shape.size() > 4 || shape.size() != strides.size()) throw Error("flat: a tensor view of rank above 4");
+  if (shape.empty() || shape.size() > 4 || shape.size() != strides.size())
+    throw Error("flat: a tensor view: expected rank 1 to 4 with a stride per axis, got rank " +
+                std::to_string(shape.size()) + " with " + std::to_string(strides.size()) + " strides");
   Tensor t;
   t.data = reinterpret_cast<void*>(data);
   t.dtype = dtype_of(dtype);
@@ -55,14 +59,6 @@ Tensor tensor_of(const std::optional<View>& view) {
     t.stride[d] = strides[d];
   }
   return t;
-}
-
-Solve solve_of(const std::string& name) {
-  if (name == "auto") return Solve::automatic;
-  if (name == "subst") return Solve::substitution;
-  if (name == "blocked") return Solve::blocked;
-  if (name == "doubling") return Solve::doubling;
-  throw Error("flat: solve '" + name + "' is unknown (expected auto, subst, blocked or doubling)");
 }
 
 // How a call runs: on `threads` threads of flat's pool, or of the OpenMP runtime the process has
@@ -80,17 +76,9 @@ struct Call {
   ExecutionContext context;
 };
 
-Call call_of(float scale, int chunk, bool l2norm, const std::string& solve, int gate_group, bool check_values,
-             int threads, const std::string& pool) {
-  Call call;
-  if (!std::isnan(scale)) call.options.scale = scale;
-  call.options.chunk = chunk;
-  call.options.l2norm_qk = l2norm;
-  call.options.solve = solve_of(solve);
-  call.options.gate_group = gate_group;
-  call.options.check_values = check_values;
-  call.context = context_of(threads, pool);
-  return call;
+Call call_of(std::optional<float> scale, int chunk, bool l2norm, const std::string& solve, int gate_group,
+             bool check_values, int threads, const std::string& pool) {
+  return {options_of(scale, chunk, l2norm, solve, gate_group, check_values), context_of(threads, pool)};
 }
 
 using Opt = std::optional<View>;
@@ -108,8 +96,8 @@ Sequences sequences_of(const SequenceLists& lists) {
 
 void forward(const std::string& variant, const View& q, const View& k, const View& v, const Opt& g, const Opt& beta,
              const Opt& b, const Opt& w, const Opt& h0, const View& y, const Opt& ht,
-             const SequenceLists& sequences, float scale, int chunk, bool l2norm, const std::string& solve,
-             int gate_group, bool check_values, int threads, const std::string& pool) {
+             const SequenceLists& sequences, std::optional<float> scale, int chunk, bool l2norm,
+             const std::string& solve, int gate_group, bool check_values, int threads, const std::string& pool) {
   ForwardArgs args;
   args.sequences = sequences_of(sequences);
   args.q = tensor_of(q);
@@ -131,7 +119,7 @@ void forward(const std::string& variant, const View& q, const View& k, const Vie
 void backward(const std::string& variant, const View& q, const View& k, const View& v, const Opt& g, const Opt& beta,
               const Opt& b, const Opt& w, const Opt& h0, const View& dy, const Opt& dht, const View& dq,
               const View& dk, const View& dv, const Opt& dg, const Opt& dbeta, const Opt& db, const Opt& dw,
-              const Opt& dh0, const SequenceLists& sequences, float scale, int chunk, bool l2norm,
+              const Opt& dh0, const SequenceLists& sequences, std::optional<float> scale, int chunk, bool l2norm,
               const std::string& solve, int gate_group, bool check_values, int threads, const std::string& pool) {
   BackwardArgs args;
   args.sequences = sequences_of(sequences);
@@ -299,13 +287,13 @@ NB_MODULE(_core, m) {
 
   m.def("forward", &python::forward, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g").none(),
         nb::arg("beta").none(), nb::arg("b").none(), nb::arg("w").none(), nb::arg("h0").none(), nb::arg("y"),
-        nb::arg("ht").none(), nb::arg("sequences"), nb::arg("scale"), nb::arg("chunk"), nb::arg("l2norm"),
+        nb::arg("ht").none(), nb::arg("sequences"), nb::arg("scale").none(), nb::arg("chunk"), nb::arg("l2norm"),
         nb::arg("solve"), nb::arg("gate_group"), nb::arg("check_values"), nb::arg("threads"), nb::arg("pool"));
   m.def("backward", &python::backward, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("g").none(), nb::arg("beta").none(), nb::arg("b").none(), nb::arg("w").none(), nb::arg("h0").none(),
         nb::arg("dy"), nb::arg("dht").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dg").none(),
         nb::arg("dbeta").none(), nb::arg("db").none(), nb::arg("dw").none(), nb::arg("dh0").none(),
-        nb::arg("sequences"), nb::arg("scale"), nb::arg("chunk"), nb::arg("l2norm"), nb::arg("solve"),
+        nb::arg("sequences"), nb::arg("scale").none(), nb::arg("chunk"), nb::arg("l2norm"), nb::arg("solve"),
         nb::arg("gate_group"), nb::arg("check_values"), nb::arg("threads"), nb::arg("pool"));
   m.def("conv_forward", &python::conv_forward, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
         nb::arg("state0").none(), nb::arg("y"), nb::arg("state").none(), nb::arg("sequences"), nb::arg("activation"),

@@ -315,9 +315,9 @@ def test_pool_ops_registrations():
     cu, reads, writes = ints([0, 2, 6]), ints([1, -1]), ints([1, 3])
     torch.library.opcheck(torch.ops.flat.forward.default,
                           ("la", q.clone().requires_grad_(), k, v, None, None, None, None, pool.clone().requires_grad_(), cu,
-                           ints([1, 1]), NAN, 16, False, "auto", 0, True, True))
+                           ints([1, 1]), None, 16, False, "auto", 0, True, True))
     torch.library.opcheck(torch.ops.flat.forward_pool.default,
-                          ("la", q, k, v, None, None, None, None, pool, cu, reads, writes, None, NAN, 16, False,
+                          ("la", q, k, v, None, None, None, None, pool, cu, reads, writes, None, None, 16, False,
                            "auto", 0, True))
     x, weight = torch.randn(1, 6, 8), torch.randn(8, 4)
     torch.library.opcheck(torch.ops.flat.conv_forward_pool.default,

@@ -62,7 +62,7 @@ def test_results_are_the_librarys_bitwise():
     y = torch.empty_like(o)
     view = ft._view
     _core.forward("kda", view("q", q), view("k", k), view("v", v), view("g", g), view("beta", beta), None, None,
-                  view("h0", h0), view("y", y), None, ([], [], [], []), float("nan"), 64, False, "auto", 0, True,
+                  view("h0", h0), view("y", y), None, ([], [], [], []), None, 64, False, "auto", 0, True,
                   torch.get_num_threads(), "openmp")
     assert torch.equal(o.detach(), y)
 
@@ -108,7 +108,7 @@ def test_custom_op_registrations():
     g = (-torch.rand(1, 33, 2, 16)).requires_grad_()
     h0 = torch.randn(1, 2, 16, 16, requires_grad=True)
     torch.library.opcheck(torch.ops.flat.forward.default,
-                          ("gla", q, k, v, g, None, None, None, h0, None, None, float("nan"), 32, False, "auto", 0,
+                          ("gla", q, k, v, g, None, None, None, h0, None, None, None, 32, False, "auto", 0,
                            True, True))
     x = torch.randn(2, 20, 8, requires_grad=True)
     weight, bias = torch.randn(8, 4, requires_grad=True), torch.randn(8, requires_grad=True)
