@@ -1,7 +1,7 @@
 """The operations' signatures, shared by flat.torch and flat.jax: one function per variant, named as
 ``flat run`` names it, with FLA's argument names where the meaning is the same.
 
-Common keyword arguments: scale (default K^-1/2), initial_state [B, H, K, V] float32,
+Common keyword arguments: scale (None: K^-1/2; else a finite number), initial_state [B, H, K, V] float32,
 output_final_state, chunk_size (a multiple of 16 from 16 to 256), use_qk_l2norm_in_kernel,
 check_values (refuse gates above 0 and non-finite gates, strengths and states). The delta rule also
 takes solve ("auto", "subst", "blocked", "doubling"); grouped gates gate_group (channels per gate
@@ -10,7 +10,7 @@ value). Each returns (o, final_state), final_state None unless output_final_stat
 Variable-length batches and a state pool (flat::Sequences; 1-D int32 or int64 arrays):
 
 - cu_seqlens [num_seqs + 1]: offsets of sequences packed along T of one batch row, each with its
-  own state: initial_state and final_state [num_seqs, H, K, V];
+  own state: initial_state and final_state [num_seqs, H, K, V] (an empty array is refused);
 - initial_state_indices [num_seqs]: initial_state is a pool [P, H, K, V] and sequence i starts from
   its row initial_state_indices[i] (from zero where -1); final_state stays [num_seqs, H, K, V];
 - final_state_indices [num_seqs]: sequence i's final state goes to the pool's row
@@ -21,6 +21,9 @@ Variable-length batches and a state pool (flat::Sequences; 1-D int32 or int64 ar
 With final_state_indices or token_state_indices the pool initial_state is updated in place (read
 through initial_state_indices; without them every sequence starts from zero) and returned as the
 second value: (o, initial_state). That call is for inference: no gradient flows through it.
+
+An empty batch (B = 0 or T = 0) returns an empty o and the initial state as the final state (zeros
+without one).
 """
 
 from ._args import Sequences
