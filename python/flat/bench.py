@@ -17,11 +17,21 @@ forward+backward as flat runs it against the same module on plain-PyTorch operat
 GLA above, F.conv1d, the norm's formula), eager and under torch.compile, and where flat's time goes:
 the projections, the convolution, the recurrence, the norm and gate, the rest.
 
+3. Gated DeltaNet and KDA (flat.torch.gated_deltanet and kda, with the in-kernel L2 norm of q and k
+   as the models run them) on weak gates (uniform in [-0.1, 0]) against gates as the models draw
+   them: g = -exp(A_log) * softplus(a + dt_bias), per head (Gated DeltaNet) or per channel (Kimi
+   Linear's KDA), at the models' initialisation. Strong gates make a chunk's decays underflow
+   through the subnormal range, which costs a microcode assist per operation on Intel cores; the
+   library flushes subnormals for the span of its work. --keep-subnormals (FLAT_SUBNORMALS=keep)
+   keeps them, to show that cost.
+
 Medians of --repeats runs after a warm-up.
 """
 
 import argparse
 import json
+import math
+import os
 import statistics
 import time
 
@@ -73,6 +83,48 @@ def chunk_gla_torch(q, k, v, g, scale, chunk=64):
         state = state * Gi[:, :, -1].exp()[..., None] + ((k[:, :, i].float() * decay).transpose(-1, -2)
                                                           @ v[:, :, i].float())
     return torch.stack(outputs, 2).reshape(B, H, T, V).transpose(1, 2)
+
+
+def model_gates(B, T, H, K, per_channel):
+    """g [B, T, H] (Gated DeltaNet) or [B, T, H, K] (Kimi Linear's KDA) as the models compute it at
+    initialisation: -exp(A_log) * softplus(a + dt_bias), A = exp(A_log) ~ U(1, 16) per head,
+    dt_bias = softplus^-1(dt) with dt log-uniform in [0.001, 0.1] per head or channel, a ~ N(0, 1)
+    per token (the projection of a normalised hidden state)."""
+    columns = (H, K) if per_channel else (H,)
+    A = torch.empty(H).uniform_(1, 16).reshape((H, 1) if per_channel else (H,))
+    dt = torch.exp(torch.empty(columns).uniform_(math.log(1e-3), math.log(1e-1)))
+    dt_bias = dt + torch.log(-torch.expm1(-dt))
+    return -A * torch.nn.functional.softplus(torch.randn(B, T, *columns) + dt_bias)
+
+
+def gates_bench(args, q, k, v):
+    """Section 3: gated_deltanet and kda on weak gates and on the models' gates."""
+    B, T, H, K = q.shape
+    beta = torch.rand(B, T, H, dtype=q.dtype)
+    results = []
+    print(f"\n| variant | gates | forward ms | forward+backward ms | against weak gates |")
+    print("|---|---|---:|---:|---:|")
+    for variant, per_channel in (("gated_deltanet", False), ("kda", True)):
+        function = getattr(ft, variant)
+        shape = (B, T, H, K) if per_channel else (B, T, H)
+        base = None
+        for gates, g in (("weak", -0.1 * torch.rand(shape)), ("model", model_gates(B, T, H, K, per_channel))):
+            inputs = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+
+            def run(inputs=inputs, function=function):
+                function(*inputs, use_qk_l2norm_in_kernel=True)[0].float().sum().backward()
+
+            with torch.no_grad():
+                forward_ms = median_ms(lambda: function(*inputs, use_qk_l2norm_in_kernel=True),  # noqa: B023
+                                       args.repeats)
+            both_ms = median_ms(run, args.repeats)
+            base = base or (forward_ms, both_ms)
+            print(f"| {variant} | {gates} | {forward_ms:.1f} | {both_ms:.1f} | "
+                  f"x{forward_ms / base[0]:.2f}, x{both_ms / base[1]:.2f} |")
+            results.append(dict(variant=variant, gates=gates, forward_ms=forward_ms, forward_backward_ms=both_ms))
+    print("\n(against weak gates: forward, forward+backward; subnormals "
+          f"{'kept (--keep-subnormals)' if args.keep_subnormals else 'flushed, as the library runs'})")
+    return results
 
 
 # The layer in plain PyTorch: the same module on these operations.
@@ -154,7 +206,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--json", help="write the numbers to this file")
+    parser.add_argument("--keep-subnormals", action="store_true",
+                        help="run the kernels in the CPU's default mode, subnormals kept (FLAT_SUBNORMALS=keep)")
     args = parser.parse_args(argv)
+    if args.keep_subnormals:
+        # Read by the library once, at its first call, which comes after this.
+        os.environ["FLAT_SUBNORMALS"] = "keep"
     if args.layer:
         results = layer_bench(args, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
         if args.json:
@@ -183,7 +240,7 @@ def main(argv=None):
     def library_forward(fresh):
         y = torch.empty(B, T, H, V, dtype=dtype) if fresh else keep.setdefault("y", torch.empty(B, T, H, V, dtype=dtype))
         _core.forward("gla", view("q", q), view("k", k), view("v", v), view("g", g), None, None, None, None,
-                      view("y", y), None, ([], [], [], []), float("nan"), 64, False, "auto", 0, True, threads,
+                      view("y", y), None, ([], [], [], []), None, 64, False, "auto", 0, True, threads,
                       "openmp")
 
     def library_backward(fresh):
@@ -191,13 +248,13 @@ def main(argv=None):
             "grads", [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, g)])
         dq, dk, dv, dg = (view(n, t) for n, t in zip(("dq", "dk", "dv", "dg"), grads))
         _core.backward("gla", view("q", q), view("k", k), view("v", v), view("g", g), None, None, None, None,
-                       view("dy", dy), None, dq, dk, dv, dg, None, None, None, None, ([], [], [], []), float("nan"), 64,
+                       view("dy", dy), None, dq, dk, dv, dg, None, None, None, None, ([], [], [], []), None, 64,
                        False, "auto", 0, False, threads, "openmp")
 
     op_forward = lambda: torch.ops.flat.forward("gla", q, k, v, g, None, None, None, None, None, None,  # noqa: E731
-                                                float("nan"), 64, False, "auto", 0, True, False)
+                                                None, 64, False, "auto", 0, True, False)
     op_backward = lambda: torch.ops.flat.backward("gla", q, k, v, g, None, None, None, None, None, None, dy,  # noqa: E731
-                                                  None, float("nan"), 64, False, "auto", 0)
+                                                  None, None, 64, False, "auto", 0)
     results = {"shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": args.dtype, "threads": threads,
                "target": flat.target()}
     print("\n| pass | library, outputs reused ms | library, fresh outputs ms | custom op ms | op / fresh | op / reused |")
@@ -239,6 +296,7 @@ def main(argv=None):
         print(f"| {name} | {forward_ms:.1f} | {both_ms:.1f} | x{forward_ms / base[0]:.2f} | x{both_ms / base[1]:.2f} |")
         results["implementations"].append(dict(name=name, forward_ms=forward_ms, forward_backward_ms=both_ms))
     print("\n(ratio: the time over flat.torch.gla's)")
+    results["gates"] = gates_bench(args, q, k, v)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,0 +1,44 @@
+"""python -m flat.bench at a tiny shape: every section runs through the current bindings and
+writes its numbers, the gates section with both gate draws of both variants; the models' gates
+are as strong as the models' (a chunk's decays reach the subnormal range)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from flat.bench import model_gates
+
+
+def test_model_gates_are_the_models_draw():
+    torch.manual_seed(0)
+    per_head = model_gates(2, 64, 4, 64, per_channel=False)
+    per_channel = model_gates(2, 64, 4, 64, per_channel=True)
+    assert per_head.shape == (2, 64, 4) and per_channel.shape == (2, 64, 4, 64)
+    for g in (per_head, per_channel):
+        assert torch.isfinite(g).all() and (g < 0).all()
+        # No token decays by more than A = 16 times softplus of its largest input.
+        assert g.min() > -16 * 20
+    # Over the 256 channels, some chunk of 64 tokens decays below fp32's normal range (exp(-87.3)):
+    # the strength that makes the chunk's decay factors subnormal.
+    assert per_channel.sum(1).min() < -87.3
+
+
+def test_bench_writes_every_section(tmp_path):
+    out = tmp_path / "bench.json"
+    # In a process of its own: --keep-subnormals is read by the library at its first call.
+    for extra in ([], ["--keep-subnormals"]):
+        run = subprocess.run([sys.executable, "-m", "flat.bench", "--shape", "1,64,2,16,16", "--repeats", "1",
+                              "--no-compile", "--json", str(out), *extra],
+                             capture_output=True, text=True, timeout=600, env=dict(os.environ))
+        assert run.returncode == 0, run.stderr
+        results = json.loads(out.read_text())
+        assert [row["name"] for row in results["overhead"]] == ["forward", "backward"]
+        assert len(results["implementations"]) == 2
+        gates = [(row["variant"], row["gates"]) for row in results["gates"]]
+        assert gates == [("gated_deltanet", "weak"), ("gated_deltanet", "model"), ("kda", "weak"), ("kda", "model")]
+        for row in results["gates"]:
+            assert row["forward_ms"] > 0 and row["forward_backward_ms"] > 0
+        assert ("kept (--keep-subnormals)" in run.stdout) == bool(extra)
