@@ -147,6 +147,23 @@ ffi::Error guarded(Body&& body) {
   }
 }
 
+// The recurrence's inputs, as the forward and the backward handler both read them.
+Inputs inputs_of(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& g,
+                 const ffi::AnyBuffer& beta, const ffi::AnyBuffer& b, const ffi::AnyBuffer& w, const ffi::AnyBuffer& h0,
+                 const SequenceValues& sequences) {
+  Inputs in;
+  in.sequences = sequences.view();
+  in.q = tensor_of(q, "q");
+  in.k = tensor_of(k, "k");
+  in.v = tensor_of(v, "v");
+  in.g = tensor_of(g, "g");
+  in.beta = tensor_of(beta, "beta");
+  in.b = tensor_of(b, "b");
+  in.w = tensor_of(w, "w");
+  in.h0 = tensor_of(h0, "initial_state");
+  return in;
+}
+
 ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float scale, int64_t default_scale,
                         int64_t chunk, int64_t l2norm, std::string_view solve, int64_t gate_group,
                         int64_t check_values, ffi::AnyBuffer q,
@@ -156,16 +173,7 @@ ffi::Error forward_impl(ffi::ThreadPool pool, std::string_view variant, float sc
                         ffi::Result<ffi::AnyBuffer> ht) {
   return guarded([&] {
     const SequenceValues sequences = sequences_of(cu_seqlens, reads, writes, tokens);
-    ForwardArgs args;
-    args.sequences = sequences.view();
-    args.q = tensor_of(q, "q");
-    args.k = tensor_of(k, "k");
-    args.v = tensor_of(v, "v");
-    args.g = tensor_of(g, "g");
-    args.beta = tensor_of(beta, "beta");
-    args.b = tensor_of(b, "b");
-    args.w = tensor_of(w, "w");
-    args.h0 = tensor_of(h0, "initial_state");
+    ForwardArgs args(inputs_of(q, k, v, g, beta, b, w, h0, sequences));
     args.y = output_of(y, "o");
     args.ht = output_of(ht, "final_state");
     forward(parse_variant(variant), args,
@@ -184,16 +192,7 @@ ffi::Error backward_impl(ffi::ThreadPool pool, std::string_view variant, float s
                          ffi::Result<ffi::AnyBuffer> dw, ffi::Result<ffi::AnyBuffer> dh0) {
   return guarded([&] {
     const SequenceValues sequences = reads_of(cu_seqlens, reads);
-    BackwardArgs args;
-    args.sequences = sequences.view();
-    args.q = tensor_of(q, "q");
-    args.k = tensor_of(k, "k");
-    args.v = tensor_of(v, "v");
-    args.g = tensor_of(g, "g");
-    args.beta = tensor_of(beta, "beta");
-    args.b = tensor_of(b, "b");
-    args.w = tensor_of(w, "w");
-    args.h0 = tensor_of(h0, "initial_state");
+    BackwardArgs args(inputs_of(q, k, v, g, beta, b, w, h0, sequences));
     args.dy = tensor_of(dy, "dy");
     args.dht = tensor_of(dht, "dht");
     args.dq = output_of(dq, "dq");
