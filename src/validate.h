@@ -41,8 +41,9 @@ struct Named {
   const Tensor* tensor;  // absent tensors are skipped
 };
 
-// Outputs must not overlap themselves (tensors of no elements overlap nothing) (a stride of 0, say), each other or any input: the kernels
-// write an output while still reading the inputs, and a second output over the first. The
+// Outputs must not overlap themselves (a stride of 0, say), each other or any input (a tensor of
+// no elements overlaps nothing): the kernels write an output while still reading the inputs, and
+// a second output over the first. The
 // exceptions are `in_place` pairs (output, input) that may be the very same view, read in full
 // before the output is written (a state updated in place). Views whose bytes are apart pass at
 // once; views that interleave (column blocks of one fused buffer) are compared row by row.

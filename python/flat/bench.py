@@ -102,7 +102,7 @@ def gates_bench(args, q, k, v):
     B, T, H, K = q.shape
     beta = torch.rand(B, T, H, dtype=q.dtype)
     results = []
-    print(f"\n| variant | gates | forward ms | forward+backward ms | against weak gates |")
+    print("\n| variant | gates | forward ms | forward+backward ms | against weak gates |")
     print("|---|---|---:|---:|---:|")
     for variant, per_channel in (("gated_deltanet", False), ("kda", True)):
         function = getattr(ft, variant)
