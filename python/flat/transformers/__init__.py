@@ -1,0 +1,1 @@
+"""flat as the CPU kernels of Hugging Face transformers' linear-attention models."""
