@@ -2,7 +2,7 @@
 # Installs what flat needs to build, test and benchmark, where it is missing: the Debian packages,
 # and a Python virtual environment created once and reused ($FLAT_VENV, by default
 # ~/.cache/flat-venv) with torch, jax, the package's build tools, flat.train's needs (tqdm,
-# safetensors, matplotlib) and flat.transformers' (transformers, kernels). Prints nothing when all is there.
+# safetensors, matplotlib) and flat.transformers' (transformers). Prints nothing when all is there.
 set -euo pipefail
 packages=(cmake g++ make libgtest-dev)
 # Debian's python3 needs its venv module and headers; another python3 (pyenv's, say) has them.
@@ -23,14 +23,13 @@ if ((${#missing[@]})); then
 fi
 
 venv="${FLAT_VENV:-$HOME/.cache/flat-venv}"
-python_packages=(torch jax numpy pytest nanobind scikit-build-core tqdm safetensors matplotlib "transformers>=5.24,<6"
-                 "kernels>=0.17")
+python_packages=(torch jax numpy pytest nanobind scikit-build-core tqdm safetensors matplotlib "transformers>=5.24,<6")
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating the Python environment $venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
 fi
-if ! "$venv/bin/python" -c "import torch, jax, numpy, pytest, nanobind, scikit_build_core, tqdm, safetensors, matplotlib, transformers, kernels" \
+if ! "$venv/bin/python" -c "import torch, jax, numpy, pytest, nanobind, scikit_build_core, tqdm, safetensors, matplotlib, transformers" \
     2> /dev/null; then
   echo "setup: installing ${python_packages[*]} into $venv (torch brings about 3.5 GB, once)"
   "$venv/bin/python" -m pip install -q "${python_packages[@]}"
