@@ -1,0 +1,350 @@
+"""flat.compat.fla against transformers' own torch fallbacks of FLA's functions (Qwen3.5's gated
+delta rule, Kimi Linear's KDA), in float32: outputs and final states within 1e-5, gradients of every
+input within 1e-4, by relative L2 per tensor."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+fla = pytest.importorskip("flat.compat.fla")
+qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+
+
+def _plain(f):
+    """The torch fallback itself (the hub-kernel decorator wraps it)."""
+    return getattr(f, "__wrapped__", f)
+
+
+GDN_CHUNK = _plain(qwen.torch_chunk_gated_delta_rule)
+GDN_RECURRENT = _plain(qwen.torch_recurrent_gated_delta_rule)
+KDA_CHUNK = _plain(kimi.chunk_kimi_delta_attention)
+KDA_RECURRENT = _plain(kimi.recurrent_kimi_delta_attention)
+
+K, V = 16, 8
+OUT, GRAD = 1e-5, 1e-4
+
+
+def rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _repeat(x, HV):
+    return x.repeat_interleave(HV // x.shape[2], dim=2)
+
+
+def kda_chunk_ref(q, k, v, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    """Kimi's fallback has one head count: GVA by repeating q and k, as FLA's kernels read them."""
+    HV = v.shape[2]
+    return KDA_CHUNK(_repeat(q, HV), _repeat(k, HV), v, g=g, beta=beta, chunk_size=16, initial_state=initial_state,
+                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def kda_recurrent_ref(q, k, v, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    HV = v.shape[2]
+    return KDA_RECURRENT(_repeat(q, HV), _repeat(k, HV), v, g=g, beta=beta, initial_state=initial_state,
+                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def gdn_chunk_ref(q, k, v, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    return GDN_CHUNK(q, k, v, g=g, beta=beta, chunk_size=16, initial_state=initial_state,
+                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def gdn_recurrent_ref(q, k, v, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    return GDN_RECURRENT(q, k, v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
+                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def inputs(B, T, H, HV, per_channel, h0, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    x = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V),
+             g=F.logsigmoid(r(B, T, HV, K) + 2) if per_channel else F.logsigmoid(r(B, T, HV) + 2),
+             beta=torch.rand(B, T, HV, generator=gen))
+    x = {n: t.to(dtype) for n, t in x.items()}
+    x["initial_state"] = r(B, HV, K, V) if h0 else None
+    return x
+
+
+def run(fn, x, weights=None, **options):
+    """fn on leaf copies of x; returns o, final state and every input's gradient of a fixed linear
+    function of both."""
+    leaves = {n: (t.clone().requires_grad_(t.is_floating_point()) if t is not None else None) for n, t in x.items()}
+    o, ht = fn(**leaves, **options)
+    if weights is None:
+        gen = torch.Generator().manual_seed(7)
+        weights = (torch.randn(o.shape, generator=gen), None if ht is None else torch.randn(ht.shape, generator=gen))
+    loss = (o.float() * weights[0]).sum()
+    if ht is not None:
+        loss = loss + (ht.float() * weights[1]).sum()
+    loss.backward()
+    grads = {n: t.grad for n, t in leaves.items() if t is not None and t.requires_grad}
+    return o.detach(), (None if ht is None else ht.detach()), grads, weights
+
+
+def compare(ours, ref, out=OUT, grad=GRAD):
+    o, ht, dx, _ = ours
+    ro, rht, rdx, _ = ref
+    assert o.shape == ro.shape and o.dtype == ro.dtype
+    assert rel(o, ro) <= out, rel(o, ro)
+    if rht is None:
+        assert ht is None
+    else:
+        assert ht.shape == rht.shape and ht.dtype == torch.float32
+        assert rel(ht, rht) <= out, rel(ht, rht)
+    assert dx.keys() == rdx.keys()
+    for name in dx:
+        assert dx[name].shape == rdx[name].shape and dx[name].dtype == rdx[name].dtype, name
+        assert rel(dx[name], rdx[name]) <= grad, (name, rel(dx[name], rdx[name]))
+
+
+# B, T, H, HV, initial state, l2norm: T = 1, a chunk - 1, a chunk + 1 (chunk 16), GVA
+SHAPES = [
+    (1, 1, 2, 2, True, True),
+    (2, 15, 1, 2, False, False),
+    (1, 17, 2, 4, True, True),
+    (2, 33, 2, 2, True, False),
+]
+
+
+@pytest.mark.parametrize("B, T, H, HV, h0, l2", SHAPES)
+def test_chunk_gated_delta_rule(B, T, H, HV, h0, l2):
+    x = inputs(B, T, H, HV, False, h0)
+    ours = run(fla.chunk_gated_delta_rule, x, output_final_state=True, use_qk_l2norm_in_kernel=l2, chunk_size=16)
+    compare(ours, run(gdn_chunk_ref, x, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=l2))
+    assert fla.chunk_gdn is fla.chunk_gated_delta_rule
+
+
+@pytest.mark.parametrize("B, T, H, HV, h0, l2", SHAPES[:3])
+def test_fused_recurrent_gated_delta_rule(B, T, H, HV, h0, l2):
+    x = inputs(B, T, H, HV, False, h0)
+    ours = run(fla.fused_recurrent_gated_delta_rule, x, output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    compare(ours, run(gdn_recurrent_ref, x, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=l2))
+
+
+@pytest.mark.parametrize("B, T, H, HV, h0, l2", SHAPES)
+def test_chunk_kda(B, T, H, HV, h0, l2):
+    x = inputs(B, T, H, HV, True, h0)
+    ours = run(fla.chunk_kda, x, output_final_state=True, use_qk_l2norm_in_kernel=l2, chunk_size=32)
+    compare(ours, run(kda_chunk_ref, x, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=l2))
+
+
+@pytest.mark.parametrize("B, T, H, HV, h0, l2", SHAPES[:3])
+def test_fused_recurrent_kda(B, T, H, HV, h0, l2):
+    x = inputs(B, T, H, HV, True, h0)
+    ours = run(fla.fused_recurrent_kda, x, output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    compare(ours, run(kda_recurrent_ref, x, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=l2))
+
+
+def test_no_final_state_and_dtypes():
+    x = inputs(1, 5, 2, 4, True, True)
+    x_bf = dict(x, q=x["q"].bfloat16(), k=x["k"].bfloat16())
+    for fn in (fla.chunk_kda, fla.fused_recurrent_kda):
+        o, ht = fn(**x_bf)
+        assert ht is None and o.shape == (1, 5, 4, V)
+    # FLA casts the chunk functions' o to q's dtype, the recurrent ones' to v's
+    assert fla.chunk_kda(**x_bf)[0].dtype == torch.bfloat16
+    assert fla.fused_recurrent_kda(**x_bf)[0].dtype == torch.float32
+    o, ht = fla.chunk_gated_delta_rule(**inputs(1, 5, 2, 4, False, False), output_final_state=True)
+    assert o.dtype == torch.float32 and ht.shape == (1, 4, K, V) and ht.dtype == torch.float32
+
+
+def _gdn_gate_ref(a, A_log, dt_bias):
+    return -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+
+
+def test_gated_delta_rule_gate_in_kernel():
+    """Qwen3.5's own gate, g = -exp(A_log) softplus(a + dt_bias), and beta = sigmoid(b), made in the call."""
+    x = inputs(1, 17, 2, 4, False, True)
+    gen = torch.Generator().manual_seed(3)
+    x.update(g=torch.randn(1, 17, 4, generator=gen), beta=torch.randn(1, 17, 4, generator=gen),
+             A_log=torch.randn(4, generator=gen), dt_bias=torch.randn(4, generator=gen))
+
+    def ref(q, k, v, g, beta, initial_state, A_log, dt_bias, **options):
+        return gdn_chunk_ref(q, k, v, _gdn_gate_ref(g, A_log, dt_bias), beta.sigmoid(), initial_state, **options)
+
+    ours = run(fla.chunk_gated_delta_rule, x, output_final_state=True, use_qk_l2norm_in_kernel=True,
+               use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, chunk_size=16)
+    compare(ours, run(ref, x, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=True))
+
+    def ref_recurrent(q, k, v, g, beta, initial_state, A_log, dt_bias, **options):
+        return gdn_recurrent_ref(q, k, v, _gdn_gate_ref(g, A_log, dt_bias), 2 * beta.sigmoid(), initial_state,
+                                 **options)
+
+    ours = run(fla.fused_recurrent_gated_delta_rule, x, output_final_state=True, use_qk_l2norm_in_kernel=True,
+               use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    compare(ours, run(ref_recurrent, x, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=True))
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_kda_gate_in_kernel(lower_bound):
+    """Kimi Linear's forget gate (A_log [1, 1, HV, 1], dt_bias [HV * K]), or FLA's bounded one."""
+    x = inputs(1, 17, 1, 2, True, True)
+    gen = torch.Generator().manual_seed(4)
+    x.update(g=torch.randn(1, 17, 2, K, generator=gen), beta=torch.randn(1, 17, 2, generator=gen),
+             A_log=torch.randn(1, 1, 2, 1, generator=gen), dt_bias=torch.randn(2 * K, generator=gen))
+
+    def gate(g, A_log, dt_bias):
+        a = g + dt_bias.view(2, K)
+        if lower_bound is None:
+            return -A_log.reshape(2, 1).exp() * F.softplus(a)
+        return lower_bound * torch.sigmoid(A_log.reshape(2, 1).exp() * a)
+
+    def ref(q, k, v, g, beta, initial_state, A_log, dt_bias, **options):
+        return kda_chunk_ref(q, k, v, gate(g, A_log, dt_bias), 2 * beta.sigmoid(), initial_state, **options)
+
+    options = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    flags = dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                 lower_bound=lower_bound)
+    ours = run(fla.chunk_kda, x, **options, **flags, safe_gate=lower_bound is not None)
+    reference = run(ref, x, ours[3], **options)
+    compare(ours, reference)
+    compare(run(fla.fused_recurrent_kda, x, ours[3], **options, **flags), reference)
+
+
+def _naive(q, k, v, g, gk, gv, beta, initial_state):
+    """FLA's fused_recurrent_gated_delta_rule kernel token by token (GVA by repeating q, k)."""
+    HV = v.shape[2]
+    q, k = _repeat(q, HV) * K ** -0.5, _repeat(k, HV)
+    S, out = initial_state, []
+    for t in range(q.shape[1]):
+        S = S * g[:, t].exp()[..., None, None] * gk[:, t].exp()[..., None] * gv[:, t].exp()[..., None, :]
+        d = beta[:, t] * (v[:, t] - (S * k[:, t][..., None]).sum(-2))
+        S = S + k[:, t][..., None] * d[..., None, :]
+        out.append((S * q[:, t][..., None]).sum(-2))
+    return torch.stack(out, 1), S
+
+
+def test_fused_recurrent_gated_delta_rule_gk_gv_channel_beta():
+    """The key-side and value-side gates and a beta per value channel, which flat's kernel computes as
+    heads of width 1, against FLA's kernel written out."""
+    x = inputs(1, 6, 1, 2, False, True)
+    gen = torch.Generator().manual_seed(5)
+    x.update(gk=F.logsigmoid(torch.randn(1, 6, 2, K, generator=gen) + 2),
+             gv=F.logsigmoid(torch.randn(1, 6, 2, V, generator=gen) + 2), beta=torch.rand(1, 6, 2, V, generator=gen))
+    ours = run(fla.fused_recurrent_gated_delta_rule, x, output_final_state=True)
+    compare(ours, run(_naive, x, ours[3]))
+    # V-first states: the same numbers transposed
+    x_vf = dict(x, initial_state=x["initial_state"].transpose(-1, -2).contiguous())
+    o, ht = fla.fused_recurrent_gated_delta_rule(**x_vf, output_final_state=True, state_v_first=True)
+    assert rel(o, ours[0]) == 0 and rel(ht.transpose(-1, -2), ours[1]) == 0 and ht.is_contiguous()
+
+
+def test_state_v_first():
+    x = inputs(2, 9, 1, 2, True, True)
+    o, ht = fla.chunk_kda(**x, output_final_state=True)
+    x_vf = dict(x, initial_state=x["initial_state"].transpose(-1, -2).contiguous())
+    o2, ht2 = fla.chunk_kda(**x_vf, output_final_state=True, state_v_first=True)
+    assert ht2.shape == (2, 2, V, K) and torch.equal(o2, o) and torch.equal(ht2, ht.transpose(-1, -2))
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+        o3, ht3 = fla.chunk_kda(**x_vf, output_final_state=True, transpose_state_layout=True)
+    assert torch.equal(ht3, ht2)
+
+
+@pytest.mark.parametrize("fn, per_channel", [(fla.chunk_gated_delta_rule, False), (fla.fused_recurrent_kda, True)])
+def test_cu_seqlens_matches_separate_calls(fn, per_channel):
+    lengths = [5, 17, 1]
+    x = inputs(1, sum(lengths), 1, 2, per_channel, False)
+    x["initial_state"] = torch.randn(3, 2, K, V)
+    cu = torch.tensor([0, 5, 22, 23])
+    packed = run(fn, x, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        part = {n: t[:, a:b] for n, t in x.items() if n != "initial_state"}
+        part["initial_state"] = x["initial_state"][i:i + 1]
+        weights = (packed[3][0][:, a:b], packed[3][1][i:i + 1])
+        o, ht, dx, _ = run(fn, part, weights, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        assert rel(packed[0][:, a:b], o) <= OUT and rel(packed[1][i:i + 1], ht) <= OUT
+        for n in dx:
+            got = packed[2][n][i:i + 1] if n == "initial_state" else packed[2][n][:, a:b]
+            assert rel(got, dx[n]) <= GRAD, n
+
+
+def test_bf16_initial_state():
+    """FLA's own docstring example passes a bfloat16 h0: widened exactly, its gradient in bfloat16."""
+    x = inputs(1, 9, 2, 2, False, True)
+    x["initial_state"] = x["initial_state"].bfloat16()
+    ours = run(fla.chunk_gated_delta_rule, x, output_final_state=True)
+    wide = run(fla.chunk_gated_delta_rule, dict(x, initial_state=x["initial_state"].float()), ours[3],
+               output_final_state=True)
+    assert ours[1].dtype == torch.float32 and torch.equal(ours[0], wide[0]) and torch.equal(ours[1], wide[1])
+    assert ours[2]["initial_state"].dtype == torch.bfloat16
+    assert rel(ours[2]["initial_state"], wide[2]["initial_state"]) <= 1e-2
+    kda = inputs(1, 9, 2, 2, True, True)
+    kda["initial_state"] = kda["initial_state"].bfloat16()
+    assert fla.fused_recurrent_kda(**kda, output_final_state=True)[1].dtype == torch.float32
+
+
+@pytest.mark.parametrize("fn, ref, per_channel", [(fla.chunk_gated_delta_rule, gdn_chunk_ref, False),
+                                                  (fla.chunk_kda, kda_chunk_ref, True)])
+def test_bf16_inputs(fn, ref, per_channel):
+    """bfloat16 q, k, v, beta with a float32 gate (as transformers passes them) against the float32
+    fallback on the same rounded values."""
+    x = inputs(1, 33, 2, 4, per_channel, True, dtype=torch.bfloat16)
+    x["g"] = x["g"].float()
+    ours = run(fn, x, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    wide = {n: (t.float() if t is not None else None) for n, t in x.items()}
+    reference = run(ref, wide, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert ours[0].dtype == torch.bfloat16 and ours[1].dtype == torch.float32
+    assert rel(ours[0], reference[0]) <= 1e-2 and rel(ours[1], reference[1]) <= 1e-2
+    for n in reference[2]:
+        assert ours[2][n].dtype == x[n].dtype
+        assert rel(ours[2][n], reference[2][n]) <= 2e-2, n
+
+
+def test_float16_and_extra_kwargs():
+    x = inputs(1, 5, 1, 1, False, False)
+    o, _ = fla.chunk_gated_delta_rule(**{n: (t.half() if t is not None else None) for n, t in x.items()},
+                                      some_future_option=1)
+    assert o.dtype == torch.float16
+    assert rel(o, fla.chunk_gated_delta_rule(**x)[0]) <= 1e-2
+
+
+def _raises(name, fn, *args, **kwargs):
+    with pytest.raises(ValueError, match=f"flat: {name}: expected"):
+        fn(*args, **kwargs)
+
+
+def test_bad_inputs():
+    x = inputs(1, 4, 2, 2, False, False)
+    kx = inputs(1, 4, 2, 2, True, False)
+    gdn, kda = fla.chunk_gated_delta_rule, fla.chunk_kda
+    _raises("q", gdn, **dict(x, q=x["q"][0]))
+    _raises("k", gdn, **dict(x, k=x["k"][:, :, :1]))
+    _raises("v", gdn, **dict(x, v=torch.randn(1, 4, 3, V)))
+    _raises("g", gdn, **dict(x, g=x["g"][..., None]))
+    _raises("g", kda, **dict(kx, g=x["g"]))
+    _raises("beta", fla.fused_recurrent_kda, **dict(kx, beta=kx["beta"][..., :1]))
+    _raises("initial_state", gdn, **dict(x, initial_state=torch.zeros(2, 2, K, V)))
+    _raises("initial_state", kda, **dict(kx, initial_state=torch.zeros(1, 2, K, V + 1)), state_v_first=True)
+    _raises("cu_seqlens", gdn, **dict(x, **{n: torch.cat([x[n], x[n]]) for n in ("q", "k", "v", "g", "beta")}),
+            cu_seqlens=torch.tensor([0, 2, 4]))
+    _raises("cu_seqlens", gdn, **x, cu_seqlens=[0, 4])
+    _raises("chunk_size", gdn, **x, chunk_size=128)
+    _raises("chunk_size", kda, **kx, chunk_size=16)
+    _raises("A_log", gdn, **x, use_gate_in_kernel=True)
+    _raises("A_log", kda, **kx, use_gate_in_kernel=True, A_log=torch.zeros(3))
+    _raises("dt_bias", kda, **kx, use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(2))
+    _raises("lower_bound", kda, **kx, use_gate_in_kernel=True, safe_gate=True, lower_bound=-6.0)
+    _raises("allow_neg_eigval", kda, **kx, allow_neg_eigval=True)
+    # what only FLA's CUDA kernels do
+    _raises("cp_context", kda, **kx, cp_context=object())
+    _raises("cp_context", gdn, **x, cp_context=object())
+    _raises("use_graph", kda, **kx, use_graph=True)
+    _raises("return_intermediate_states", kda, **kx, return_intermediate_states=True)
+    _raises("q", gdn, **{n: t.to("meta") for n, t in x.items() if t is not None})
+    # flat checks gate values: a positive log-decay is named
+    _raises("g", gdn, **dict(x, g=-x["g"] + 1))
+    # FLA raises DeprecationWarning (an exception) for head_first; flat's is a ValueError too
+    with pytest.raises(DeprecationWarning, match="head_first"):
+        gdn(**x, head_first=False)
+    _raises("head_first", gdn, **x, head_first=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gdn(**x, chunk_indices=None, cu_seqlens_cpu=None)
