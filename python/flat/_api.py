@@ -1,11 +1,22 @@
 """The operations' signatures, shared by flat.torch and flat.jax: one function per variant, named as
 ``flat run`` names it, with FLA's argument names where the meaning is the same.
 
-Common keyword arguments: scale (None: K^-1/2; else a finite number), initial_state [B, H, K, V] float32,
-output_final_state, chunk_size (a multiple of 16 from 16 to 256), use_qk_l2norm_in_kernel,
-check_values (refuse gates above 0 and non-finite gates, strengths and states). The delta rule also
+Common keyword arguments: scale (None: K^-1/2; else a finite number), initial_state [B, H, K, V]
+(float32; a bfloat16 or float16 one is widened to float32 for the kernel, its gradient coming back in
+its dtype), output_final_state, chunk_size (a multiple of 16 from 16 to 256), use_qk_l2norm_in_kernel,
+check_values (refuse gates above 0 and non-finite gates, strengths and states), state_v_first
+(FLA's: initial_state and final_state [B, H, V, K], transposed around the kernel). The delta rule also
 takes solve ("auto", "subst", "blocked", "doubling"); grouped gates gate_group (channels per gate
-value). Each returns (o, final_state), final_state None unless output_final_state.
+value). Each returns (o, final_state), final_state None unless output_final_state; final_state is
+float32.
+
+FLA's options that form the inputs (computed in float32 around the kernel with the framework's own
+operations, so differentiable): use_gate_in_kernel with A_log [H] and dt_bias (gated_deltanet:
+g = -exp(A_log) softplus(g + dt_bias), dt_bias [H]; kda, gdn2: per channel, dt_bias [H * K], or
+with lower_bound g = lower_bound * sigmoid(exp(A_log) (g + dt_bias))), safe_gate (a hint to FLA's
+kernels; here it only checks lower_bound as FLA does), use_beta_sigmoid_in_kernel (beta = sigmoid(beta))
+and allow_neg_eigval (beta = 2 sigmoid(beta)); retnet and mamba2 take g_gamma [H] (FLA's
+chunk_simple_gla), la takes normalize (FLA's chunk_linear_attn; flat's default is False).
 
 Variable-length batches and a state pool (flat::Sequences; 1-D int32 or int64 arrays):
 
@@ -26,102 +37,291 @@ An empty batch (B = 0 or T = 0) returns an empty o and the initial state as the 
 without one).
 """
 
-from ._args import Sequences
+import math
+from typing import Callable, NamedTuple
+
+from ._args import Sequences, norm_activation
 
 
-def variant_functions(_run):
-    """The functions of every variant on a framework's _run(variant, q, k, v, g, beta, b, w, **options)."""
+class Xp(NamedTuple):
+    """The few array operations the functions below need, from a framework (torch, jax.numpy)."""
 
-    def la(q, k, v, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-           use_qk_l2norm_in_kernel=False, check_values=True, cu_seqlens=None,
+    float32: Callable  # x widened (or narrowed) to float32, differentiably
+    narrow_float: Callable  # whether x is bfloat16 or float16
+    cast_like: Callable  # x in the dtype of y
+    sigmoid: Callable
+    softplus: Callable
+    exp: Callable
+    swap: Callable  # the last two axes swapped
+    cumsum_t: Callable  # the cumulative sum along axis 1 (T)
+    sum_last: Callable  # the sum over the last axis, kept
+
+
+def _size(x) -> int:
+    return math.prod(int(s) for s in x.shape)
+
+
+def _check_lower_bound(use_gate_in_kernel: bool, safe_gate: bool, lower_bound) -> None:
+    if lower_bound is not None and not use_gate_in_kernel:
+        raise ValueError(f"flat: lower_bound: bounds the gate formed with use_gate_in_kernel=True (g is taken as the "
+                         f"log-decay as it is otherwise), got lower_bound={lower_bound} with use_gate_in_kernel=False")
+    if safe_gate and use_gate_in_kernel:
+        if lower_bound is None:
+            raise ValueError("flat: lower_bound: safe_gate=True with use_gate_in_kernel=True takes a lower_bound in "
+                             "[-5, 0) (as FLA's), got None")
+        if not -5 <= float(lower_bound) < 0:
+            raise ValueError(f"flat: lower_bound: expected a number in [-5, 0) with safe_gate=True, got {lower_bound}")
+
+
+def gate_in_kernel(xp: Xp, g, use_gate_in_kernel: bool, A_log, dt_bias, lower_bound, safe_gate: bool = False):
+    """FLA's use_gate_in_kernel: the log-decay from the raw gate g, in float32. A scalar gate per head
+    (g [B, T, H], gated_deltanet): -exp(A_log) softplus(g + dt_bias), A_log and dt_bias [H]; a gate
+    per channel (g [B, T, H, D], kda, gdn2): the same per channel, A_log [H], dt_bias [H * D], or
+    with lower_bound, lower_bound * sigmoid(exp(A_log) (g + dt_bias))."""
+    _check_lower_bound(use_gate_in_kernel, safe_gate, lower_bound)
+    if not use_gate_in_kernel:
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is not None:
+                raise ValueError(f"flat: {name}: forms the gate with use_gate_in_kernel=True (g is taken as the "
+                                 f"log-decay as it is otherwise), got {name} {list(x.shape)} with "
+                                 "use_gate_in_kernel=False")
+        return g
+    if len(g.shape) not in (3, 4):
+        raise ValueError(f"flat: g: expected the raw gate [B, T, H] or [B, T, H, D] with use_gate_in_kernel=True, got "
+                         f"rank {len(g.shape)} {list(g.shape)}")
+    H = int(g.shape[2])
+    D = int(g.shape[3]) if len(g.shape) == 4 else 1
+    if A_log is None:
+        raise ValueError(f"flat: A_log: use_gate_in_kernel=True forms the gate from A_log [{H}], got None")
+    if _size(A_log) != H:
+        raise ValueError(f"flat: A_log: expected one value per head of g, [{H}], got {list(A_log.shape)}")
+    if dt_bias is not None and _size(dt_bias) != H * D:
+        raise ValueError(f"flat: dt_bias: expected [{H * D}] (H * D of g {list(g.shape)}), got {list(dt_bias.shape)}")
+    shape = (H, D) if len(g.shape) == 4 else (H,)
+    x = xp.float32(g)
+    if dt_bias is not None:
+        x = x + xp.float32(dt_bias).reshape(shape)
+    A = xp.exp(xp.float32(A_log).reshape((H, 1) if len(g.shape) == 4 else (H,)))
+    if lower_bound is None:
+        return -A * xp.softplus(x)
+    return float(lower_bound) * xp.sigmoid(A * x)
+
+
+def beta_in_kernel(xp: Xp, beta, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
+    """FLA's use_beta_sigmoid_in_kernel (beta = sigmoid(beta)) and allow_neg_eigval (2 sigmoid(beta)),
+    in float32."""
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("flat: allow_neg_eigval: doubles sigmoid(beta), so it takes use_beta_sigmoid_in_kernel=True "
+                         "(as FLA's chunk_gated_delta_rule does), got use_beta_sigmoid_in_kernel=False")
+    if not use_beta_sigmoid_in_kernel:
+        return beta
+    beta = xp.sigmoid(xp.float32(beta))
+    return 2.0 * beta if allow_neg_eigval else beta
+
+
+def _state_in(xp: Xp, initial_state, sequences: Sequences, state_v_first: bool):
+    """The initial state as the kernel takes it: [.., K, V] (transposed from FLA's V-first layout
+    with state_v_first), float32 (a bfloat16 or float16 state widened; a pool written in place is
+    passed as it is, and the library refuses one that is not float32)."""
+    if initial_state is None:
+        return None
+    if sequences.writes_pool:
+        if state_v_first:
+            raise ValueError("flat: state_v_first: a pool written in place (final_state_indices, "
+                             "token_state_indices) is the kernel's own [P, H, K, V], updated where it lies; pass it "
+                             f"so, without state_v_first, got initial_state {list(initial_state.shape)} with "
+                             "state_v_first=True")
+        return initial_state
+    if state_v_first and len(initial_state.shape) >= 2:
+        initial_state = xp.swap(initial_state)
+    return xp.float32(initial_state) if xp.narrow_float(initial_state) else initial_state
+
+
+def variant_functions(_run, xp: Xp):
+    """The functions of every variant on a framework's _run(variant, q, k, v, g, beta, b, w, **options)
+    and its array operations xp."""
+
+    def run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, sequences, state_v_first,
+            **options):
+        o, final_state = _run(variant, q, k, v, g, beta, b, w,
+                              initial_state=_state_in(xp, initial_state, sequences, state_v_first),
+                              sequences=sequences, **options)
+        if state_v_first and final_state is not None:
+            final_state = xp.swap(final_state)
+        return o, final_state
+
+    def la(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False, *, chunk_size=64,
+           use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False, cu_seqlens=None,
            initial_state_indices=None, final_state_indices=None, token_state_indices=None):
-        """Linear attention: H_t = H_{t-1} + k_t v_t^T, o_t = scale H_t^T q_t."""
-        return _run("la", q, k, v, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                    chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                    gate_group=None, check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        """Linear attention: H_t = H_{t-1} + k_t v_t^T, o_t = scale H_t^T q_t. With normalize=True
+        (FLA's chunk_linear_attn default; flat's default is False) o_t is divided by
+        <scale q_t, sum_{s<=t} k_s> + 1e-10, as FLA 0.6 does (one sequence per batch row from a zero
+        state: refused with an initial state, cu_seqlens or a pool, whose key sums the state does not
+        carry, and with use_qk_l2norm_in_kernel)."""
+        sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
+        if normalize:
+            _check_normalize(q, k, v, initial_state, sequences, use_qk_l2norm_in_kernel)
+        o, final_state = run("la", q, k, v, scale=scale, initial_state=initial_state,
+                             output_final_state=output_final_state, chunk_size=chunk_size,
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", gate_group=None,
+                             check_values=check_values, sequences=sequences, state_v_first=state_v_first)
+        if normalize:
+            s = float(scale) if scale is not None else int(q.shape[3]) ** -0.5
+            z = xp.sum_last(xp.float32(q) * s * xp.cumsum_t(xp.float32(k)))
+            o = xp.cast_like(xp.float32(o) / (z + 1e-10), o)
+        return o, final_state
 
-    def retnet(q, k, v, g, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-               use_qk_l2norm_in_kernel=False, check_values=True, cu_seqlens=None,
-               initial_state_indices=None, final_state_indices=None, token_state_indices=None):
-        """RetNet: H_t = exp(g) H_{t-1} + k_t v_t^T with g [H] one log-decay per head."""
-        return _run("retnet", q, k, v, g, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, chunk_size=chunk_size,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                    gate_group=None, check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+    def retnet(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, *, g_gamma=None,
+               chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False,
+               cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+        """RetNet: H_t = exp(g) H_{t-1} + k_t v_t^T with g [H] one log-decay per head (FLA's g_gamma,
+        which may be passed by that name instead)."""
+        if (g is None) == (g_gamma is None):
+            raise ValueError("flat: g, g_gamma: expected the log-decay per head [H] as g or as g_gamma (one of "
+                             f"them), got {'both' if g is not None else 'neither'}")
+        return run("retnet", q, k, v, g if g is not None else g_gamma, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, chunk_size=chunk_size,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", gate_group=None,
+                   check_values=check_values, state_v_first=state_v_first,
+                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
-    def mamba2(q, k, v, g, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-               use_qk_l2norm_in_kernel=False, check_values=True, cu_seqlens=None,
-               initial_state_indices=None, final_state_indices=None, token_state_indices=None):
-        """Mamba-2 (SSD), FLA's simple GLA: H_t = exp(g_t) H_{t-1} + k_t v_t^T with g [B, T, H]."""
-        return _run("mamba2", q, k, v, g, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, chunk_size=chunk_size,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                    gate_group=None, check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+    def mamba2(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, *, g_gamma=None,
+               chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False,
+               cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+        """Mamba-2 (SSD), FLA's simple GLA: H_t = exp(g_t) H_{t-1} + k_t v_t^T with g [B, T, H]; FLA's
+        g_gamma [H], a log-decay per head, is added to g (alone, it is retnet)."""
+        sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
+        options = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                       chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
+                       gate_group=None, check_values=check_values, sequences=sequences, state_v_first=state_v_first)
+        if g is None and g_gamma is None:
+            raise ValueError("flat: g: expected the log-decay [B, T, H], or g_gamma [H] (or both), got neither")
+        if g is None:
+            return run("retnet", q, k, v, g_gamma, **options)
+        if g_gamma is not None:
+            if len(g.shape) != 3 or tuple(g_gamma.shape) != (g.shape[2],):
+                raise ValueError(f"flat: g_gamma: expected [H] beside g [B, T, H], got g_gamma {list(g_gamma.shape)} "
+                                 f"and g {list(g.shape)}")
+            g = xp.float32(g) + xp.float32(g_gamma)
+        return run("mamba2", q, k, v, g, **options)
 
     def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-            use_qk_l2norm_in_kernel=False, check_values=True, cu_seqlens=None,
+            use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False, cu_seqlens=None,
             initial_state_indices=None, final_state_indices=None, token_state_indices=None):
         """Gated linear attention: H_t = Diag(exp(g_t)) H_{t-1} + k_t v_t^T with g [B, T, H, K]."""
-        return _run("gla", q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                    chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                    gate_group=None, check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return run("gla", q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                   chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
+                   gate_group=None, check_values=check_values, state_v_first=state_v_first,
+                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def deltanet(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-                 use_qk_l2norm_in_kernel=False, solve="auto", check_values=True, cu_seqlens=None,
+                 use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                 solve="auto", check_values=True, state_v_first=False, cu_seqlens=None,
                  initial_state_indices=None, final_state_indices=None, token_state_indices=None):
         """DeltaNet: H_t = (I - beta_t k_t k_t^T) H_{t-1} + beta_t k_t v_t^T with beta [B, T, H]."""
-        return _run("deltanet", q, k, v, beta=beta, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, chunk_size=chunk_size,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=None,
-                    check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        beta = beta_in_kernel(xp, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        return run("deltanet", q, k, v, beta=beta, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, chunk_size=chunk_size,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=None,
+                   check_values=check_values, state_v_first=state_v_first,
+                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def gated_deltanet(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-                       use_qk_l2norm_in_kernel=False, solve="auto", check_values=True, cu_seqlens=None,
-                       initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                       use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, solve="auto", check_values=True,
+                       state_v_first=False, cu_seqlens=None, initial_state_indices=None, final_state_indices=None,
+                       token_state_indices=None):
         """Gated DeltaNet (FLA's chunk_gated_delta_rule): H_t = exp(g_t) (I - beta_t k_t k_t^T) H_{t-1} +
         beta_t k_t v_t^T with g, beta [B, T, H]."""
-        return _run("gated_deltanet", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, chunk_size=chunk_size,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=None,
-                    check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        g = gate_in_kernel(xp, g, use_gate_in_kernel, A_log, dt_bias, None)
+        beta = beta_in_kernel(xp, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        return run("gated_deltanet", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, chunk_size=chunk_size,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=None,
+                   check_values=check_values, state_v_first=state_v_first,
+                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-            use_qk_l2norm_in_kernel=False, solve="auto", gate_group=None, check_values=True, cu_seqlens=None,
+            use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
+            solve="auto", gate_group=None, check_values=True, state_v_first=False, cu_seqlens=None,
             initial_state_indices=None, final_state_indices=None, token_state_indices=None):
         """Kimi Delta Attention: H_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) H_{t-1} + beta_t k_t v_t^T with
         g [B, T, H, K] (or [B, T, H, K/G] per group of G channels), beta [B, T, H]."""
-        return _run("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, chunk_size=chunk_size,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
-                    check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        g = gate_in_kernel(xp, g, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
+        beta = beta_in_kernel(xp, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        return run("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, chunk_size=chunk_size,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
+                   check_values=check_values, state_v_first=state_v_first,
+                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-             use_qk_l2norm_in_kernel=False, solve="auto", gate_group=None, check_values=True, cu_seqlens=None,
-             initial_state_indices=None, final_state_indices=None, token_state_indices=None):
-        """Gated DeltaNet-2: kda with an erase gate b [B, T, H, K] and a write gate w [B, T, H, V] in place of
-        beta."""
-        return _run("gdn2", q, k, v, g, b=b, w=w, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, chunk_size=chunk_size,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
-                    check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+             use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None, safe_gate=False,
+             lower_bound=None, solve="auto", gate_group=None, check_values=True, state_v_first=False,
+             cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+        """Gated DeltaNet-2 (FLA's chunk_gdn2): H_t = (I - k_t (b_t * k_t)^T) Diag(exp(g_t)) H_{t-1} +
+        k_t (w_t * v_t)^T, kda with an erase gate b [B, T, H, K] and a write gate w [B, T, H, V] in place
+        of beta."""
+        g = gate_in_kernel(xp, g, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
+        return run("gdn2", q, k, v, g, b=b, w=w, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, chunk_size=chunk_size,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
+                   check_values=check_values, state_v_first=state_v_first,
+                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def sla(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-            use_qk_l2norm_in_kernel=False, solve="auto", gate_group=None, check_values=True, cu_seqlens=None,
-            initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+            use_qk_l2norm_in_kernel=False, solve="auto", gate_group=None, check_values=True, state_v_first=False,
+            cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
         """Systolic linear attention: kda with one gate value per 64 channels (g [B, T, Hk, K/64]), keys
         shared by value heads (v [B, T, R Hk, V])."""
-        return _run("sla", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                    output_final_state=output_final_state, chunk_size=chunk_size,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
-                    check_values=check_values,
-                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return run("sla", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, chunk_size=chunk_size,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
+                   check_values=check_values, state_v_first=state_v_first,
+                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     return {f.__name__: f for f in (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla)}
+
+
+def _check_normalize(q, k, v, initial_state, sequences: Sequences, use_qk_l2norm_in_kernel: bool) -> None:
+    if initial_state is not None:
+        raise ValueError(f"flat: normalize: divides by the sum of the keys seen, which a state does not carry, so it "
+                         f"takes no initial_state (FLA 0.6 leaves the state's keys out), got initial_state "
+                         f"{list(initial_state.shape)}")
+    given = [name for name, x in sequences._asdict().items() if x is not None]
+    if given:
+        raise ValueError(f"flat: normalize: takes one sequence per batch row from a zero state (as FLA's "
+                         f"chunk_linear_attn), got {', '.join(given)}")
+    if use_qk_l2norm_in_kernel:
+        raise ValueError("flat: normalize: is FLA's chunk_linear_attn's, which has no use_qk_l2norm_in_kernel; "
+                         "normalize q and k before the call, got use_qk_l2norm_in_kernel=True")
+    if len(q.shape) == 4 and len(k.shape) == 4 and len(v.shape) == 4 and not q.shape[2] == k.shape[2] == v.shape[2]:
+        raise ValueError(f"flat: normalize: expected q, k and v with one head count, got q {list(q.shape)}, "
+                         f"k {list(k.shape)}, v {list(v.shape)}")
+
+
+def norm_gate(xp, x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps, norm_before_gate, kernel):
+    """rms_norm_gated in either framework (flat.torch's docstring): kernel(x, g, weight, activation,
+    norm_before_gate, eps) on x (x + residual) and g, the bias added around it. xp: float32(x),
+    cast(x, dtype), activations (by the library's names)."""
+    activation = norm_activation(activation)
+    if bias is not None and tuple(bias.shape) != tuple(weight.shape):
+        raise ValueError(f"flat: bias: expected weight's shape {list(weight.shape)}, got {list(bias.shape)}")
+    if residual is not None and tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"flat: residual: expected x's shape {list(x.shape)}, got {list(residual.shape)}")
+    out_dtype, residual_out = x.dtype, None
+    if residual is not None:
+        summed = xp.float32(x) + xp.float32(residual)
+        residual_out = xp.cast(summed, residual.dtype)
+        x, g = summed, (None if g is None else xp.float32(g))
+    elif prenorm:
+        residual_out = xp.float32(x) if residual_in_fp32 else x
+    y = kernel(x, g, weight, activation, bool(norm_before_gate), float(eps))
+    if bias is not None:
+        b = xp.float32(bias)
+        if g is not None and norm_before_gate:
+            b = b * xp.activations[activation](xp.float32(g))
+        y = xp.float32(y) + b
+    y = xp.cast(y, out_dtype)
+    return (y, residual_out) if prenorm else y

@@ -144,14 +144,26 @@ def pool_error(what: str) -> ValueError:
                       "reading the pool, is differentiable)")
 
 
-# The output norm and gate: FLA's activation names too ("swish" is SiLU).
-_NORM_ACTIVATIONS = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid", "none": "none"}
+# The output norm and gate: FLA's activation names too ("swish" is SiLU); None is no activation.
+_NORM_ACTIVATIONS = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid", "none": "none", None: "none"}
+
+# The short convolution: FLA's causal_conv1d takes None, "silu" and "swish".
+_CONV_ACTIVATIONS = {"silu": "silu", "swish": "silu", "none": "none", None: "none"}
 
 
-def norm_activation(activation: str) -> str:
-    if activation not in _NORM_ACTIVATIONS:
-        raise ValueError(f"flat: activation: expected silu (swish), sigmoid or none, got '{activation}'")
-    return _NORM_ACTIVATIONS[activation]
+def _activation(table: dict, activation, expected: str) -> str:
+    if not (activation is None or isinstance(activation, str)) or activation not in table:
+        raise ValueError(f"flat: activation: expected {expected}, got {activation!r}")
+    return table[activation]
+
+
+def norm_activation(activation) -> str:
+    return _activation(_NORM_ACTIVATIONS, activation, "'swish' (or 'silu'), 'sigmoid', or None (or 'none') for no "
+                       "activation")
+
+
+def conv_activation(activation) -> str:
+    return _activation(_CONV_ACTIVATIONS, activation, "None (or 'none') for no activation, or 'silu' (or 'swish')")
 
 
 def rows4(shape: Sequence[int]) -> tuple:

@@ -190,7 +190,13 @@ def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_
 
 
 # One function per variant (python/flat/_api.py), as flat.torch's.
-globals().update(_api.variant_functions(_run))
+_XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
+               narrow_float=lambda x: jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)),
+               cast_like=lambda x, y: x.astype(y.dtype), sigmoid=jax.nn.sigmoid, softplus=jax.nn.softplus, exp=jnp.exp,
+               swap=lambda x: jnp.swapaxes(x, -1, -2), cumsum_t=lambda x: jnp.cumsum(x, axis=1),
+               sum_last=lambda x: jnp.sum(x, axis=-1, keepdims=True))
+
+globals().update(_api.variant_functions(_run, _XP))
 
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
@@ -273,10 +279,11 @@ def _pool_conv(activation, x, weight, bias, pool, cu_seqlens, reads, writes, tok
 _pool_conv.defvjp(_no_gradient, _no_gradient)
 
 
-def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None, *,
+def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, cu_seqlens=None, *,
          initial_state_indices=None, final_state_indices=None, token_state_indices=None):
-    """The short causal depthwise convolution, as flat.torch.conv: with final_state_indices or
-    token_state_indices, (y, the pool initial_state updated)."""
+    """The short causal depthwise convolution, as flat.torch.conv (activation None, "silu" or "swish"):
+    with final_state_indices or token_state_indices, (y, the pool initial_state updated)."""
+    activation = _args.conv_activation(activation)
     sequences = _sequences(_args.Sequences(cu_seqlens, initial_state_indices, final_state_indices,
                                            token_state_indices), initial_state)
     if sequences.writes_pool:
@@ -316,9 +323,22 @@ def _norm_gate_backward(activation, norm_before_gate, eps, saved, dy):
 _norm_gate.defvjp(_norm_gate_forward, _norm_gate_backward)
 
 
-def rms_norm_gated(x, g, weight, activation="silu", eps=1e-5, norm_before_gate=True):
-    """The output norm and gate, as flat.torch.rms_norm_gated."""
+def rms_norm_gated(x, g, weight, bias=None, activation="swish", residual=None, prenorm=False, residual_in_fp32=False,
+                   eps=1e-6, norm_before_gate=True):
+    """The output norm and gate, as flat.torch.rms_norm_gated (FLA's arguments, order and defaults)."""
+    return _api.norm_gate(_NormXp, jnp.asarray(x), None if g is None else jnp.asarray(g), weight, bias, activation,
+                          None if residual is None else jnp.asarray(residual), prenorm, residual_in_fp32, eps,
+                          norm_before_gate, _norm_kernel)
+
+
+def _norm_kernel(x, g, weight, activation, norm_before_gate, eps):
     shape = _args.rows4(x.shape)
-    y = _norm_gate(_args.norm_activation(activation), bool(norm_before_gate), float(eps), x.reshape(shape),
-                   None if g is None else g.reshape(shape), weight.astype(jnp.float32))
+    y = _norm_gate(activation, norm_before_gate, eps, x.reshape(shape), None if g is None else g.reshape(shape),
+                   jnp.asarray(weight).astype(jnp.float32))
     return y.reshape(x.shape)
+
+
+class _NormXp:
+    float32 = staticmethod(lambda x: jnp.asarray(x).astype(jnp.float32))
+    cast = staticmethod(lambda x, dtype: x.astype(dtype))
+    activations = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z}

@@ -259,7 +259,12 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
 # ---- One function per variant (python/flat/_api.py): la, retnet, mamba2, gla, deltanet,
 # gated_deltanet, kda, gdn2, sla ---------------------------------------------------------------
 
-globals().update(_api.variant_functions(_run))
+_XP = _api.Xp(float32=lambda x: x.float(), narrow_float=lambda x: x.dtype in (torch.bfloat16, torch.float16),
+               cast_like=lambda x, y: x.to(y.dtype), sigmoid=torch.sigmoid, softplus=torch.nn.functional.softplus,
+               exp=torch.exp, swap=lambda x: x.transpose(-1, -2), cumsum_t=lambda x: torch.cumsum(x, 1),
+               sum_last=lambda x: x.sum(-1, keepdim=True))
+
+globals().update(_api.variant_functions(_run, _XP))
 
 
 def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_accepted: Tensor) -> Tensor:
@@ -363,15 +368,17 @@ def _conv_backward_formula(ctx, dy, dstate):
 _conv_forward.register_autograd(_conv_backward_formula, setup_context=_setup_conv)
 
 
-def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", cu_seqlens=None, *,
+def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, cu_seqlens=None, *,
          initial_state_indices=None, final_state_indices=None, token_state_indices=None):
     """The short causal depthwise convolution: x [B, T, C], weight [C, W] float32, bias [C]; positions
-    before 0 read initial_state [B, C, W-1] (FLA's causal_conv1d layout). Returns (y, final_state), the
-    final state the last W-1 inputs. With cu_seqlens ([num_seqs + 1] offsets of sequences packed along
-    T, B = 1), no window reads across a sequence's start and the states are [num_seqs, C, W-1].
-    initial_state_indices, final_state_indices, token_state_indices address a pool initial_state
-    [P, C, W-1] as the variants' functions do (python/flat/_api.py): with the last two it is updated
-    in place and returned, (y, initial_state)."""
+    before 0 read initial_state [B, C, W-1] float32 (flat's layout: the last W-1 inputs; FLA's
+    causal_conv1d keeps [N, C, W] in x's dtype). activation: None (or "none", the default, as FLA's),
+    "silu" or "swish". Returns (y, final_state), the final state the last W-1 inputs. With cu_seqlens
+    ([num_seqs + 1] offsets of sequences packed along T, B = 1), no window reads across a sequence's
+    start and the states are [num_seqs, C, W-1]. initial_state_indices, final_state_indices,
+    token_state_indices address a pool initial_state [P, C, W-1] as the variants' functions do
+    (python/flat/_api.py): with the last two it is updated in place and returned, (y, initial_state)."""
+    activation = _args.conv_activation(activation)
     sequences = _args.Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
     if _check_sequences(sequences, initial_state, (x, weight, bias)):
         return _conv_forward_pool(x, weight, bias, initial_state, *sequences, activation), initial_state
@@ -429,14 +436,30 @@ def _norm_gate_backward_formula(ctx, dy):
 _norm_gate_forward.register_autograd(_norm_gate_backward_formula, setup_context=_setup_norm_gate)
 
 
-def rms_norm_gated(x: Tensor, g: Optional[Tensor], weight: Tensor, activation: str = "silu", eps: float = 1e-5,
-                   norm_before_gate: bool = True) -> Tensor:
-    """The output norm and gate (FLA's ``rms_norm_gated``) over the last axis D of x [..., D]:
-    ``x / rms(x) * weight * act(g)``, or with ``norm_before_gate=False`` (Mamba-2's order)
-    ``u / rms(u) * weight`` with ``u = x * act(g)``; without g, ``x / rms(x) * weight``.
-    activation: "silu" (or "swish"), "sigmoid" or "none". g has x's shape; weight [D] is used in
-    float32 (a bfloat16 weight is widened, its gradient comes back in its dtype). y has x's dtype."""
+def rms_norm_gated(x: Tensor, g: Optional[Tensor], weight: Tensor, bias: Optional[Tensor] = None,
+                   activation: Optional[str] = "swish", residual: Optional[Tensor] = None, prenorm: bool = False,
+                   residual_in_fp32: bool = False, eps: float = 1e-6, norm_before_gate: bool = True):
+    """The output norm and gate, FLA's ``rms_norm_gated`` (its arguments, order and defaults) over the
+    last axis D of x [..., D]: ``(x / rms(x) * weight + bias) * act(g)``, or with
+    ``norm_before_gate=False`` (Mamba-2's order) ``u / rms(u) * weight + bias`` with ``u = x * act(g)``;
+    without g, ``x / rms(x) * weight + bias``. activation: "swish" (or "silu"), "sigmoid", or None
+    ("none") for no activation. g has x's shape; weight [D] (or [N, D], one row per head of
+    x [B, T, N, D]) is used in float32 (a bfloat16 weight is widened, its gradient comes back in its
+    dtype); bias has weight's shape, added in float32 around the kernel. With residual, the norm reads
+    x + residual (summed in float32) and with prenorm=True the call returns (y, x + residual), in
+    residual's dtype (without a residual, x itself, float32 with residual_in_fp32). y has x's dtype."""
+    return _api.norm_gate(_NormXp, x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps,
+                          norm_before_gate, _norm_kernel)
+
+
+def _norm_kernel(x, g, weight, activation, norm_before_gate, eps):
     shape = _args.rows4(x.shape)
-    y = _norm_gate_forward(x.reshape(shape), None if g is None else g.reshape(shape), weight.float(),
-                           _args.norm_activation(activation), bool(norm_before_gate), float(eps))
+    y = _norm_gate_forward(x.reshape(shape), None if g is None else g.reshape(shape), weight.float(), activation,
+                           norm_before_gate, eps)
     return y.reshape(x.shape)
+
+
+class _NormXp:
+    float32 = staticmethod(lambda x: x.float())
+    cast = staticmethod(lambda x, dtype: x.to(dtype))
+    activations = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "none": lambda z: z}

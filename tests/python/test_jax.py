@@ -98,10 +98,10 @@ def test_conv_matches_the_oracle():
     x, weight, bias, state0, dy, dstate = (jnp.asarray(a, jnp.float32) for a in xs)
 
     def loss(x, weight, bias, state0):
-        y, state = fj.conv(x, weight, bias, initial_state=state0, output_final_state=True)
+        y, state = fj.conv(x, weight, bias, initial_state=state0, output_final_state=True, activation="silu")
         return jnp.sum(y * dy) + jnp.sum(state * dstate)
 
-    y, state = fj.conv(x, weight, bias, initial_state=state0, output_final_state=True)
+    y, state = fj.conv(x, weight, bias, initial_state=state0, output_final_state=True, activation="silu")
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(x, weight, bias, state0)
     for name, got, expected in zip(("y", "state", "dx", "dweight", "dbias", "dstate0"), (y, state, *grads), want):
         expect_close(name, np.asarray(got), expected, 1e-5)
@@ -120,9 +120,10 @@ def test_rms_norm_gated_matches_the_oracle(activation, norm_before_gate):
     x, g, weight, dy = (jnp.asarray(a, jnp.float32) for a in xs)
 
     def loss(x, g, weight):
-        return jnp.sum(fj.rms_norm_gated(x, g, weight, activation, norm_before_gate=norm_before_gate) * dy)
+        return jnp.sum(fj.rms_norm_gated(x, g, weight, activation=activation, eps=1e-5,
+                                         norm_before_gate=norm_before_gate) * dy)
 
-    y = fj.rms_norm_gated(x, g, weight, activation, norm_before_gate=norm_before_gate)
+    y = fj.rms_norm_gated(x, g, weight, activation=activation, eps=1e-5, norm_before_gate=norm_before_gate)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, g, weight)
     for name, got, expected in zip(("y", "dx", "dg", "dweight"), (y, *grads), want):
         expect_close(name, np.asarray(got).reshape(expected.shape), expected, 1e-5)

@@ -124,7 +124,7 @@ def test_conv_matches_the_oracle():
     xs = [np.asarray(a, np.float32).astype(np.float64) for a in (x, weight, bias, state0, dy, dstate)]
     want = _core.reference_conv(B, T, C, W, "silu", *xs)
     tx, tw, tb, ts = (torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in xs[:4])
-    y, state = ft.conv(tx, tw, tb, initial_state=ts, output_final_state=True)
+    y, state = ft.conv(tx, tw, tb, initial_state=ts, output_final_state=True, activation="silu")
     torch.autograd.backward([y, state], [torch.tensor(xs[4], dtype=torch.float32), torch.tensor(xs[5], dtype=torch.float32)])
     for name, got, expected in zip(("y", "state", "dx", "dweight", "dbias", "dstate0"),
                                    (y.detach(), state.detach(), tx.grad, tw.grad, tb.grad, ts.grad), want):
@@ -149,7 +149,7 @@ def test_rms_norm_gated_matches_the_oracle(activation, norm_before_gate, gate):
     projection[..., H * D:2 * H * D] = torch.tensor(z, dtype=torch.float32).reshape(B, T, H * D)
     projection.requires_grad_()
     tg = projection[..., H * D:2 * H * D].view(B, T, H, D) if gate else None
-    y = ft.rms_norm_gated(tx, tg, tw, activation=activation, norm_before_gate=norm_before_gate)
+    y = ft.rms_norm_gated(tx, tg, tw, activation=activation, eps=1e-5, norm_before_gate=norm_before_gate)
     y.backward(torch.tensor(dy, dtype=torch.float32))
     got = [y.detach(), tx.grad, projection.grad[..., H * D:2 * H * D].reshape(B, T, H, D) if gate else None, tw.grad]
     for name, g, w in zip(("y", "dx", "dg", "dweight"), got, want):
@@ -165,7 +165,7 @@ def test_rms_norm_gated_opcheck_and_bad_input():
     torch.library.opcheck(torch.ops.flat.norm_gate_forward.default, (x, g, weight, "sigmoid", True, 1e-5))
     with pytest.raises(ValueError, match="flat: weight: expected shape \\[D=8\\], got \\[7\\]"):
         ft.rms_norm_gated(x, g, torch.randn(7))
-    with pytest.raises(ValueError, match="flat: activation: expected silu"):
+    with pytest.raises(ValueError, match="flat: activation: expected 'swish' \\(or 'silu'\\), 'sigmoid', or None"):
         ft.rms_norm_gated(x, g, weight, activation="gelu")
 
 

@@ -29,6 +29,7 @@ float64 copy of each layer with it).
 """
 
 import math
+import warnings
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -121,7 +122,8 @@ class FusedRMSNormGated(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size) if groups == 1 else torch.ones(groups, hidden_size))
 
     def forward(self, x: Tensor, g: Optional[Tensor] = None, ops: str = "kernels") -> Tensor:
-        return ops_named(ops).norm(x, g, self.weight, self.activation, self.eps, self.norm_before_gate)
+        return ops_named(ops).norm(x, g, self.weight, activation=self.activation, eps=self.eps,
+                                   norm_before_gate=self.norm_before_gate)
 
 
 class _Mixer(nn.Module):
@@ -133,10 +135,16 @@ class _Mixer(nn.Module):
 
     variant: str = ""
 
-    def __init__(self, ops: str):
+    def __init__(self, ops: str, layer_idx: Optional[int] = None, kwargs: Optional[dict] = None):
         super().__init__()
         ops_named(ops)
         self.ops = ops
+        # FLA's layers take their index in the model (for its cache) and ignore keyword arguments they
+        # do not know; so do these, saying which they ignore.
+        self.layer_idx = layer_idx
+        if kwargs:
+            warnings.warn(f"flat.nn.{type(self).__name__}: ignoring {', '.join(sorted(kwargs))} (not hyperparameters "
+                          "of this layer)", stacklevel=3)
 
     # -- what a subclass provides ---------------------------------------------------------------
 
@@ -184,7 +192,20 @@ class _Mixer(nn.Module):
     def forward(self, hidden_states: Tensor, initial_state: Optional[State] = None,
                 output_final_state: bool = False, cu_seqlens: Optional[Tensor] = None, *,
                 initial_state_indices: Optional[Tensor] = None, final_state_indices: Optional[Tensor] = None,
-                token_state_indices: Optional[Tensor] = None) -> Tuple[Tensor, Optional[State]]:
+                token_state_indices: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+                **kwargs) -> Tuple[Tensor, Optional[State]]:
+        """(o, state): o [B, T, hidden_size]; state the final State with output_final_state (or FLA's
+        use_cache=True), else None; with final_state_indices or token_state_indices, the pool
+        initial_state updated in place. FLA's layers return (o, None, past_key_values) instead: the
+        state is passed in and out explicitly here, with no cache object."""
+        output_final_state = bool(output_final_state) or bool(kwargs.pop("use_cache", False))
+        kwargs.pop("output_attentions", None)  # FLA's: no attention weights either way
+        _check(attention_mask is None, "attention_mask: padding masks are not supported; pack the sequences along T "
+               f"with cu_seqlens, got a mask {list(attention_mask.shape) if attention_mask is not None else ''}")
+        _check(kwargs.pop("past_key_values", None) is None, "past_key_values: no cache object; pass the State as "
+               "initial_state and take it back with output_final_state=True, got a past_key_values")
+        if kwargs:
+            warnings.warn(f"flat.nn.{type(self).__name__}.forward: ignoring {', '.join(sorted(kwargs))}", stacklevel=2)
         _check(hidden_states.dim() == 3, f"hidden_states: expected [B, T, hidden_size], got {list(hidden_states.shape)}")
         ops = ops_named(self.ops)
         sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
@@ -324,8 +345,9 @@ class LinearAttention(_QKVMixer):
 
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 1.0, num_heads: int = 8,
                  num_kv_heads: Optional[int] = None, feature_map: str = "elu", use_short_conv: bool = False,
-                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels"):
-        super().__init__(ops)
+                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         _feature_map(feature_map, torch.zeros(1))
         self.feature_map = feature_map
@@ -355,8 +377,9 @@ class MultiScaleRetention(_QKVMixer):
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 2.0, num_heads: int = 8,
                  num_kv_heads: Optional[int] = None, use_short_conv: bool = False, conv_size: int = 4,
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
-                 norm_eps: float = 1e-5, ops: str = "kernels"):
-        super().__init__(ops)
+                 norm_eps: float = 1e-5, ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         self.use_output_gate = use_output_gate
         self._qkv_modules(hidden_size, key_dim, self.head_k_dim * self.num_kv_heads,
@@ -392,8 +415,9 @@ class GatedLinearAttention(_QKVMixer):
                  num_kv_heads: Optional[int] = None, use_short_conv: bool = False, conv_size: int = 4,
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
                  norm_eps: float = 1e-5, gate_logit_normalizer: int = 16, gate_low_rank_dim: int = 16,
-                 clamp_min: Optional[float] = None, ops: str = "kernels"):
-        super().__init__(ops)
+                 clamp_min: Optional[float] = None, ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         self.use_output_gate = use_output_gate
         self.gate_logit_normalizer, self.clamp_min = gate_logit_normalizer, clamp_min
@@ -451,8 +475,9 @@ class DeltaNet(_DeltaMixer):
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 1.0, num_heads: int = 4,
                  use_beta: bool = True, use_gate: bool = False, use_short_conv: bool = True, conv_size: int = 4,
                  conv_bias: bool = False, allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels"):
-        super().__init__(ops)
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
         _divides("key_dim", key_dim, "num_heads", num_heads)
         _divides("value_dim", value_dim, "num_heads", num_heads)
@@ -507,8 +532,9 @@ class GatedDeltaNet(_GatedDeltaMixer):
     def __init__(self, hidden_size: int = 2048, expand_v: float = 2, head_dim: int = 256, num_heads: int = 6,
                  num_v_heads: Optional[int] = None, use_gate: bool = True, use_short_conv: bool = True,
                  allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels"):
-        super().__init__(ops)
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         num_v_heads = num_v_heads or num_heads
         _divides("num_v_heads", num_v_heads, "num_heads", num_heads)
         self.num_heads, self.num_v_heads, self.use_gate = num_heads, num_v_heads, use_gate
@@ -547,8 +573,9 @@ class KimiDeltaAttention(_GatedDeltaMixer):
 
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128, num_heads: int = 16,
                  num_v_heads: Optional[int] = None, use_short_conv: bool = True, allow_neg_eigval: bool = False,
-                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels"):
-        super().__init__(ops)
+                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         self._build(hidden_size, expand_v, head_dim, num_heads, num_v_heads, use_short_conv, allow_neg_eigval,
                     conv_size, conv_bias, norm_eps, gate_group=1, key_side_gates=False)
 
@@ -600,8 +627,9 @@ class SystolicLinearAttention(KimiDeltaAttention):
     def __init__(self, hidden_size: int = 2048, expand_v: float = 0.5, head_dim: int = 256, num_heads: int = 4,
                  num_v_heads: Optional[int] = 16, gate_group: int = 64, use_short_conv: bool = True,
                  allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels"):
-        _Mixer.__init__(self, ops)
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        _Mixer.__init__(self, ops, layer_idx, kwargs)
         self._build(hidden_size, expand_v, head_dim, num_heads, num_v_heads, use_short_conv, allow_neg_eigval,
                     conv_size, conv_bias, norm_eps, gate_group=gate_group, key_side_gates=True)
 
@@ -615,8 +643,9 @@ class GatedDeltaNet2(_GatedDeltaMixer):
 
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128, num_heads: int = 16,
                  use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels"):
-        super().__init__(ops)
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         self.num_heads = self.num_v_heads = num_heads
         self.allow_neg_eigval = False
         self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
@@ -663,8 +692,9 @@ class Mamba2(_Mixer):
                  state_size: int = 128, expand: int = 2, n_groups: int = 1, conv_kernel: int = 4,
                  use_conv_bias: bool = True, use_bias: bool = False, norm_eps: float = 1e-5,
                  time_step_min: float = 0.001, time_step_max: float = 0.1, time_step_floor: float = 1e-4,
-                 time_step_limit: Tuple[float, float] = (0.0, float("inf")), ops: str = "kernels"):
-        super().__init__(ops)
+                 time_step_limit: Tuple[float, float] = (0.0, float("inf")), ops: str = "kernels", layer_idx: Optional[int] = None,
+                 **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         intermediate = expand * hidden_size
         num_heads = num_heads or intermediate // head_dim
         _check(num_heads * head_dim == intermediate,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import torch as ft
-from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, Sequences, norm_activation
+from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, Sequences, conv_activation, norm_activation
 
 
 class Ops(NamedTuple):
@@ -25,14 +25,16 @@ class Ops(NamedTuple):
     #            use_qk_l2norm_in_kernel=, gate_group=, cu_seqlens=, initial_state_indices=,
     #            final_state_indices=, token_state_indices=) -> (o [B, T, N, V], final_state or None)
     recurrence: object
-    # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation,
+    # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation (None, the
+    #      default, "silu" or "swish"),
     #      cu_seqlens=, initial_state_indices=, final_state_indices=, token_state_indices=)
     #   -> (y, final_state or None)
     # The sequences' arguments as flat.torch takes them (python/flat/_api.py): with cu_seqlens (B = 1,
     # sequences packed along T) states have a row per sequence; with final_state_indices or
     # token_state_indices, initial_state is a pool updated in place and returned as final_state.
     conv: object
-    # norm(x [..., D], g or None, weight [D] or [N, D], activation, eps, norm_before_gate) -> y
+    # norm(x [..., D], g or None, weight [D] or [N, D], *, activation, eps, norm_before_gate) -> y (flat.torch's
+    #      rms_norm_gated, whose fourth positional argument is FLA's bias: pass these by name)
     norm: object
 
 
@@ -46,7 +48,7 @@ def _kernel_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, s
                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **sequences)
 
 
-def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu", **sequences):
+def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, **sequences):
     # The kernel's taps, bias and state are float32 whatever the model's dtype; a pool it writes in
     # place is passed as it is (the kernel refuses one that is not float32).
     if initial_state is not None and not Sequences(**sequences).writes_pool:
@@ -161,7 +163,7 @@ def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *,
     return o, (h.float() if dtype == torch.float32 else h) if output_final_state else None
 
 
-def reference_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation="silu",
+def reference_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None,
                    cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
     """The short causal depthwise convolution as F.conv1d over [state, x] (positions before 0 read
     initial_state, or zeros); with sequences, one sequence at a time."""
@@ -178,13 +180,13 @@ def reference_conv(x, weight, bias=None, initial_state=None, output_final_state=
         y = x.new_zeros(B, 0, C, dtype=dtype)
     else:
         z = F.conv1d(window, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype), groups=C)
-        y = (F.silu(z) if activation == "silu" else z).transpose(1, 2)
+        y = (F.silu(z) if conv_activation(activation) == "silu" else z).transpose(1, 2)
     final = window[:, :, window.shape[2] - (W - 1):] if output_final_state and W > 1 else None
     return y, final
 
 
-def reference_norm(x, g, weight, activation="silu", eps=1e-5, norm_before_gate=True):
-    """x / rms(x) * weight * act(g), or gate first (u = x * act(g), u / rms(u) * weight)."""
+def reference_norm(x, g, weight, bias=None, activation="swish", eps=1e-6, norm_before_gate=True):
+    """(x / rms(x) * weight + bias) * act(g), or gate first (u = x * act(g), u / rms(u) * weight + bias)."""
     activation = norm_activation(activation)
     act = {"silu": F.silu, "sigmoid": torch.sigmoid, "none": lambda z: z}[activation]
     weight = weight.to(x.dtype)
@@ -192,6 +194,8 @@ def reference_norm(x, g, weight, activation="silu", eps=1e-5, norm_before_gate=T
         x = x * act(g.to(x.dtype))
     y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
     y = y * (weight if weight.dim() == 1 else weight.view(*([1] * (y.dim() - 2)), *weight.shape))
+    if bias is not None:
+        y = y + (bias.to(x.dtype) if bias.dim() == 1 else bias.to(x.dtype).view(*([1] * (y.dim() - 2)), *bias.shape))
     if g is not None and norm_before_gate:
         y = y * act(g.to(x.dtype))
     return y

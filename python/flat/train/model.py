@@ -98,7 +98,7 @@ class SoftmaxAttention(nn.Module):
 
     def forward(self, x: Tensor, initial_state=None, output_final_state: bool = False):
         B, T, d = x.shape
-        qkv, _ = KERNELS.conv(self.qkv_proj(x), self.qkv_conv1d.weight.squeeze(1))
+        qkv, _ = KERNELS.conv(self.qkv_proj(x), self.qkv_conv1d.weight.squeeze(1), activation="silu")
         q, k, v = qkv.view(B, T, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(_rotary(q), _rotary(k), v, is_causal=True)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, d)), None
