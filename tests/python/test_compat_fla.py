@@ -1,6 +1,7 @@
 """flat.compat.fla against transformers' own torch fallbacks of FLA's functions (Qwen3.5's gated
 delta rule, Kimi Linear's KDA), in float32: outputs and final states within 1e-5, gradients of every
-input within 1e-4, by relative L2 per tensor."""
+input within 1e-4, by relative L2 per tensor; bfloat16 inputs within flat's bfloat16 bounds of the
+float32 fallback on the same rounded values."""
 
 import warnings
 
@@ -292,10 +293,11 @@ def test_bf16_inputs(fn, ref, per_channel):
     wide = {n: (t.float() if t is not None else None) for n, t in x.items()}
     reference = run(ref, wide, ours[3], output_final_state=True, use_qk_l2norm_in_kernel=True)
     assert ours[0].dtype == torch.bfloat16 and ours[1].dtype == torch.float32
-    assert rel(ours[0], reference[0]) <= 1e-2 and rel(ours[1], reference[1]) <= 1e-2
+    # flat's bounds for bfloat16 (docs/variants.md): o 5e-3, gradients 1e-2; the state stays float32
+    assert rel(ours[0], reference[0]) <= 5e-3 and rel(ours[1], reference[1]) <= 1e-4
     for n in reference[2]:
         assert ours[2][n].dtype == x[n].dtype
-        assert rel(ours[2][n], reference[2][n]) <= 2e-2, n
+        assert rel(ours[2][n], reference[2][n]) <= 1e-2, n
 
 
 def test_float16_and_extra_kwargs():
