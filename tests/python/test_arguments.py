@@ -1,13 +1,17 @@
 """Arguments at their edges, in flat.torch and flat.jax alike: an empty batch (B = 0 or T = 0) runs
 as any framework op does; a scale that is not a finite number, an initial_state whose shape is not a
 state's, an empty cu_seqlens, index values that JAX would narrow, an unknown solve name reaching the
-FFI directly, and bad accepted_state_indices arguments are refused by name, nothing written."""
+FFI directly, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
+arguments (a bfloat16 initial_state, state_v_first, the gate and beta formed around the kernel,
+g_gamma, la's normalize, conv's and rms_norm_gated's activation, bias, residual and defaults) against
+plain PyTorch formulas, and refused by name where they do not fit."""
 
 import re
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import flat.torch as ft
 from flat import _core
@@ -250,3 +254,241 @@ def test_jax_accepted_state_indices_traced_gives_minus_one_for_an_empty_sequence
     assert np.asarray(rows).tolist() == [5, -1, 6]
     rows = jax.jit(fj.accepted_state_indices)(jnp.zeros((0,), jnp.int32), jnp.asarray([0, 0]), jnp.asarray([0]))
     assert np.asarray(rows).tolist() == [-1]
+
+
+# ---- FLA 0.6's arguments (python/flat/_api.py), each against a plain PyTorch formula ------------
+
+
+def fla_inputs(B=2, T=40, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    q, k = (F.normalize(torch.randn(B, T, H, K), dim=-1).to(dtype) for _ in range(2))
+    return dict(q=q, k=k, v=torch.randn(B, T, H, V).to(dtype), g=-torch.rand(B, T, H, K) / 4,
+                beta=torch.rand(B, T, H), h0=torch.randn(B, H, K, V))
+
+
+def leaves(*tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+def grads(outputs, inputs):
+    loss = sum((o * torch.linspace(-1, 1, o.numel()).view(o.shape)).sum() for o in outputs)
+    return torch.autograd.grad(loss, inputs, allow_unused=True)
+
+
+def assert_close(got, want, rtol=1e-5, atol=1e-6):
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def test_bf16_initial_state_is_widened_and_its_gradient_comes_back_in_bf16():
+    """FLA's docstrings pass a bfloat16 h0: the kernel reads it widened, exactly as a float32 h0
+    holding the same values; its gradient is the float32 one rounded to bfloat16."""
+    a = fla_inputs()
+    for variant, extra in (("kda", (a["g"], a["beta"])), ("gla", (a["g"],)), ("deltanet", (a["beta"],))):
+        h16 = a["h0"].bfloat16().requires_grad_()
+        h32 = h16.detach().float().requires_grad_()
+        o16, s16 = getattr(ft, variant)(a["q"], a["k"], a["v"], *extra, initial_state=h16, output_final_state=True)
+        o32, s32 = getattr(ft, variant)(a["q"], a["k"], a["v"], *extra, initial_state=h32, output_final_state=True)
+        assert torch.equal(o16, o32) and torch.equal(s16, s32) and s16.dtype == torch.float32
+        (d16,), (d32,) = grads([o16, s16], [h16]), grads([o32, s32], [h32])
+        assert d16.dtype == torch.bfloat16 and torch.equal(d16, d32.bfloat16()), variant
+
+
+def test_state_v_first_transposes_the_states_and_nothing_else():
+    a = fla_inputs()
+    h0 = leaves(a["h0"])[0]
+    hv = leaves(a["h0"].transpose(-1, -2).contiguous())[0]
+    o, s = ft.kda(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=h0, output_final_state=True)
+    ov, sv = ft.kda(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=hv, output_final_state=True,
+                    state_v_first=True)
+    assert sv.shape == (2, H, V, K) and torch.equal(o, ov) and torch.equal(s, sv.transpose(-1, -2))
+    (dh,), (dhv,) = grads([o, s], [h0]), grads([ov, sv.transpose(-1, -2)], [hv])
+    assert torch.equal(dh, dhv.transpose(-1, -2))
+    with torch.no_grad(), pytest.raises(ValueError, match="flat: state_v_first: a pool written in place"):
+        ft.kda(a["q"][:1], a["k"][:1], a["v"][:1], a["g"][:1], a["beta"][:1], initial_state=torch.zeros(3, H, V, K),
+               state_v_first=True, final_state_indices=torch.tensor([0]))
+
+
+def kda_gate(g, A_log, dt_bias, lower_bound=None):
+    """FLA's naive_kda_gate and naive_kda_lowerbound_gate."""
+    Hg, D = g.shape[-2:]
+    g = g.float() + dt_bias.float().view(Hg, D)
+    if lower_bound is None:
+        return -A_log.float().view(Hg, 1).exp() * F.softplus(g)
+    return lower_bound * torch.sigmoid(A_log.float().view(Hg, 1).exp() * g)
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_kda_and_gdn2_gate_in_kernel_is_the_formula(lower_bound):
+    a = fla_inputs()
+    raw, A_log, dt_bias = torch.randn(2, 40, H, K), torch.randn(H) / 2, torch.randn(H * K) / 2
+    b, w = torch.rand(2, 40, H, K), torch.rand(2, 40, H, V)
+    for variant, rest in (("kda", (a["beta"],)), ("gdn2", (b, w))):
+        l1 = leaves(raw, A_log, dt_bias)
+        o1, _ = getattr(ft, variant)(a["q"], a["k"], a["v"], l1[0], *rest, use_gate_in_kernel=True, A_log=l1[1],
+                                     dt_bias=l1[2], lower_bound=lower_bound, safe_gate=lower_bound is not None)
+        l2 = leaves(raw, A_log, dt_bias)
+        o2, _ = getattr(ft, variant)(a["q"], a["k"], a["v"], kda_gate(*l2, lower_bound), *rest)
+        assert torch.equal(o1, o2), variant
+        assert_close(grads([o1], l1), grads([o2], l2))
+
+
+def test_gated_deltanet_gate_and_beta_in_kernel_are_the_formulas():
+    a = fla_inputs()
+    raw, A_log, dt_bias, braw = torch.randn(2, 40, H), torch.randn(H) / 2, torch.randn(H) / 2, torch.randn(2, 40, H)
+    for neg in (False, True):
+        l1 = leaves(raw, A_log, dt_bias, braw)
+        o1, _ = ft.gated_deltanet(a["q"], a["k"], a["v"], l1[0], l1[3], use_gate_in_kernel=True, A_log=l1[1],
+                                  dt_bias=l1[2], use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg)
+        l2 = leaves(raw, A_log, dt_bias, braw)
+        g = -l2[1].exp() * F.softplus(l2[0] + l2[2])
+        beta = torch.sigmoid(l2[3]) * (2 if neg else 1)
+        o2, _ = ft.gated_deltanet(a["q"], a["k"], a["v"], g, beta)
+        assert torch.equal(o1, o2)
+        assert_close(grads([o1], l1), grads([o2], l2))
+    l1, l2 = leaves(braw), leaves(braw)
+    o1, _ = ft.deltanet(a["q"], a["k"], a["v"], l1[0], use_beta_sigmoid_in_kernel=True)
+    o2, _ = ft.deltanet(a["q"], a["k"], a["v"], torch.sigmoid(l2[0]))
+    assert torch.equal(o1, o2)
+    assert_close(grads([o1], l1), grads([o2], l2))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda a: ft.kda(*a, use_gate_in_kernel=True), r"flat: A_log: use_gate_in_kernel=True forms the gate from "
+     r"A_log \[2\], got None"),
+    (lambda a: ft.kda(*a, use_gate_in_kernel=True, A_log=torch.zeros(3)), r"flat: A_log: expected one value per "
+     r"head of g, \[2\], got \[3\]"),
+    (lambda a: ft.kda(*a, use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(2)),
+     r"flat: dt_bias: expected \[32\] \(H \* D of g \[2, 40, 2, 16\]\), got \[2\]"),
+    (lambda a: ft.kda(*a, A_log=torch.zeros(2)), "flat: A_log: forms the gate with use_gate_in_kernel=True"),
+    (lambda a: ft.kda(*a, lower_bound=-5.0), "flat: lower_bound: bounds the gate formed with use_gate_in_kernel"),
+    (lambda a: ft.kda(*a, use_gate_in_kernel=True, A_log=torch.zeros(2), safe_gate=True),
+     r"flat: lower_bound: safe_gate=True with use_gate_in_kernel=True takes a lower_bound in \[-5, 0\)"),
+    (lambda a: ft.kda(*a, use_gate_in_kernel=True, A_log=torch.zeros(2), safe_gate=True, lower_bound=-6),
+     r"flat: lower_bound: expected a number in \[-5, 0\) with safe_gate=True, got -6"),
+    (lambda a: ft.kda(*a, allow_neg_eigval=True), "flat: allow_neg_eigval: doubles sigmoid\\(beta\\), so it takes "
+     "use_beta_sigmoid_in_kernel=True"),
+])
+def test_fla_gate_arguments_refused_by_name(call, message):
+    a = fla_inputs()
+    with pytest.raises(ValueError, match=message):
+        call((a["q"], a["k"], a["v"], a["g"], a["beta"]))
+
+
+def test_g_gamma_is_retnet_s_gate_and_adds_to_simple_gla_s():
+    a = fla_inputs()
+    gamma, g = -torch.rand(H) / 4, -torch.rand(2, 40, H) / 4
+    want, _ = ft.retnet(a["q"], a["k"], a["v"], gamma)
+    assert torch.equal(ft.retnet(a["q"], a["k"], a["v"], g_gamma=gamma)[0], want)
+    assert torch.equal(ft.mamba2(a["q"], a["k"], a["v"], g_gamma=gamma)[0], want)
+    l1, l2 = leaves(g, gamma), leaves(g, gamma)
+    o1, _ = ft.mamba2(a["q"], a["k"], a["v"], l1[0], g_gamma=l1[1])
+    o2, _ = ft.mamba2(a["q"], a["k"], a["v"], l2[0] + l2[1])
+    assert torch.equal(o1, o2)
+    assert_close(grads([o1], l1), grads([o2], l2))
+    with pytest.raises(ValueError, match="flat: g, g_gamma: expected the log-decay per head \\[H\\] as g or as "
+                                         "g_gamma \\(one of them\\), got both"):
+        ft.retnet(a["q"], a["k"], a["v"], gamma, g_gamma=gamma)
+    with pytest.raises(ValueError, match="flat: g: expected the log-decay \\[B, T, H\\], or g_gamma \\[H\\]"):
+        ft.mamba2(a["q"], a["k"], a["v"])
+    with pytest.raises(ValueError, match=r"flat: g_gamma: expected \[H\] beside g \[B, T, H\], got g_gamma \[3\]"):
+        ft.mamba2(a["q"], a["k"], a["v"], g, g_gamma=torch.zeros(3))
+
+
+def test_la_normalize_is_fla_s_chunk_linear_attn_normalize():
+    a = fla_inputs()
+    l1, l2 = leaves(a["q"], a["k"], a["v"]), leaves(a["q"], a["k"], a["v"])
+    o1, _ = ft.la(*l1, normalize=True)
+    o, _ = ft.la(*l2)
+    z = ((l2[0] * K ** -0.5) * l2[1].cumsum(1)).sum(-1, keepdim=True)
+    o2 = o / (z + 1e-10)
+    assert_close([o1], [o2])
+    assert_close(grads([o1], l1), grads([o2], l2), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="flat: normalize: divides by the sum of the keys seen, which a state does "
+                                         "not carry"):
+        ft.la(a["q"], a["k"], a["v"], initial_state=a["h0"], normalize=True)
+    with pytest.raises(ValueError, match="flat: normalize: takes one sequence per batch row from a zero state"):
+        ft.la(a["q"][:1], a["k"][:1], a["v"][:1], normalize=True, cu_seqlens=torch.tensor([0, 40]))
+
+
+def test_conv_activation_is_fla_s():
+    """FLA's causal_conv1d default (None: no activation), "swish" as "silu", anything else refused."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(2, 9, 6), torch.randn(6, 4)
+    plain = F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), weight.unsqueeze(1), groups=6).transpose(1, 2)
+    for activation, want in ((None, plain), ("none", plain), ("silu", F.silu(plain)), ("swish", F.silu(plain))):
+        torch.testing.assert_close(ft.conv(x, weight, activation=activation)[0], want)
+    assert torch.equal(ft.conv(x, weight)[0], ft.conv(x, weight, activation=None)[0])
+    with pytest.raises(ValueError, match="flat: activation: expected None \\(or 'none'\\) for no activation, or "
+                                         "'silu' \\(or 'swish'\\), got 'sigmoid'"):
+        ft.conv(x, weight, activation="sigmoid")
+
+
+def fla_rms_norm_gated(x, g, weight, bias, activation="swish", eps=1e-6):
+    """FLA's layer_norm_gated_fwd_kernel with IS_RMS_NORM: (x / rms(x) * weight + bias) * act(g); FLA
+    has no activation None, which is flat's act(g) = g."""
+    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+    if bias is not None:
+        y = y + bias
+    if g is None:
+        return y
+    return y * {"swish": F.silu, "silu": F.silu, "sigmoid": torch.sigmoid, None: lambda z: z}[activation](g)
+
+
+@pytest.mark.parametrize("activation", ["swish", "silu", "sigmoid", None])
+@pytest.mark.parametrize("gate", [True, False])
+def test_rms_norm_gated_takes_fla_s_arguments(activation, gate):
+    """FLA's positional order (x, g, weight, bias, activation, residual, prenorm, residual_in_fp32,
+    eps) and defaults (activation "swish", eps 1e-6), bias and its gradient included."""
+    torch.manual_seed(1)
+    x, g, weight, bias = torch.randn(2, 5, 3, 16), 2 * torch.randn(2, 5, 3, 16), 1 + torch.randn(16), torch.randn(16)
+    l1 = leaves(x, g, weight, bias)
+    y1 = ft.rms_norm_gated(l1[0], l1[1] if gate else None, l1[2], l1[3], activation)
+    l2 = leaves(*(t.double() for t in (x, g, weight, bias)))
+    y2 = fla_rms_norm_gated(l2[0], l2[1] if gate else None, l2[2], l2[3], activation)
+    assert_close([y1.double()], [y2], rtol=1e-5, atol=1e-5)
+    got, want = grads([y1], l1 if gate else [l1[0], l1[2], l1[3]]), grads([y2], l2 if gate else [l2[0], l2[2], l2[3]])
+    assert_close([t.double() for t in got], want, rtol=1e-4, atol=1e-4)
+
+
+def test_rms_norm_gated_residual_prenorm_and_eps_default():
+    torch.manual_seed(2)
+    x, g, r, weight = torch.randn(4, 16).bfloat16(), torch.randn(4, 16).bfloat16(), torch.randn(4, 16), torch.ones(16)
+    y, summed = ft.rms_norm_gated(x, g, weight, None, "swish", r, True)
+    want_sum = x.float() + r
+    assert summed.dtype == torch.float32 and torch.equal(summed, want_sum) and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), fla_rms_norm_gated(want_sum, g.float(), weight, None), rtol=1e-2, atol=1e-2)
+    tiny = torch.full((1, 16), 1e-4)
+    torch.testing.assert_close(ft.rms_norm_gated(tiny, None, weight), fla_rms_norm_gated(tiny, None, weight, None))
+    with pytest.raises(ValueError, match=r"flat: bias: expected weight's shape \[16\], got \[8\]"):
+        ft.rms_norm_gated(x, g, weight, torch.zeros(8))
+    with pytest.raises(ValueError, match="flat: activation: expected 'swish' \\(or 'silu'\\), 'sigmoid', or None"):
+        ft.rms_norm_gated(x, g, weight, activation="gelu")
+
+
+def test_jax_takes_fla_s_arguments_as_flat_torch():
+    jax, jnp, fj = jax_modules()
+    a = fla_inputs()
+    J = lambda t: jnp.asarray(t.detach().numpy())  # noqa: E731
+    raw, A_log, dt_bias = torch.randn(2, 40, H, K), torch.randn(H) / 2, torch.randn(H * K) / 2
+    hv = a["h0"].transpose(-1, -2).contiguous().bfloat16()
+    options = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0, safe_gate=True,
+                   use_beta_sigmoid_in_kernel=True, output_final_state=True, state_v_first=True)
+    o, s = ft.kda(a["q"], a["k"], a["v"], raw, a["beta"], initial_state=hv, **options)
+    oj, sj = fj.kda(*(J(t) for t in (a["q"], a["k"], a["v"], raw, a["beta"])),
+                    initial_state=jnp.asarray(hv.float().numpy()).astype(jnp.bfloat16),
+                    **{n: J(t) if isinstance(t, torch.Tensor) else t for n, t in options.items()})
+    np.testing.assert_allclose(np.asarray(oj), o.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(sj), s.numpy(), rtol=1e-5, atol=1e-6)
+    dh = jax.grad(lambda h: fj.kda(*(J(t) for t in (a["q"], a["k"], a["v"], a["g"], a["beta"])),
+                                   initial_state=h, state_v_first=True)[0].sum())(J(hv.float()).astype(jnp.bfloat16))
+    assert dh.dtype == jnp.bfloat16 and dh.shape == (2, H, V, K)
+    x, g, weight, bias = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16), torch.randn(16)
+    np.testing.assert_allclose(np.asarray(fj.rms_norm_gated(J(x), J(g), J(weight), J(bias), "sigmoid")),
+                               ft.rms_norm_gated(x, g, weight, bias, "sigmoid").numpy(), rtol=1e-6, atol=1e-6)
+    xc, wc = torch.randn(1, 7, 6), torch.randn(6, 4)
+    np.testing.assert_array_equal(np.asarray(fj.conv(J(xc), J(wc))[0]), ft.conv(xc, wc)[0].numpy())
+    np.testing.assert_array_equal(np.asarray(fj.mamba2(J(a["q"]), J(a["k"]), J(a["v"]), g_gamma=J(-torch.rand(H)))[0]
+                                             ).shape, (2, 40, H, V))
+    with pytest.raises(ValueError, match="flat: allow_neg_eigval"):
+        fj.gated_deltanet(J(a["q"]), J(a["k"]), J(a["v"]), J(a["g"][..., 0]), J(a["beta"]), allow_neg_eigval=True)

@@ -141,6 +141,26 @@ def test_state_is_a_named_tuple():
     assert isinstance(state, State) and state.recurrent.shape == (1, 2, 16, 16) and state.conv.shape[-1] == 3
 
 
+@pytest.mark.parametrize("variant", sorted(CONFIGS))
+def test_layers_take_fla_s_layer_idx_and_keywords(variant):
+    """FLA's layers take layer_idx and ignore keyword arguments they do not know (these warn, naming
+    them); forward takes FLA's use_cache (output_final_state) and output_attentions, and refuses an
+    attention_mask or a past_key_values cache by name."""
+    with pytest.warns(UserWarning, match="ignoring fuse_norm, norm_first"):
+        layer = LAYERS[variant](**CONFIGS[variant], layer_idx=3, fuse_norm=True, norm_first=False)
+    assert layer.layer_idx == 3
+    x = torch.randn(1, 5, 32)
+    o, state = layer(x, use_cache=True, output_attentions=False)
+    o2, state2 = layer(x, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(state.recurrent, state2.recurrent)
+    with pytest.raises(ValueError, match="flat.nn: attention_mask: padding masks are not supported; pack the "
+                                         "sequences along T with cu_seqlens"):
+        layer(x, attention_mask=torch.ones(1, 5))
+    with pytest.raises(ValueError, match="flat.nn: past_key_values: no cache object; pass the State as "
+                                         "initial_state"):
+        layer(x, past_key_values=object())
+
+
 # ---- Serving: a pool of states --------------------------------------------------------------
 
 PROMPTS = [5, 9, 3]  # three sequences' prompts, prefilled packed
