@@ -133,7 +133,8 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     if cu_seqlens is not None:
         xt = xt.reshape(1, Bn * T, D)
     y, final = _ft.conv(x=xt, weight=weight.float(), bias=bias, initial_state=state0,
-                        output_final_state=bool(return_final_states) and W > 1, activation=act, cu_seqlens=cu_seqlens)
+                        output_final_state=bool(return_final_states) and W > 1, activation=act, cu_seqlens=cu_seqlens,
+                        initial_state_indices=None, final_state_indices=None, token_state_indices=None)
     out = y.reshape(Bn, T, D).transpose(1, 2)
     if out.dtype != x.dtype:
         out = out.to(x.dtype)
@@ -195,7 +196,8 @@ def _update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_i
         tail = state.gather(2, past[:, None, :].expand(Bn, D, W - 1))
     y, _ = _ft.conv(x=_compute_dtype(x).transpose(1, 2), weight=weight.float(), bias=bias,
                     initial_state=tail.float().contiguous() if W > 1 else None, output_final_state=False,
-                    activation=act, cu_seqlens=None)
+                    activation=act, cu_seqlens=None, initial_state_indices=None, final_state_indices=None,
+                    token_state_indices=None)
     out = y.transpose(1, 2)
     if out.dtype != x.dtype:
         out = out.to(x.dtype)

@@ -178,11 +178,12 @@ def _ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
     v = x.float() * dtf[..., None]
     q, k = C.float(), B.float()
     h0 = None if initial_states is None else initial_states.float().transpose(-1, -2)  # [b, h, n, p]
-    options = dict(scale=1.0, chunk_size=chunk, use_qk_l2norm_in_kernel=False, check_values=False)
+    options = dict(scale=1.0, chunk_size=chunk, use_qk_l2norm_in_kernel=False, check_values=False,
+                   final_state_indices=None, token_state_indices=None)
     want_state = final or varlen
     if cu is None:
         y, ht = _ft.mamba2(q=q, k=k, v=v, g=gate, initial_state=h0, output_final_state=want_state, cu_seqlens=None,
-                           **options)
+                           initial_state_indices=None, **options)
         last = None
     else:
         starts, ends = cu[:-1], cu[1:]
@@ -302,7 +303,8 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
         xin = xin.reshape(1, b * l, channels)
     xBC, _ = _ft.conv(x=xin, weight=conv1d_weight.float(),
                       bias=None if conv1d_bias is None else conv1d_bias.float(), initial_state=None,
-                      output_final_state=False, activation=act, cu_seqlens=cu)
+                      output_final_state=False, activation=act, cu_seqlens=cu, initial_state_indices=None,
+                      final_state_indices=None, token_state_indices=None)
     xBC = xBC.reshape(b, l, channels)
     x, B, C = xBC.split([dim, ngroups * n, ngroups * n], dim=-1)
     x, B, C = x.reshape(b, l, h, p), B.reshape(b, l, ngroups, n), C.reshape(b, l, ngroups, n)
