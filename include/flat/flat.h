@@ -220,8 +220,9 @@ void backward(Variant variant, const BackwardArgs& args, const Options& options 
 // Positions before 0 read the initial state: state0[b, c, W - 1 + p] is x at position p for
 // p = -(W-1) .. -1 (so state0[b, c, W-2] is x_{-1}); without state0 they are zero.
 // The final state is the last W-1 inputs, state[b, c, j] = x at position S - (W-1) + j, where
-// positions before 0 again read state0 (or zero): the layout of FLA's causal_conv1d, so a
-// chunked prefill passes one call's state as the next call's state0. `state` may be the same
+// positions before 0 again read state0 (or zero): flat's own layout, float32 with W-1 columns
+// (FLA's causal_conv1d keeps [N, C, W] in x's dtype), so a chunked prefill passes one call's
+// state as the next call's state0. `state` may be the same
 // memory as `state0` (updated in place). With W = 1 there is no state: state0, state and their
 // gradients must be absent.
 //
