@@ -1,0 +1,452 @@
+"""flat.transformers: Hugging Face transformers' linear-attention models with flat.transformers.enable()
+against the same model after disable() (transformers' own PyTorch path), in one process, per family,
+on tiny randomly initialised configs built here (nothing downloaded): prefill logits in float32
+and bfloat16, greedy generation (one prompt, and two of different lengths left-padded), a training
+step's loss and gradients, packed sequences (cu_seq_lens_q / seq_idx, which transformers' PyTorch
+path cannot keep apart), and bad packing arguments refused by name. Also the machinery: the table
+against the installed transformers, idempotence, and the dispatcher's routing and keyword
+handling."""
+
+import contextlib
+import copy
+import functools
+import importlib
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import flat.transformers as flat_tf  # noqa: E402
+from flat.transformers import FAMILIES  # noqa: E402
+from flat.transformers._dispatch import dispatcher  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+VOCAB = 128
+
+
+def _attention(**kw):
+    return dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, **kw)
+
+
+# family -> (config class, model class, config): a few layers, the linear-attention (or
+# convolution, or Mamba-2) layer mixed with attention where the family does.
+CONFIGS = {
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(
+        _attention(), intermediate_size=96, num_hidden_layers=3, head_dim=32, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention"])),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
+        _attention(), num_hidden_layers=2, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"])),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        _attention(), intermediate_size=96, num_hidden_layers=2, head_dim=32, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"])),
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
+        _attention(), intermediate_size=96, num_hidden_layers=2, linear_key_head_dim=16,
+        linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=2, pad_token_id=0,
+        eos_token_id=1, layer_types=["linear_attention", "full_attention"])),
+    "kimi_linear": ("KimiLinearConfig", "KimiLinearForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+        v_head_dim=16, num_experts=4, num_experts_per_token=2, linear_num_heads=2, linear_head_dim=16,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, mlp_layer_types=["dense", "sparse"],
+        layer_types=["linear_attention", "full_attention"])),
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, state_size=16,
+        n_groups=2, expand=2, chunk_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        _attention(), layers_block_type=["linear_attention", "full_attention", "mlp"], head_dim=32,
+        intermediate_size=96, ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2,
+        chunk_size=16)),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        _attention(), intermediate_size=32, shared_intermediate_size=64, num_local_experts=4,
+        num_experts_per_tok=2, num_hidden_layers=2, layer_types=["mamba", "attention"], mamba_n_heads=8,
+        mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16)),
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(
+        _attention(), intermediate_size=96, num_hidden_layers=2, mamba_d_ssm=128, mamba_n_heads=8,
+        mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16)),
+    "bamba": ("BambaConfig", "BambaForCausalLM", dict(
+        _attention(), intermediate_size=96, num_hidden_layers=2, attn_layer_indices=[1], mamba_n_heads=8,
+        mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=16)),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        _attention(), intermediate_size=96, num_hidden_layers=3, block_auto_adjust_ff_dim=False,
+        layer_types=["conv", "full_attention", "conv"])),
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
+        _attention(), intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        num_hidden_layers=2, num_dense_layers=1, layer_types=["conv", "full_attention"])),
+}
+
+# Families whose layers run sequences through mamba_ssm's functions (seq_idx is their packing).
+MAMBA = {"mamba2", "nemotron_h", "granitemoehybrid", "falcon_h1", "bamba"}
+
+# The delta-rule families' chunked PyTorch function and its token-by-token twin.
+STEPWISE = {"torch_chunk_gated_delta_rule": "torch_recurrent_gated_delta_rule",
+            "chunk_kimi_delta_attention": "recurrent_kimi_delta_attention"}
+
+FP32 = 1e-5  # prefill logits, float32, relative L2
+GRAD = 1e-4  # a training step's loss and gradients, float32, relative L2
+# bfloat16: flat's logits no further from the float32 model's than transformers' bfloat16 logits,
+# up to this fraction of that distance. Both paths share every other bfloat16 operation, which makes
+# nearly all of it; where the two round differently (flat's convolution rounds once after its
+# activation, transformers' twice; mamba_ssm's scan returns x's dtype, transformers' fallback
+# float32) the model-level difference is noise of either sign, up to 0.7% in these configs.
+BF16_NOISE = 0.02
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: torch's intra-op threads only spin (tens of ms a linear on shared cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    flat_tf.disable()
+
+
+@contextlib.contextmanager
+def path(flat: bool, counts=None, stepwise=None):
+    """Run on flat (enable()) or on transformers' own path (disable()). With `counts` (a dict),
+    count there the calls that reached flat.compat, per module global. With `stepwise` (a family),
+    transformers' path runs the delta rule token by token (its recurrent function) where it would
+    run it chunked."""
+    flat_tf.disable()
+    restore = {}
+    if stepwise is not None and not flat:
+        module = importlib.import_module(FAMILIES[stepwise]["module"])
+        for chunked, recurrent in STEPWISE.items():
+            if hasattr(module, chunked):
+                restore[chunked] = getattr(module, chunked)
+                setattr(module, chunked, _stepwise(getattr(module, recurrent).__wrapped__))
+    if flat:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            flat_tf.enable()
+        if counts is not None:
+            _spy(counts)
+    try:
+        yield
+    finally:
+        flat_tf.disable()
+        for name, fn in restore.items():
+            setattr(module, name, fn)
+
+
+def _stepwise(recurrent):
+    def chunked(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=False, **kwargs):
+        return recurrent(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+    return chunked
+
+
+def _spy(counts):
+    for spec in FAMILIES.values():
+        module = importlib.import_module(spec["module"])
+        for name in spec["functions"]:
+            fn = getattr(module, name)
+            if hasattr(fn, "flat_target"):
+                def spy(*args, _name=name, _target=fn.flat_target, **kwargs):
+                    counts[_name] = counts.get(_name, 0) + 1
+                    return _target(*args, **kwargs)
+
+                fn.flat_target = spy
+
+
+def build(family, dtype=torch.float32, **changes):
+    config_class, model_class, config = CONFIGS[family]
+    config = {**config, **changes}
+    if config_class not in dir(transformers):
+        pytest.skip(f"this transformers ({transformers.__version__}) has no {config_class}")
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+    model.generation_config.eos_token_id = None  # generate all 32 tokens
+    model.generation_config.pad_token_id = 0
+    return model.to(dtype).eval()
+
+
+def relative(got, want):
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / max(want.norm(), 1e-30))
+
+
+def tokens(*shape, seed=1):
+    return torch.randint(3, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def logits(model, flat, ids, counts=None, **kwargs):
+    with path(flat, counts), torch.no_grad():
+        return model(input_ids=ids, **kwargs).logits
+
+
+# ---- The machinery ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_listed_global_is_in_the_installed_transformers(family):
+    """The table names module globals of transformers 5.24; a rename fails here, not silently."""
+    spec = FAMILIES[family]
+    module = importlib.import_module(spec["module"])
+    for name in spec["functions"]:
+        fn = getattr(module, name, None)
+        assert callable(fn), f"{spec['module']} has no function {name}"
+        assert hasattr(fn, "__wrapped__"), f"{spec['module']}.{name} is not transformers' kernel fallback wrapper"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_listed_compat_function_is_there(family):
+    for name, (module, function) in FAMILIES[family]["functions"].items():
+        assert callable(getattr(importlib.import_module(module), function, None)), f"{module}.{function} ({name})"
+
+
+def test_enable_is_idempotent_and_disable_restores_the_originals():
+    before = {(f, n): getattr(importlib.import_module(s["module"]), n)
+              for f, s in FAMILIES.items() for n in s["functions"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        model = build("qwen3_5")
+        assert flat_tf.enable(model) is model
+        first = {k: getattr(importlib.import_module(FAMILIES[k[0]]["module"]), k[1]) for k in before}
+        flat_tf.enable()
+    second = {k: getattr(importlib.import_module(FAMILIES[k[0]]["module"]), k[1]) for k in before}
+    assert first == second  # the same dispatchers, not dispatchers of dispatchers
+    assert flat_tf.is_enabled()
+    assert any(first[k] is not before[k] for k in before)
+    for k, fn in first.items():
+        if fn is not before[k]:
+            assert fn.flat_original is before[k]
+    flat_tf.disable()
+    flat_tf.disable()
+    after = {k: getattr(importlib.import_module(FAMILIES[k[0]]["module"]), k[1]) for k in before}
+    assert after == before and not flat_tf.is_enabled()
+
+
+def test_enable_checks_its_model_argument():
+    with pytest.raises(TypeError, match="model"):
+        flat_tf.enable("not a model")
+    assert not flat_tf.is_enabled()
+    with pytest.warns(RuntimeWarning, match="no layer of a family"):
+        flat_tf.enable(torch.nn.Linear(2, 2))
+    flat_tf.disable()
+
+
+def _probe(x, y=None, *, chunk_size=64, cu_seqlens=None):
+    return ("probe", x.device.type, y, chunk_size, cu_seqlens)
+
+
+def test_dispatcher_routes_by_device_and_filters_keywords():
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append(kwargs)
+        return "original"
+
+    dispatch = dispatcher(original, _probe, "chunk_gated_delta_rule", "probe")
+    assert dispatch.__wrapped__ is original
+    meta = torch.empty(1, 5, 2, 3, device="meta")  # not a CPU tensor: the original, every keyword as given
+    assert dispatch(meta, 1, chunk_size=32, cu_seq_lens_k=None, output_attentions=False) == "original"
+    assert calls == [dict(chunk_size=32, cu_seq_lens_k=None, output_attentions=False)]
+    cpu = torch.zeros(1, 5, 2, 3)
+    # Keywords the target does not take are dropped, transformers' own kwargs among them.
+    assert dispatch(cpu, 1, chunk_size=32, max_length_q=5, position_ids=None) == ("probe", "cpu", 1, 32, None)
+    # The packed sequences reach it: cu_seqlens as given, transformers' cu_seq_lens_q, or mamba_ssm's seq_idx.
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    assert dispatch(cpu, cu_seqlens=cu)[4] is cu
+    assert dispatch(cpu, cu_seq_lens_q=cu)[4] is cu
+    assert dispatch(cpu, seq_idx=torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.int32))[4].tolist() == [0, 2, 5]
+
+
+def _conv_probe(x, weight, bias=None, seq_idx=None, activation=None):
+    return seq_idx
+
+
+def test_dispatcher_gives_seq_idx_to_functions_taking_it():
+    dispatch = dispatcher(lambda *a, **k: None, _conv_probe, "causal_conv1d_fn", "probe")
+    x, w = torch.zeros(1, 3, 5), torch.zeros(3, 4)
+    assert dispatch(x, w, cu_seq_lens_q=torch.tensor([0, 2, 5])).tolist() == [[0, 0, 1, 1, 1]]
+    seq_idx = torch.tensor([[4, 4, 4, 7, 7]], dtype=torch.int32)
+    assert dispatch(x, w, seq_idx=seq_idx) is seq_idx
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(cu_seq_lens_q=torch.tensor([0, 3, 2, 5])), "cu_seq_lens_q: expected non-decreasing offsets"),
+    (dict(cu_seq_lens_q=torch.tensor([0, 2, 4])), "cu_seq_lens_q: expected non-decreasing offsets from 0 to the 5"),
+    (dict(cu_seq_lens_q=torch.tensor([1, 5])), "cu_seq_lens_q"),
+    (dict(cu_seqlens=torch.tensor([[0, 5]])), "cu_seqlens: expected a 1-D int32 or int64"),
+    (dict(cu_seqlens=torch.tensor([0.0, 5.0])), "cu_seqlens: expected a 1-D int32 or int64"),
+    (dict(seq_idx=torch.zeros(1, 4, dtype=torch.int32)), r"seq_idx: expected shape \[1, 5\]"),
+])
+def test_dispatcher_refuses_bad_packing_by_name(bad, match):
+    dispatch = dispatcher(lambda *a, **k: None, _probe, "chunk_gated_delta_rule", "probe")
+    with pytest.raises(ValueError, match=match):
+        dispatch(torch.zeros(1, 5, 2, 3), **bad)
+
+
+def test_dispatcher_refuses_packing_for_a_batch_of_rows():
+    dispatch = dispatcher(lambda *a, **k: None, _probe, "chunk_gated_delta_rule", "probe")
+    with pytest.raises(ValueError, match="cu_seq_lens_q: packed sequences lie along one batch row"):
+        dispatch(torch.zeros(2, 5, 2, 3), cu_seq_lens_q=torch.tensor([0, 5]))
+
+
+# ---- The families -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_prefill_float32(family):
+    model = build(family)
+    ids = tokens(2, 72)  # two chunks of 64 for the delta rules, five of 16 for Mamba-2
+    want = logits(model, False, ids)
+    counts = {}
+    got = logits(model, True, ids, counts)
+    assert counts["causal_conv1d_fn"] > 0
+    assert relative(got, want) <= FP32
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_prefill_bfloat16(family):
+    """flat's bf16 logits are no further from the fp32 model's than transformers' bf16 logits are."""
+    model = build(family)
+    ids = tokens(2, 72)
+    want = logits(model, False, ids)
+    model16 = copy.deepcopy(model).to(torch.bfloat16)
+    torch_error = relative(logits(model16, False, ids), want)
+    flat_error = relative(logits(model16, True, ids), want)
+    assert flat_error <= torch_error * (1 + BF16_NOISE), (flat_error, torch_error)
+
+
+def _generate(model, flat, ids, attention_mask=None, counts=None):
+    with path(flat, counts), torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=attention_mask, max_new_tokens=32, do_sample=False)
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_greedy_generation(family):
+    model = build(family)
+    ids = tokens(1, 11)
+    want = _generate(model, False, ids)
+    counts = {}
+    got = _generate(model, True, ids, counts=counts)
+    assert got.shape == (1, 11 + 32)
+    assert torch.equal(got, want)
+    assert counts.get("causal_conv1d_update", 0) >= 31  # decoding went through flat, token by token
+    recurrence = {"torch_recurrent_gated_delta_rule", "recurrent_kimi_delta_attention",
+                  "mamba2_selective_state_update"} & set(FAMILIES[family]["functions"])
+    for name in recurrence:
+        assert counts.get(name, 0) >= 31, name
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_greedy_generation_left_padded_batch(family):
+    model = build(family)
+    long, short = tokens(1, 12, seed=2), tokens(1, 7, seed=3)
+    ids = torch.cat([long, torch.cat([torch.zeros(1, 5, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    want = _generate(model, False, ids, mask)
+    got = _generate(model, True, ids, mask)
+    assert got.shape == (2, 12 + 32)
+    assert torch.equal(got, want)
+
+
+def _training_step(model, flat, ids, counts=None, stepwise=None):
+    model.zero_grad(set_to_none=True)
+    model.train()
+    with path(flat, counts, stepwise):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    model.eval()
+    grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_training_step(family):
+    """Loss and every parameter's gradient. The reference is transformers' path with the delta rule
+    run token by token: its chunked function loses up to 1e-3 of the gate's gradient in float32
+    under the gates A_log's initialisation draws (near -17 a token; the exponentials of their sums
+    over a chunk), which its token-by-token function and flat keep to 1e-6."""
+    model = build(family)
+    ids = tokens(2, 72)
+    loss0, grads0 = _training_step(model, False, ids, stepwise=family)
+    counts = {}
+    loss1, grads1 = _training_step(model, True, ids, counts)
+    assert sum(counts.values()) > 0
+    assert relative(loss1, loss0) <= GRAD
+    assert grads1.keys() == grads0.keys()
+    bad = {n: relative(grads1[n], grads0[n]) for n in grads0 if relative(grads1[n], grads0[n]) > GRAD}
+    assert not bad
+
+
+LENGTHS = (7, 19, 11)
+
+
+def _packed(packing):
+    cu = torch.tensor([0, 7, 26, 37], dtype=torch.int32)
+    position_ids = torch.cat([torch.arange(n) for n in LENGTHS])[None]
+    kwargs = dict(position_ids=position_ids, use_cache=False)  # a cache turns off transformers' packed masks
+    if packing == "cu_seq_lens_q":  # what transformers' flattening collator gives flash attention
+        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(LENGTHS), max_length_k=max(LENGTHS))
+    else:  # mamba_ssm's
+        kwargs.update(seq_idx=torch.repeat_interleave(torch.arange(3, dtype=torch.int32), torch.tensor(LENGTHS))[None])
+    return cu, kwargs
+
+
+# transformers' GraniteMoeHybridModel builds its attention mask without position_ids, so on the CPU
+# (no flash attention) its attention layers run across packed sequences: its packed test runs the
+# Mamba-2 layers alone.
+PACKED_CONFIG = {"granitemoehybrid": dict(layer_types=["mamba", "mamba"])}
+
+
+@pytest.mark.parametrize("packing", ["cu_seq_lens_q", "seq_idx"])
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_packed_sequences(family, packing):
+    """Sequences packed along one row give, with flat, what each gives alone."""
+    model = build(family, **PACKED_CONFIG.get(family, {}))
+    base = model.base_model
+    ids = tokens(1, sum(LENGTHS))
+    cu, kwargs = _packed(packing)
+    with path(True), torch.no_grad():
+        packed = base(input_ids=ids, **kwargs).last_hidden_state
+        alone = [base(input_ids=ids[:, a:b], use_cache=False).last_hidden_state for a, b in zip(cu[:-1], cu[1:])]
+    errors = [relative(packed[:, a:b], alone[i]) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:]))]
+    assert max(errors) <= FP32, errors
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_packed_sequences_on_the_torch_path_raise_or_mix(family):
+    """What flat adds: transformers' PyTorch path refuses packed sequences (the recurrences), or runs
+    the short convolution across their boundaries."""
+    model = build(family, **PACKED_CONFIG.get(family, {}))
+    ids = tokens(1, sum(LENGTHS))
+    cu, kwargs = _packed("seq_idx" if family in MAMBA else "cu_seq_lens_q")
+    with path(False), torch.no_grad():
+        try:
+            packed = model.base_model(input_ids=ids, **kwargs).last_hidden_state
+        except ValueError as e:
+            assert "packed sequences" in str(e)
+            return
+        alone = model.base_model(input_ids=ids[:, cu[1]:cu[2]], use_cache=False).last_hidden_state
+    assert relative(packed[:, cu[1]:cu[2]], alone) > FP32
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(cu_seq_lens_q=torch.tensor([0, 7, 5, 37], dtype=torch.int32)), "cu_seq_lens_q"),
+    (dict(cu_seq_lens_q=torch.tensor([0, 7, 26, 40], dtype=torch.int32)), "cu_seq_lens_q"),
+    (dict(cu_seq_lens_q=torch.tensor([0.0, 37.0])), "cu_seq_lens_q"),
+    (dict(seq_idx=torch.zeros(1, 36, dtype=torch.int32)), "seq_idx"),
+])
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_bad_packing_is_refused_by_name(family, bad, match):
+    model = build(family)
+    ids = tokens(1, sum(LENGTHS))
+    _, kwargs = _packed("none")
+    kwargs.pop("seq_idx")
+    with path(True), torch.no_grad(), pytest.raises(ValueError, match=match):
+        model.base_model(input_ids=ids, **kwargs, **bad)
