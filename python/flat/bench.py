@@ -1,5 +1,6 @@
 """python -m flat.bench [--shape B,T,H,K,V] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
 python -m flat.bench --layer [--layer-shape B,T,D,H] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
+python -m flat.bench --transformers [--quick] [--repeats N] [--json FILE]   (flat/bench_transformers.py)
 
 Times, side by side in one process on the same inputs (gla, bf16, PyTorch's threads):
 
@@ -202,6 +203,9 @@ def main(argv=None):
     parser.add_argument("--layer", action="store_true", help="time a whole layer instead (see above)")
     parser.add_argument("--layer-shape", default="1,4096,2048,16",
                         help="B,T,hidden,heads of --layer (the seed paper's layer at batch 1)")
+    parser.add_argument("--transformers", action="store_true",
+                        help="transformers' Qwen3.5 and Mamba-2 models, their PyTorch path against flat's kernels")
+    parser.add_argument("--quick", action="store_true", help="tiny models and lengths for --transformers")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
@@ -212,6 +216,12 @@ def main(argv=None):
     if args.keep_subnormals:
         # Read by the library once, at its first call, which comes after this.
         os.environ["FLAT_SUBNORMALS"] = "keep"
+    if args.transformers:
+        from flat.bench_transformers import transformers_bench, write_json
+        results = transformers_bench(args)
+        if args.json:
+            write_json(results, args.json)
+        return
     if args.layer:
         results = layer_bench(args, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
         if args.json:

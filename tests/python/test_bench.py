@@ -42,3 +42,31 @@ def test_bench_writes_every_section(tmp_path):
         for row in results["gates"]:
             assert row["forward_ms"] > 0 and row["forward_backward_ms"] > 0
         assert ("kept (--keep-subnormals)" in run.stdout) == bool(extra)
+
+
+def test_bench_transformers_quick(tmp_path):
+    """python -m flat.bench --transformers --quick: tiny Qwen3.5 and Mamba-2 models, every row of
+    the table there for both dtypes with a positive number for each path (flat's where
+    flat.transformers.enable is there)."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from flat.bench_transformers import flat_available, measurements, shapes
+
+    out = tmp_path / "transformers.json"
+    run = subprocess.run([sys.executable, "-m", "flat.bench", "--transformers", "--quick", "--repeats", "1",
+                          "--json", str(out)], capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())
+    labels = [label for _, label, _ in measurements(shapes(quick=True)[1])]
+    paths = ["torch", "flat"] if flat_available() else ["torch"]
+    expected = [(model, dtype, label) for model in ("qwen3_5", "mamba2") for dtype in ("bf16", "fp32")
+                for label in labels]
+    assert [(row["model"], row["dtype"], row["measurement"]) for row in results["rows"]] == expected
+    for row in results["rows"]:
+        for path in paths:
+            assert row[path] > 0, row
+    for model, dtype, label in expected:
+        assert f"| {model} | {dtype} | {label} |" in run.stdout
+    if "flat" in paths:
+        assert len(results["breakdown"]) == 4 and all(entry["operations"] for entry in results["breakdown"])
