@@ -9,22 +9,32 @@ transformers' modeling modules, called by name from the layers' forwards) with a
 tensors go to flat.compat's function (FLA's, mamba_ssm's or causal_conv1d's calling convention on
 flat's kernels), anything else to the function it replaced, so a GPU model, and the FLA or
 mamba_ssm path where those packages are installed, are untouched. ``disable()`` puts the originals
-back. Why not transformers' ``kernelize``, and what each family swaps: docs/transformers.md.
+back. A modeling module not imported yet is swapped when it is (an import hook while enabled), so
+enable() imports none of them. Why not transformers' ``kernelize``, and what each family swaps:
+docs/transformers.md.
 """
 
 import importlib
+import importlib.abc
+import sys
 import threading
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ._dispatch import dispatcher
 from ._families import FAMILIES
 
 __all__ = ["FAMILIES", "enable", "disable", "is_enabled", "swapped"]
 
-_lock = threading.Lock()
+_lock = threading.RLock()
+_enabled = False
 # (module, global name) -> the function that was there before enable().
 _originals: Dict[Tuple[str, str], object] = {}
+
+
+def _modules() -> Dict[str, dict]:
+    """module name -> its family's table."""
+    return {spec["module"]: spec for spec in FAMILIES.values()}
 
 
 def _resolve(spec: Tuple[str, str]):
@@ -35,8 +45,67 @@ def _resolve(spec: Tuple[str, str]):
         return None
 
 
-def _served_modules() -> Dict[str, str]:
-    return {f["module"]: family for family, f in FAMILIES.items()}
+def _swap(module_name: str, module, left: List[str]) -> None:
+    """Put the dispatchers in `module` (a served modeling module); what cannot be served goes to
+    `left`."""
+    for name, target_spec in _modules()[module_name]["functions"].items():
+        key = (module_name, name)
+        if key in _originals:
+            continue
+        current = getattr(module, name, None)
+        if current is None:
+            left.append(f"{module_name}.{name} (not in this transformers)")
+            continue
+        target = _resolve(target_spec)
+        if target is None:
+            left.append(f"{module_name}.{name} ({'.'.join(target_spec)} is not there)")
+            continue
+        _originals[key] = current
+        setattr(module, name, dispatcher(current, target, target_spec[1], f"{module_name}.{name}"))
+
+
+def _warn(left: List[str], stacklevel: int) -> None:
+    if left:
+        warnings.warn("flat.transformers: left on transformers' own path: " + "; ".join(left), RuntimeWarning,
+                      stacklevel=stacklevel + 1)
+
+
+class _Loader(importlib.abc.Loader):
+    """A served modeling module's loader, which swaps its functions once it has run."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        left: List[str] = []
+        with _lock:
+            if _enabled:
+                _swap(module.__name__, module, left)
+        _warn(left, 2)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """While enabled: a served modeling module imported later is swapped as it is imported."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _modules():
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
 
 
 def _check_model(model) -> None:
@@ -45,8 +114,7 @@ def _check_model(model) -> None:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"flat.transformers.enable: model: expected a torch.nn.Module (or None), got "
                         f"{type(model).__name__}")
-    served = _served_modules()
-    if not any(type(m).__module__ in served for m in model.modules()):
+    if not any(type(m).__module__ in _modules() for m in model.modules()):
         warnings.warn(f"flat.transformers.enable: model: {type(model).__name__} has no layer of a family "
                       f"flat serves ({', '.join(FAMILIES)}); it runs as before", RuntimeWarning, stacklevel=3)
 
@@ -56,43 +124,34 @@ def enable(model=None):
     `model` (optional, only checked: a RuntimeWarning where it has no layer flat serves).
     Idempotent.
 
-    A family whose modeling module the installed transformers lacks is passed over; a listed
-    function the installed transformers lacks, or whose flat.compat function is not there, is left
-    as it is, with a RuntimeWarning naming it."""
+    The modeling modules imported already are swapped now, the others as they are imported (until
+    disable()). A listed function the installed transformers lacks, or whose flat.compat function
+    is not there, is left as it is, with a RuntimeWarning naming it."""
+    global _enabled
     if model is not None:
         _check_model(model)
     left: List[str] = []
     with _lock:
-        for family, spec in FAMILIES.items():
-            try:
-                module = importlib.import_module(spec["module"])
-            except ImportError:
-                continue
-            for name, target_spec in spec["functions"].items():
-                key = (spec["module"], name)
-                if key in _originals:
-                    continue
-                current = getattr(module, name, None)
-                if current is None:
-                    left.append(f"{spec['module']}.{name} (not in this transformers)")
-                    continue
-                target = _resolve(target_spec)
-                if target is None:
-                    left.append(f"{spec['module']}.{name} ({'.'.join(target_spec)} is not there)")
-                    continue
-                _originals[key] = current
-                setattr(module, name, dispatcher(current, target, target_spec[1], f"{spec['module']}.{name}"))
-    if left:
-        warnings.warn("flat.transformers.enable: left on transformers' own path: " + "; ".join(left),
-                      RuntimeWarning, stacklevel=2)
+        _enabled = True
+        for module_name in _modules():
+            module = sys.modules.get(module_name)
+            if module is not None:
+                _swap(module_name, module, left)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+    _warn(left, 2)
     return model
 
 
 def disable() -> None:
-    """Put back every function enable() replaced. Idempotent."""
+    """Put back every function enable() replaced, and swap no module imported later. Idempotent."""
+    global _enabled
     with _lock:
+        _enabled = False
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
         for (module_name, name), original in list(_originals.items()):
-            module = importlib.import_module(module_name)
+            module = sys.modules.get(module_name)
             current = getattr(module, name, None)
             if getattr(current, "flat_original", None) is original:
                 setattr(module, name, original)
@@ -100,14 +159,14 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
-    """Whether enable() has replaced anything (and disable() not put it back)."""
-    return bool(_originals)
+    """Whether enable() is in force (and disable() has not ended it)."""
+    return _enabled
 
 
 def swapped() -> Dict[str, Dict[str, str]]:
-    """What enable() replaced: {module: {global name: the flat.compat function serving it}}."""
+    """What enable() has replaced so far: {module: {global name: the flat.compat function serving
+    it}}."""
     out: Dict[str, Dict[str, str]] = {}
     for module_name, name in _originals:
-        target = FAMILIES[_served_modules()[module_name]]["functions"][name]
-        out.setdefault(module_name, {})[name] = ".".join(target)
+        out.setdefault(module_name, {})[name] = ".".join(_modules()[module_name]["functions"][name])
     return out
