@@ -14,104 +14,52 @@ _FLA = "flat.compat.fla"
 _CONV = "flat.compat.causal_conv1d"
 _SSM = "flat.compat.mamba_ssm"
 
-# Gated DeltaNet layers (Qwen3.5, Qwen3.5-MoE, Qwen3-Next, OLMo-hybrid).
-_GATED_DELTANET = {
+# The short convolution, in every family's layers (LFM2's alone).
+_CONVOLUTION = {
     "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
     "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
+}
+
+# Gated DeltaNet layers (Qwen3.5, Qwen3.5-MoE, Qwen3-Next, OLMo-hybrid).
+_GATED_DELTANET = {
+    **_CONVOLUTION,
     "torch_chunk_gated_delta_rule": (_FLA, "chunk_gated_delta_rule"),
     "torch_recurrent_gated_delta_rule": (_FLA, "fused_recurrent_gated_delta_rule"),
 }
 
+# Kimi Delta Attention layers (Kimi Linear).
+_KDA = {
+    **_CONVOLUTION,
+    "chunk_kimi_delta_attention": (_FLA, "chunk_kda"),
+    "recurrent_kimi_delta_attention": (_FLA, "fused_recurrent_kda"),
+}
+
+# Mamba-2 mixers (Mamba2, NemotronH, GraniteMoeHybrid, FalconH1, Bamba).
+_MAMBA2 = {
+    **_CONVOLUTION,
+    "mamba2_chunk_scan": (_SSM, "mamba_chunk_scan_combined"),
+    "mamba2_split_conv1d_scan_combined": (_SSM, "mamba_split_conv1d_scan_combined"),
+    "mamba2_selective_state_update": (_SSM, "selective_state_update"),
+}
+
+
+def _family(model: str, functions: dict) -> dict:
+    return {"module": f"transformers.models.{model}.modeling_{model}", "functions": dict(functions)}
+
+
 FAMILIES = {
-    "qwen3_5": {
-        "module": "transformers.models.qwen3_5.modeling_qwen3_5",
-        "functions": dict(_GATED_DELTANET),
-    },
-    "qwen3_5_moe": {
-        "module": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
-        "functions": dict(_GATED_DELTANET),
-    },
-    "qwen3_next": {
-        "module": "transformers.models.qwen3_next.modeling_qwen3_next",
-        "functions": dict(_GATED_DELTANET),
-    },
-    "olmo_hybrid": {
-        "module": "transformers.models.olmo_hybrid.modeling_olmo_hybrid",
-        "functions": dict(_GATED_DELTANET),
-    },
-    "kimi_linear": {
-        "module": "transformers.models.kimi_linear.modeling_kimi_linear",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-            "chunk_kimi_delta_attention": (_FLA, "chunk_kda"),
-            "recurrent_kimi_delta_attention": (_FLA, "fused_recurrent_kda"),
-        },
-    },
-    "mamba2": {
-        "module": "transformers.models.mamba2.modeling_mamba2",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-            "mamba2_chunk_scan": (_SSM, "mamba_chunk_scan_combined"),
-            "mamba2_split_conv1d_scan_combined": (_SSM, "mamba_split_conv1d_scan_combined"),
-            "mamba2_selective_state_update": (_SSM, "selective_state_update"),
-        },
-    },
-    "nemotron_h": {
-        "module": "transformers.models.nemotron_h.modeling_nemotron_h",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-            "mamba2_chunk_scan": (_SSM, "mamba_chunk_scan_combined"),
-            "mamba2_split_conv1d_scan_combined": (_SSM, "mamba_split_conv1d_scan_combined"),
-            "mamba2_selective_state_update": (_SSM, "selective_state_update"),
-        },
-    },
-    "granitemoehybrid": {
-        "module": "transformers.models.granitemoehybrid.modeling_granitemoehybrid",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-            "mamba2_chunk_scan": (_SSM, "mamba_chunk_scan_combined"),
-            "mamba2_split_conv1d_scan_combined": (_SSM, "mamba_split_conv1d_scan_combined"),
-            "mamba2_selective_state_update": (_SSM, "selective_state_update"),
-        },
-    },
-    "falcon_h1": {
-        "module": "transformers.models.falcon_h1.modeling_falcon_h1",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-            "mamba2_chunk_scan": (_SSM, "mamba_chunk_scan_combined"),
-            "mamba2_split_conv1d_scan_combined": (_SSM, "mamba_split_conv1d_scan_combined"),
-            "mamba2_selective_state_update": (_SSM, "selective_state_update"),
-        },
-    },
-    "bamba": {
-        "module": "transformers.models.bamba.modeling_bamba",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-            "mamba2_chunk_scan": (_SSM, "mamba_chunk_scan_combined"),
-            "mamba2_split_conv1d_scan_combined": (_SSM, "mamba_split_conv1d_scan_combined"),
-            "mamba2_selective_state_update": (_SSM, "selective_state_update"),
-        },
-    },
-    "lfm2": {
-        "module": "transformers.models.lfm2.modeling_lfm2",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-        },
-    },
-    "lfm2_moe": {
-        "module": "transformers.models.lfm2_moe.modeling_lfm2_moe",
-        "functions": {
-            "causal_conv1d_fn": (_CONV, "causal_conv1d_fn"),
-            "causal_conv1d_update": (_CONV, "causal_conv1d_update"),
-        },
-    },
+    "qwen3_5": _family("qwen3_5", _GATED_DELTANET),
+    "qwen3_5_moe": _family("qwen3_5_moe", _GATED_DELTANET),
+    "qwen3_next": _family("qwen3_next", _GATED_DELTANET),
+    "olmo_hybrid": _family("olmo_hybrid", _GATED_DELTANET),
+    "kimi_linear": _family("kimi_linear", _KDA),
+    "mamba2": _family("mamba2", _MAMBA2),
+    "nemotron_h": _family("nemotron_h", _MAMBA2),
+    "granitemoehybrid": _family("granitemoehybrid", _MAMBA2),
+    "falcon_h1": _family("falcon_h1", _MAMBA2),
+    "bamba": _family("bamba", _MAMBA2),
+    "lfm2": _family("lfm2", _CONVOLUTION),
+    "lfm2_moe": _family("lfm2_moe", _CONVOLUTION),
 }
 
 # Which of the compat functions run over whole sequences (prefill, training): these must keep
