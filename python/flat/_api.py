@@ -13,9 +13,10 @@ float32.
 FLA's options that form the inputs (computed in float32 around the kernel with the framework's own
 operations, so differentiable): use_gate_in_kernel with A_log [H] and dt_bias (gated_deltanet:
 g = -exp(A_log) softplus(g + dt_bias), dt_bias [H]; kda, gdn2: per channel, dt_bias [H * K], or
-with lower_bound g = lower_bound * sigmoid(exp(A_log) (g + dt_bias))), safe_gate (a hint to FLA's
-kernels; here it only checks lower_bound as FLA does), use_beta_sigmoid_in_kernel (beta = sigmoid(beta))
-and allow_neg_eigval (beta = 2 sigmoid(beta)); retnet and mamba2 take g_gamma [H] (FLA's
+with lower_bound g = lower_bound * sigmoid(exp(A_log) (g + dt_bias)), A_log optional then; A_log
+and dt_bias of any shape with that many elements, as Kimi Linear's A_log [1, 1, H, 1]), safe_gate
+(a hint to FLA's kernels; here it only checks lower_bound as FLA does), use_beta_sigmoid_in_kernel
+(beta = sigmoid(beta)) and allow_neg_eigval (beta = 2 sigmoid(beta)); retnet and mamba2 take g_gamma [H] (FLA's
 chunk_simple_gla), la takes normalize (FLA's chunk_linear_attn; flat's default is False).
 
 Variable-length batches and a state pool (flat::Sequences; 1-D int32 or int64 arrays):
@@ -77,7 +78,9 @@ def gate_in_kernel(xp: Xp, g, use_gate_in_kernel: bool, A_log, dt_bias, lower_bo
     """FLA's use_gate_in_kernel: the log-decay from the raw gate g, in float32. A scalar gate per head
     (g [B, T, H], gated_deltanet): -exp(A_log) softplus(g + dt_bias), A_log and dt_bias [H]; a gate
     per channel (g [B, T, H, D], kda, gdn2): the same per channel, A_log [H], dt_bias [H * D], or
-    with lower_bound, lower_bound * sigmoid(exp(A_log) (g + dt_bias))."""
+    with lower_bound, lower_bound * sigmoid(exp(A_log) (g + dt_bias)) (lower_bound * sigmoid(g + dt_bias)
+    without A_log, as FLA's chunk_kda). A_log and dt_bias may have any shape of that many elements
+    (Kimi Linear's A_log is [1, 1, H, 1])."""
     _check_lower_bound(use_gate_in_kernel, safe_gate, lower_bound)
     if not use_gate_in_kernel:
         for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
@@ -91,9 +94,10 @@ def gate_in_kernel(xp: Xp, g, use_gate_in_kernel: bool, A_log, dt_bias, lower_bo
                          f"rank {len(g.shape)} {list(g.shape)}")
     H = int(g.shape[2])
     D = int(g.shape[3]) if len(g.shape) == 4 else 1
-    if A_log is None:
-        raise ValueError(f"flat: A_log: use_gate_in_kernel=True forms the gate from A_log [{H}], got None")
-    if _size(A_log) != H:
+    if A_log is None and (lower_bound is None or len(g.shape) == 3):
+        raise ValueError(f"flat: A_log: use_gate_in_kernel=True forms the gate from A_log [{H}], got None" +
+                         (" (or with a lower_bound from g + dt_bias alone)" if len(g.shape) == 4 else ""))
+    if A_log is not None and _size(A_log) != H:
         raise ValueError(f"flat: A_log: expected one value per head of g, [{H}], got {list(A_log.shape)}")
     if dt_bias is not None and _size(dt_bias) != H * D:
         raise ValueError(f"flat: dt_bias: expected [{H * D}] (H * D of g {list(g.shape)}), got {list(dt_bias.shape)}")
@@ -101,10 +105,10 @@ def gate_in_kernel(xp: Xp, g, use_gate_in_kernel: bool, A_log, dt_bias, lower_bo
     x = xp.float32(g)
     if dt_bias is not None:
         x = x + xp.float32(dt_bias).reshape(shape)
-    A = xp.exp(xp.float32(A_log).reshape((H, 1) if len(g.shape) == 4 else (H,)))
+    A = None if A_log is None else xp.exp(xp.float32(A_log).reshape((H, 1) if len(g.shape) == 4 else (H,)))
     if lower_bound is None:
         return -A * xp.softplus(x)
-    return float(lower_bound) * xp.sigmoid(A * x)
+    return float(lower_bound) * xp.sigmoid(x if A is None else A * x)
 
 
 def beta_in_kernel(xp: Xp, beta, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
@@ -214,17 +218,27 @@ def variant_functions(_run, xp: Xp):
                    gate_group=None, check_values=check_values, state_v_first=state_v_first,
                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
+    def delta_rule(variant, a):
+        """deltanet, gated_deltanet and kda, on a, the call's arguments by name (its locals()): the gate
+        and beta formed as FLA's options say, then the kernel. An argument the variant lacks is
+        absent (no gate, no lower_bound, no gate_group)."""
+        g = gate_in_kernel(xp, a.get("g"), a.get("use_gate_in_kernel", False), a.get("A_log"), a.get("dt_bias"),
+                           a.get("lower_bound"), a.get("safe_gate", False))
+        beta = beta_in_kernel(xp, a["beta"], a["use_beta_sigmoid_in_kernel"], a["allow_neg_eigval"])
+        sequences = Sequences(a["cu_seqlens"], a["initial_state_indices"], a["final_state_indices"],
+                              a["token_state_indices"])
+        return run(variant, a["q"], a["k"], a["v"], g, beta, scale=a["scale"], initial_state=a["initial_state"],
+                   output_final_state=a["output_final_state"], chunk_size=a["chunk_size"],
+                   use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"], solve=a["solve"],
+                   gate_group=a.get("gate_group"), check_values=a["check_values"], state_v_first=a["state_v_first"],
+                   sequences=sequences)
+
     def deltanet(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
                  use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                  solve="auto", check_values=True, state_v_first=False, cu_seqlens=None,
                  initial_state_indices=None, final_state_indices=None, token_state_indices=None):
         """DeltaNet: H_t = (I - beta_t k_t k_t^T) H_{t-1} + beta_t k_t v_t^T with beta [B, T, H]."""
-        beta = beta_in_kernel(xp, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        return run("deltanet", q, k, v, beta=beta, scale=scale, initial_state=initial_state,
-                   output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=None,
-                   check_values=check_values, state_v_first=state_v_first,
-                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return delta_rule("deltanet", locals())
 
     def gated_deltanet(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
@@ -233,13 +247,7 @@ def variant_functions(_run, xp: Xp):
                        token_state_indices=None):
         """Gated DeltaNet (FLA's chunk_gated_delta_rule): H_t = exp(g_t) (I - beta_t k_t k_t^T) H_{t-1} +
         beta_t k_t v_t^T with g, beta [B, T, H]."""
-        g = gate_in_kernel(xp, g, use_gate_in_kernel, A_log, dt_bias, None)
-        beta = beta_in_kernel(xp, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        return run("gated_deltanet", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                   output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=None,
-                   check_values=check_values, state_v_first=state_v_first,
-                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return delta_rule("gated_deltanet", locals())
 
     def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
             use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
@@ -248,13 +256,7 @@ def variant_functions(_run, xp: Xp):
             initial_state_indices=None, final_state_indices=None, token_state_indices=None):
         """Kimi Delta Attention: H_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) H_{t-1} + beta_t k_t v_t^T with
         g [B, T, H, K] (or [B, T, H, K/G] per group of G channels), beta [B, T, H]."""
-        g = gate_in_kernel(xp, g, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
-        beta = beta_in_kernel(xp, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        return run("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                   output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
-                   check_values=check_values, state_v_first=state_v_first,
-                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return delta_rule("kda", locals())
 
     def gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None, safe_gate=False,

@@ -13,24 +13,14 @@ fla = pytest.importorskip("flat.compat.fla")
 qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
 
+from torch_fallbacks import GRAD, OUT, plain, rel  # noqa: E402
 
-def _plain(f):
-    """The torch fallback itself (the hub-kernel decorator wraps it)."""
-    return getattr(f, "__wrapped__", f)
-
-
-GDN_CHUNK = _plain(qwen.torch_chunk_gated_delta_rule)
-GDN_RECURRENT = _plain(qwen.torch_recurrent_gated_delta_rule)
-KDA_CHUNK = _plain(kimi.chunk_kimi_delta_attention)
-KDA_RECURRENT = _plain(kimi.recurrent_kimi_delta_attention)
+GDN_CHUNK = plain(qwen.torch_chunk_gated_delta_rule)
+GDN_RECURRENT = plain(qwen.torch_recurrent_gated_delta_rule)
+KDA_CHUNK = plain(kimi.chunk_kimi_delta_attention)
+KDA_RECURRENT = plain(kimi.recurrent_kimi_delta_attention)
 
 K, V = 16, 8
-OUT, GRAD = 1e-5, 1e-4
-
-
-def rel(a, b) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def _repeat(x, HV):
@@ -209,6 +199,19 @@ def test_kda_gate_in_kernel(lower_bound):
     compare(ours, reference)
     compare(run(fla.fused_recurrent_kda, x, ours[3], **options, **flags), reference)
 
+
+
+def test_kda_lower_bound_gate_without_A_log():
+    """FLA's bounded gate without A_log, lower_bound * sigmoid(g + dt_bias): flat.torch.kda forms it
+    (the formula is flat.torch's alone), in both KDA functions."""
+    x = inputs(1, 9, 1, 2, True, True)
+    raw, dt_bias = torch.randn(1, 9, 2, K), torch.randn(2 * K)
+    gate = -5.0 * torch.sigmoid(raw + dt_bias.view(2, K))
+    want = fla.chunk_kda(**dict(x, g=gate), output_final_state=True)
+    for fn in (fla.chunk_kda, fla.fused_recurrent_kda):
+        got = fn(**dict(x, g=raw), output_final_state=True, use_gate_in_kernel=True, lower_bound=-5.0,
+                 dt_bias=dt_bias)
+        assert rel(got[0], want[0]) <= OUT and rel(got[1], want[1]) <= OUT
 
 def _naive(q, k, v, g, gk, gv, beta, initial_state):
     """FLA's fused_recurrent_gated_delta_rule kernel token by token (GVA by repeating q, k)."""

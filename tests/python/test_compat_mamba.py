@@ -15,24 +15,12 @@ from transformers.models.mamba2 import modeling_mamba2 as hf  # noqa: E402
 
 from flat.compat import causal_conv1d as cc  # noqa: E402
 from flat.compat import mamba_ssm as ms  # noqa: E402
+from torch_fallbacks import GRAD, OUT, plain, rel  # noqa: E402
 
-
-def _plain(f):
-    return getattr(f, "__wrapped__", f)
-
-
-ref_conv = _plain(hf.causal_conv1d_fn)
-ref_update = _plain(hf.causal_conv1d_update)
-ref_scan = _plain(hf.mamba2_chunk_scan)
-ref_step = _plain(hf.mamba2_selective_state_update)
-
-OUT, GRAD = 1e-5, 1e-4
-
-
-def rel(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    scale = b.norm()
-    return float((a - b).norm() / (scale if scale > 0 else 1.0))
+ref_conv = plain(hf.causal_conv1d_fn)
+ref_update = plain(hf.causal_conv1d_update)
+ref_scan = plain(hf.mamba2_chunk_scan)
+ref_step = plain(hf.mamba2_selective_state_update)
 
 
 def close(a, b, bound, what=""):

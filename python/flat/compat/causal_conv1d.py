@@ -41,31 +41,9 @@ from torch import Tensor
 
 import flat.torch as _ft
 
+from ._checks import bad as _bad, cpu_tensor as _tensor, describe as _describe, pool_rows
+
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _bad(name: str, expected: str, got) -> ValueError:
-    return ValueError(f"flat: {name}: expected {expected}, got {got}")
-
-
-def _describe(t) -> str:
-    if isinstance(t, Tensor):
-        return f"{t.dtype} {list(t.shape)} on {t.device}"
-    return type(t).__name__
-
-
-def _tensor(name: str, t, shape: tuple, expected: str, floating: bool = True) -> Tensor:
-    """Checks t's rank, sizes (None: any), device and dtype class."""
-    ok = (isinstance(t, Tensor) and t.device.type == "cpu" and t.dim() == len(shape)
-          and all(s is None or int(n) == s for n, s in zip(t.shape, shape))
-          and (t.dtype in _FLOATS if floating else not t.dtype.is_floating_point and not t.dtype.is_complex
-               and t.dtype != torch.bool))
-    if not ok:
-        kind = "a float" if floating else "an integer"
-        raise _bad(name, f"{kind} CPU tensor {expected}", _describe(t))
-    return t
 
 
 def _activation(activation) -> str:
@@ -91,7 +69,7 @@ def sequence_offsets(seq_idx: Tensor, B: int, T: int, name: str = "seq_idx") -> 
     """cu_seqlens [num_seqs + 1] (int64) of the B rows of T tokens flattened into one row of B * T,
     a sequence starting at each row's start and wherever seq_idx changes; seq_idx [B, T] must be
     nondecreasing along T."""
-    seq_idx = _tensor(name, seq_idx, (B, T), f"[B={B}, T={T}]", floating=False)
+    seq_idx = _tensor(name, seq_idx, (B, T), f"[B={B}, T={T}]", kind="integer")
     if T > 1 and bool((seq_idx[:, 1:] < seq_idx[:, :-1]).any()):
         raise _bad(name, "sequence ids nondecreasing along T in each row", "a decreasing step")
     starts = torch.ones((B, T), dtype=torch.bool)
@@ -177,12 +155,8 @@ def _update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_i
     bias = _bias(bias, D)
     rows = None
     if conv_state_indices is not None:
-        rows = _tensor("conv_state_indices", conv_state_indices, (Bn,), f"[B={Bn}]", floating=False).long()
-        P = int(conv_state.shape[0])
-        if Bn and (int(rows.min()) < 0 or int(rows.max()) >= P):
-            raise _bad("conv_state_indices", f"rows of conv_state in [0, {P})", rows.tolist())
-        if rows.unique().numel() != Bn:
-            raise _bad("conv_state_indices", "distinct rows", rows.tolist())
+        rows = pool_rows("conv_state_indices", conv_state_indices, Bn, "conv_state", int(conv_state.shape[0]),
+                         f"[B={Bn}]", kind="integer")
     elif int(conv_state.shape[0]) != Bn:
         raise _bad("conv_state", f"[B={Bn}, D={D}, state_len]", list(conv_state.shape))
     state = conv_state if rows is None else conv_state.index_select(0, rows)  # [B, D, state_len]
@@ -191,7 +165,7 @@ def _update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_i
     if cache_seqlens is None:
         tail = state[:, :, state_len - (W - 1):]
     else:
-        cache_seqlens = _tensor("cache_seqlens", cache_seqlens, (Bn,), f"[B={Bn}]", floating=False).long()
+        cache_seqlens = _tensor("cache_seqlens", cache_seqlens, (Bn,), f"[B={Bn}]", kind="integer").long()
         past = torch.remainder(cache_seqlens[:, None] + torch.arange(-(W - 1), 0), max(state_len, 1))
         tail = state.gather(2, past[:, None, :].expand(Bn, D, W - 1))
     y, _ = _ft.conv(x=_compute_dtype(x).transpose(1, 2), weight=weight.float(), bias=bias,

@@ -37,12 +37,15 @@ the gated delta rule ``-exp(A_log) * softplus(g + dt_bias)`` with ``A_log``, ``d
 KDA the same per channel with ``dt_bias`` ``[HV * K]``, or with ``lower_bound``
 ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` (``lower_bound * sigmoid(g + dt_bias)``
 without ``A_log``). ``use_beta_sigmoid_in_kernel``: beta is a logit, the strength
-``sigmoid(beta)``, ``2 sigmoid(beta)`` with ``allow_neg_eigval``. What flat's kernels lack is
-computed around them: a bfloat16 ``initial_state`` is widened to float32, float16 inputs run in
-float32 (o comes back in float16), ``state_v_first`` transposes the states, and the recurrent
-gated delta rule's V-side gate ``gv`` and per-channel ``beta [B, T, HV, V]`` (also
-``fused_recurrent_kda``'s) run each value channel as its own head of width 1, which makes them
-exact but V times as costly. Every input gets a gradient, the recurrent functions' too.
+``sigmoid(beta)``, ``2 sigmoid(beta)`` with ``allow_neg_eigval``. These options, a bfloat16
+``initial_state`` (widened to float32) and ``state_v_first`` are flat.torch's own
+(``flat.torch.gated_deltanet`` and ``flat.torch.kda`` take them by FLA's names), so this module
+only checks FLA's arguments and passes them on. What it adds: float16 inputs run in float32 (o
+comes back in float16), and the recurrent gated delta rule's key-side gate ``gk``, V-side gate
+``gv`` and per-channel ``beta [B, T, HV, V]`` (also ``fused_recurrent_kda``'s) are composed from
+flat's variants, ``gv`` and a per-channel beta by running each value channel as its own head of
+width 1, which makes them exact but V times as costly. Every input gets a gradient, the recurrent
+functions' too.
 
 Differences from FLA 0.6 (a call FLA refuses with an AssertionError is refused here with a
 ValueError, ``flat: <argument>: expected ..., got ...``):
@@ -66,10 +69,11 @@ import warnings
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _api
 from .. import torch as _flat
+from ._checks import bad, cpu_tensor
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda",
            "chunk_gdn", "fused_recurrent_gdn"]
@@ -80,34 +84,25 @@ class HeadFirstRemoved(ValueError, DeprecationWarning):
     ValueError."""
 
 
-def _fail(name: str, expected: str, got) -> None:
-    raise ValueError(f"flat: {name}: expected {expected}, got {got}")
-
-
-def _describe(t) -> str:
-    if not isinstance(t, Tensor):
-        return type(t).__name__
-    return f"{t.dtype} {list(t.shape)} on {t.device}"
-
-
 def _tensor(name: str, t, shape, axes: str) -> None:
     """Checks that t is a tensor of the shape (None: any size on that axis)."""
     if not isinstance(t, Tensor):
-        _fail(name, f"a tensor [{axes}]", type(t).__name__)
+        raise bad(name, f"a tensor [{axes}]", type(t).__name__)
     if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
         want = ", ".join(f"{a}={s}" if s is not None else a for a, s in zip(axes.split(", "), shape))
-        _fail(name, f"a tensor of rank {len(shape)} [{want}]", f"rank {t.dim()} {list(t.shape)}")
+        raise bad(name, f"a tensor of rank {len(shape)} [{want}]", f"rank {t.dim()} {list(t.shape)}")
     if not t.is_floating_point():
-        _fail(name, "a floating-point tensor", t.dtype)
+        raise bad(name, "a floating-point tensor", t.dtype)
     if t.device.type != "cpu":
-        _fail(name, "a tensor on the CPU (flat's kernels run there)", f"one on {t.device}")
+        raise bad(name, "a tensor on the CPU (flat's kernels run there)", f"one on {t.device}")
 
 
-def _count(name: str, t, count: int, what: str) -> None:
-    if not isinstance(t, Tensor):
-        _fail(name, f"a tensor of {count} elements ({what})", type(t).__name__)
-    if t.numel() != count:
-        _fail(name, f"a tensor of {count} elements ({what})", f"{t.numel()} elements {list(t.shape)}")
+def _beta(beta, B: int, T: int, HV: int, V: int, per_channel: bool) -> None:
+    """beta [B, T, HV], or with per_channel (the recurrent functions) also [B, T, HV, V]."""
+    if per_channel and isinstance(beta, Tensor) and beta.dim() == 4:
+        _tensor("beta", beta, (B, T, HV, V), "B, T, HV, V")
+    else:
+        _tensor("beta", beta, (B, T, HV), "B, T, HV")
 
 
 def _wide(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -118,7 +113,7 @@ def _wide(t: Optional[Tensor]) -> Optional[Tensor]:
 def _chunk_size(kwargs, allowed: Tuple[int, ...], what: str) -> int:
     chunk_size = kwargs.pop("chunk_size", 64)
     if chunk_size not in allowed:
-        _fail("chunk_size", f"one of {', '.join(map(str, allowed))} for {what}", chunk_size)
+        raise bad("chunk_size", f"one of {', '.join(map(str, allowed))} for {what}", chunk_size)
     return int(chunk_size)
 
 
@@ -135,13 +130,13 @@ def _state_layout(state_v_first: bool, kwargs) -> bool:
 
 def _refuse_cuda_only(cp_context=None, use_graph=False, return_intermediate_states=False) -> None:
     if cp_context is not None:
-        _fail("cp_context", "None (context parallelism across CUDA devices has no CPU form)",
-              type(cp_context).__name__)
+        raise bad("cp_context", "None (context parallelism across CUDA devices has no CPU form)",
+                  type(cp_context).__name__)
     if use_graph:
-        _fail("use_graph", "False (CUDA/NPU graph capture has no CPU form)", use_graph)
+        raise bad("use_graph", "False (CUDA/NPU graph capture has no CPU form)", use_graph)
     if return_intermediate_states:
-        _fail("return_intermediate_states", "False (the per-chunk states of FLA's chunk kernel, for vLLM on "
-              "CUDA, are not computed on the CPU)", return_intermediate_states)
+        raise bad("return_intermediate_states", "False (the per-chunk states of FLA's chunk kernel, for vLLM on "
+                  "CUDA, are not computed on the CPU)", return_intermediate_states)
 
 
 def _check_common(q, k, v, initial_state, state_v_first: bool, cu_seqlens) -> Tuple[int, int, int, int, int, int]:
@@ -152,16 +147,14 @@ def _check_common(q, k, v, initial_state, state_v_first: bool, cu_seqlens) -> Tu
     _tensor("v", v, (B, T, None, None), "B, T, HV, V")
     HV, V = v.shape[2], v.shape[3]
     if H == 0 or HV % H != 0:
-        _fail("v", f"a head count HV that is a multiple of q's and k's H={H} (grouped value attention)",
-              f"HV={HV} {list(v.shape)}")
+        raise bad("v", f"a head count HV that is a multiple of q's and k's H={H} (grouped value attention)",
+                  f"HV={HV} {list(v.shape)}")
     N = B
     if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32,
-                                                                                                  torch.int64):
-            _fail("cu_seqlens", "a 1-D int32 or int64 tensor [N + 1]", _describe(cu_seqlens))
+        cpu_tensor("cu_seqlens", cu_seqlens, (None,), "[N + 1]", kind="index")
         if B != 1:
-            _fail("cu_seqlens", "a batch of one row (B = 1, the sequences packed along T) with cu_seqlens",
-                  f"B={B} in q {list(q.shape)}")
+            raise bad("cu_seqlens", "a batch of one row (B = 1, the sequences packed along T) with cu_seqlens",
+                      f"B={B} in q {list(q.shape)}")
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
         shape, axes = ((N, HV, V, K), "N, HV, V, K") if state_v_first else ((N, HV, K, V), "N, HV, K, V")
@@ -169,102 +162,112 @@ def _check_common(q, k, v, initial_state, state_v_first: bool, cu_seqlens) -> Tu
     return B, T, H, HV, K, V
 
 
-def _strength(beta: Tensor, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> Tensor:
+def _options(HV: int, *, per_channel: bool, use_gate_in_kernel: bool, A_log, dt_bias, lower_bound=None,
+             safe_gate: bool = False, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
+    """FLA's gate and beta options as flat.torch's gated_deltanet (per_channel False) or kda takes
+    them: (gate, strength) keyword dicts. FLA's own refusals are made here with FLA's argument
+    names; the formulas and the shapes of A_log and dt_bias are flat.torch's (python/flat/_api.py).
+    FLA ignores A_log, dt_bias and lower_bound without use_gate_in_kernel, so they are not passed
+    on then (flat.torch refuses them)."""
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        _fail("allow_neg_eigval", "use_beta_sigmoid_in_kernel=True with it (FLA scales the sigmoid of beta)",
-              "use_beta_sigmoid_in_kernel=False")
-    if use_beta_sigmoid_in_kernel:
-        return torch.sigmoid(beta.float()) * (2.0 if allow_neg_eigval else 1.0)
-    return _wide(beta)
+        raise bad("allow_neg_eigval", "use_beta_sigmoid_in_kernel=True with it (FLA scales the sigmoid of beta)",
+                  "use_beta_sigmoid_in_kernel=False")
+    if use_gate_in_kernel and A_log is None and (lower_bound is None or not per_channel):
+        raise bad("A_log", f"a tensor of {HV} elements with use_gate_in_kernel=True"
+                  f"{' and no lower_bound' if per_channel else ''}", None)
+    gate = dict(use_gate_in_kernel=bool(use_gate_in_kernel), A_log=A_log if use_gate_in_kernel else None,
+                dt_bias=dt_bias if use_gate_in_kernel else None)
+    if per_channel:
+        gate.update(lower_bound=lower_bound if use_gate_in_kernel else None, safe_gate=bool(safe_gate))
+    return gate, dict(use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel),
+                      allow_neg_eigval=bool(allow_neg_eigval))
 
 
-def _gdn_gate(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], HV: int) -> Tensor:
-    """FLA's gated delta rule gate, -exp(A_log) * softplus(g + dt_bias), in float32."""
-    if A_log is None:
-        _fail("A_log", f"a tensor of {HV} elements with use_gate_in_kernel=True", None)
-    _count("A_log", A_log, HV, "one per value head")
-    x = g.float()
-    if dt_bias is not None:
-        _count("dt_bias", dt_bias, HV, "one per value head")
-        x = x + dt_bias.float().reshape(HV)
-    return -A_log.float().reshape(HV).exp() * F.softplus(x)
+def _formed(g: Tensor, gate: dict) -> Tensor:
+    """The gate from the raw g as gate says, by flat.torch's own formula, for a call that combines it
+    with other gates (flat.torch forms one gate alone)."""
+    return _api.gate_in_kernel(_flat._XP, g, **{"lower_bound": None, **gate})
 
 
-def _kda_gate(g: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor], lower_bound: Optional[float], HV: int,
-              K: int) -> Tensor:
-    """FLA's KDA gate in float32: -exp(A_log) * softplus(g + dt_bias), or with lower_bound
-    lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) (A_log optional then)."""
-    if A_log is None and lower_bound is None:
-        _fail("A_log", f"a tensor of {HV} elements with use_gate_in_kernel=True and no lower_bound", None)
-    x = g.float()
-    if dt_bias is not None:
-        _count("dt_bias", dt_bias, HV * K, "one per value head and key channel, [HV * K]")
-        x = x + dt_bias.float().reshape(HV, K)
-    decay = None
-    if A_log is not None:
-        _count("A_log", A_log, HV, "one per value head")
-        decay = A_log.float().reshape(HV, 1).exp()
-    if lower_bound is None:
-        return -decay * F.softplus(x)
-    return float(lower_bound) * torch.sigmoid(x if decay is None else decay * x)
+def _call(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Tensor, *, gate: dict,
+          strength: dict, **options) -> Tuple[Tensor, Optional[Tensor]]:
+    """flat.torch's deltanet, gated_deltanet or kda (one gate per channel) with every argument by
+    keyword; float16 inputs widened. options: scale, initial_state, output_final_state, chunk_size,
+    use_qk_l2norm_in_kernel, state_v_first, cu_seqlens."""
+    args = dict(q=_wide(q), k=_wide(k), v=_wide(v), beta=_wide(beta), solve="auto", check_values=True,
+                initial_state_indices=None, final_state_indices=None, token_state_indices=None, **options,
+                **strength)
+    if variant != "deltanet":
+        args.update(g=_wide(g), **gate)
+    if variant == "kda":
+        args.update(gate_group=1)
+    o, ht = getattr(_flat, variant)(**args)
+    return o, (None if ht is None else ht.contiguous())
 
 
-def _run(q: Tensor, k: Tensor, v: Tensor, *, g_head: Optional[Tensor], g_chan: Optional[Tensor],
-         g_val: Optional[Tensor], beta: Tensor, scale: Optional[float], initial_state: Optional[Tensor],
-         output_final_state: bool, l2norm: bool, state_v_first: bool, cu_seqlens: Optional[Tensor],
-         chunk_size: int) -> Tuple[Tensor, Optional[Tensor]]:
-    """The delta rule H_t = Diag(exp(g_chan + g_head)) H_{t-1} Diag(exp(g_val)), then the delta step
-    with beta [B, T, HV] or [B, T, HV, V], on flat's kernels. Returns o in v's dtype (float16 inputs
-    widened) and the final state in the caller's layout."""
-    q, k, v = _wide(q), _wide(k), _wide(v)
+def _delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Optional[Tensor], gk: Optional[Tensor],
+                gv: Optional[Tensor], beta: Tensor, gate: dict, strength: dict, initial_state: Optional[Tensor],
+                state_v_first: bool, **options) -> Tuple[Tensor, Optional[Tensor]]:
+    """The delta rule H_t = Diag(exp(gk + g)) H_{t-1} Diag(exp(gv)), then the delta step with beta
+    [B, T, HV] or [B, T, HV, V], on flat.torch's variants. gate: flat.torch's options forming g (or gk,
+    when it is the only gate); empty when the gates are combined. Returns o (float16 widened) and the
+    final state in the caller's layout."""
+    g, gk, gv = _wide(g), _wide(gk), _wide(gv)
+    if gate["use_gate_in_kernel"] and (gv is not None or beta.dim() == 4 or (g is not None and gk is not None)):
+        if g is not None:
+            g = _formed(g, gate)
+        else:
+            gk = _formed(gk, gate)
+        gate = {}
+    if gv is None and beta.dim() == 3:
+        if gk is not None and g is not None:
+            gk, g = gk + g.unsqueeze(-1), None
+        variant = "kda" if gk is not None else "gated_deltanet" if g is not None else "deltanet"
+        return _call(variant, q, k, v, gk if gk is not None else g, beta, gate=gate, strength=strength,
+                     initial_state=initial_state, state_v_first=state_v_first, **options)
+    # Every value channel j of head i is its own head i * V + j of width 1: the V-side gate becomes
+    # that head's scalar gate, a per-channel beta its strength. Head i * V + j reads key head
+    # (i * V + j) // (HV * V / H) = i // (HV / H), as value head i does. Its state [K, 1] is row j of
+    # the V-first state [V, K]: [N, HV, V, K] is [N, HV * V, K, 1].
     B, T, HV, V = v.shape
-    K = q.shape[3]
-    if scale is None:
-        scale = K ** -0.5
-    h0 = None if initial_state is None else initial_state.float()
-    split = g_val is not None or beta.dim() == 4
-    if split:
-        # Every value channel j of head i is its own head i * V + j of width 1: the V-side gate becomes
-        # that head's scalar gate, a per-channel beta its strength. Head i * V + j reads key head
-        # (i * V + j) // (HV * V / H) = i // (HV / H), as value head i does.
-        NS = HV * V
-        if beta.dim() == 3:
-            beta = beta.unsqueeze(-1).expand(B, T, HV, V)
-        beta = beta.reshape(B, T, NS)
-        scalar = None
-        if g_head is not None:
-            scalar = g_head.unsqueeze(-1).expand(B, T, HV, V)
-        if g_val is not None:
-            scalar = g_val if scalar is None else scalar + g_val
-        g_head = None if scalar is None else scalar.reshape(B, T, NS)
-        if g_chan is not None:
-            g_chan = g_chan.unsqueeze(3).expand(B, T, HV, V, K).reshape(B, T, NS, K)
-        v = v.reshape(B, T, NS, 1)
-        if h0 is not None:
-            # [N, HV, V, K] is [N, HV * V, K, 1]: the V-first layout is this one's
-            h0 = (h0 if state_v_first else h0.transpose(-1, -2)).reshape(h0.shape[0], NS, K, 1)
-    elif h0 is not None and state_v_first:
-        h0 = h0.transpose(-1, -2)
+    K, NS = q.shape[3], HV * V
+    if beta.dim() == 3:
+        beta = beta.unsqueeze(-1).expand(B, T, HV, V)
+    if g is not None:
+        gv = g.unsqueeze(-1).expand(B, T, HV, V) if gv is None else gv + g.unsqueeze(-1)
+    if gk is not None:
+        gk = gk.unsqueeze(3).expand(B, T, HV, V, K).reshape(B, T, NS, K)
+        if gv is not None:
+            gk = gk + gv.reshape(B, T, NS, 1)
+    gate_ns = gk if gk is not None else None if gv is None else gv.reshape(B, T, NS)
+    variant = "kda" if gk is not None else "gated_deltanet" if gv is not None else "deltanet"
+    if initial_state is not None:
+        h0 = initial_state if state_v_first else initial_state.transpose(-1, -2)
+        initial_state = h0.reshape(h0.shape[0], NS, K, 1)
+    o, ht = _call(variant, q, k, v.reshape(B, T, NS, 1), gate_ns, beta.reshape(B, T, NS), gate=gate,
+                  strength=strength, initial_state=initial_state, state_v_first=False, **options)
+    if ht is not None:
+        ht = ht.reshape(ht.shape[0], HV, V, K)
+        ht = ht if state_v_first else ht.transpose(-1, -2).contiguous()
+    return o.reshape(B, T, HV, V), ht
 
-    options = dict(scale=scale, initial_state=h0, output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=l2norm, solve="auto", check_values=True, cu_seqlens=cu_seqlens,
-                   initial_state_indices=None, final_state_indices=None, token_state_indices=None)
-    if g_chan is not None:
-        g = g_chan if g_head is None else g_chan + g_head.unsqueeze(-1)
-        o, ht = _flat.kda(q=q, k=k, v=v, g=g, beta=beta, gate_group=1, **options)
-    elif g_head is not None:
-        o, ht = _flat.gated_deltanet(q=q, k=k, v=v, g=g_head, beta=beta, **options)
-    else:
-        o, ht = _flat.deltanet(q=q, k=k, v=v, beta=beta, **options)
 
-    if split:
-        o = o.reshape(B, T, HV, V)
-        if ht is not None:
-            ht = ht.reshape(ht.shape[0], HV, V, K)
-            ht = ht if state_v_first else ht.transpose(-1, -2).contiguous()
-    elif ht is not None and state_v_first:
-        ht = ht.transpose(-1, -2).contiguous()
-    return o, (ht if output_final_state else None)
+def _forward(a: dict, *, g: Optional[Tensor], gk: Optional[Tensor], gv: Optional[Tensor], beta: Tensor,
+             per_channel: bool, chunk_size: int, out: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    """One of the functions below after its checks: a holds its arguments by name (its locals(), FLA's
+    kwargs merged in), g, gk, gv and beta the gates and strength as checked, per_channel whether the
+    gate use_gate_in_kernel forms is KDA's. Returns o in out's dtype, as FLA casts it."""
+    gate, strength = _options(a["v"].shape[2], per_channel=per_channel,
+                              use_gate_in_kernel=a.get("use_gate_in_kernel", False), A_log=a.get("A_log"),
+                              dt_bias=a.get("dt_bias"), lower_bound=a.get("lower_bound"),
+                              safe_gate=a.get("safe_gate", False),
+                              use_beta_sigmoid_in_kernel=a["use_beta_sigmoid_in_kernel"],
+                              allow_neg_eigval=a["allow_neg_eigval"])
+    o, ht = _delta_rule(a["q"], a["k"], a["v"], g=g, gk=gk, gv=gv, beta=beta, gate=gate, strength=strength,
+                        scale=a["scale"], initial_state=a["initial_state"], output_final_state=a["output_final_state"],
+                        chunk_size=chunk_size, use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"],
+                        state_v_first=a["state_v_first"], cu_seqlens=a["cu_seqlens"])
+    return o.to(out.dtype), ht
 
 
 # ---- The gated delta rule --------------------------------------------------------------------
@@ -306,15 +309,9 @@ def chunk_gated_delta_rule(
     _refuse_cuda_only(cp_context=cp_context)
     B, T, H, HV, K, V = _check_common(q, k, v, initial_state, state_v_first, cu_seqlens)
     _tensor("g", g, (B, T, HV), "B, T, HV")
-    _tensor("beta", beta, (B, T, HV), "B, T, HV")
-    if kwargs.get("use_gate_in_kernel", False):
-        g = _gdn_gate(g, kwargs.get("A_log"), kwargs.get("dt_bias"), HV)
-    beta = _strength(beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    o, ht = _run(q, k, v, g_head=_wide(g), g_chan=None, g_val=None, beta=beta, scale=scale,
-                 initial_state=initial_state, output_final_state=output_final_state,
-                 l2norm=use_qk_l2norm_in_kernel, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-                 chunk_size=chunk_size)
-    return o.to(q.dtype), ht
+    _beta(beta, B, T, HV, V, per_channel=False)
+    return _forward({**kwargs, **locals()}, g=g, gk=None, gv=None, beta=beta, per_channel=False,
+                    chunk_size=chunk_size, out=q)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -350,25 +347,16 @@ def fused_recurrent_gated_delta_rule(
     B, T, H, HV, K, V = _check_common(q, k, v, initial_state, state_v_first, cu_seqlens)
     if g is not None:
         _tensor("g", g, (B, T, HV), "B, T, HV")
+    elif use_gate_in_kernel:
+        raise bad("g", "the raw gate [B, T, HV] with use_gate_in_kernel=True", None)
     if gk is not None:
         _tensor("gk", gk, (B, T, HV, K), "B, T, HV, K")
     if gv is not None:
         _tensor("gv", gv, (B, T, HV, V), "B, T, HV, V")
     if beta is None:
         beta = v.new_ones((B, T, HV), dtype=torch.float32)
-    elif isinstance(beta, Tensor) and beta.dim() == 4:
-        _tensor("beta", beta, (B, T, HV, V), "B, T, HV, V")
-    else:
-        _tensor("beta", beta, (B, T, HV), "B, T, HV")
-    if use_gate_in_kernel:
-        if g is None:
-            _fail("g", "the raw gate [B, T, HV] with use_gate_in_kernel=True", None)
-        g = _gdn_gate(g, A_log, dt_bias, HV)
-    beta = _strength(beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    o, ht = _run(q, k, v, g_head=_wide(g), g_chan=_wide(gk), g_val=_wide(gv), beta=beta, scale=scale,
-                 initial_state=initial_state, output_final_state=output_final_state,
-                 l2norm=use_qk_l2norm_in_kernel, state_v_first=state_v_first, cu_seqlens=cu_seqlens, chunk_size=64)
-    return o.to(v.dtype), ht
+    _beta(beta, B, T, HV, V, per_channel=True)
+    return _forward(locals(), g=g, gk=gk, gv=gv, beta=beta, per_channel=False, chunk_size=64, out=v)
 
 
 # ---- Kimi Delta Attention --------------------------------------------------------------------
@@ -413,18 +401,10 @@ def chunk_kda(
                       return_intermediate_states=return_intermediate_states)
     B, T, H, HV, K, V = _check_common(q, k, v, initial_state, state_v_first, cu_seqlens)
     chunk_size = _chunk_size(kwargs, (32, 64), "KDA")
-    if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
-        _fail("lower_bound", "a number in [-5, 0) with safe_gate=True and use_gate_in_kernel=True", lower_bound)
     _tensor("g", g, (B, T, HV, K), "B, T, HV, K")
-    _tensor("beta", beta, (B, T, HV), "B, T, HV")
-    if use_gate_in_kernel:
-        g = _kda_gate(g, kwargs.get("A_log"), kwargs.get("dt_bias"), lower_bound, HV, K)
-    beta = _strength(beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    o, ht = _run(q, k, v, g_head=None, g_chan=_wide(g), g_val=None, beta=beta, scale=scale,
-                 initial_state=initial_state, output_final_state=output_final_state,
-                 l2norm=use_qk_l2norm_in_kernel, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-                 chunk_size=chunk_size)
-    return o.to(q.dtype), ht
+    _beta(beta, B, T, HV, V, per_channel=False)
+    return _forward({**kwargs, **locals()}, g=None, gk=g, gv=None, beta=beta, per_channel=True,
+                    chunk_size=chunk_size, out=q)
 
 
 def fused_recurrent_kda(
@@ -453,17 +433,8 @@ def fused_recurrent_kda(
     state_v_first = _state_layout(state_v_first, kwargs)
     B, T, H, HV, K, V = _check_common(q, k, v, initial_state, state_v_first, cu_seqlens)
     _tensor("g", g, (B, T, HV, K), "B, T, HV, K")
-    if isinstance(beta, Tensor) and beta.dim() == 4:
-        _tensor("beta", beta, (B, T, HV, V), "B, T, HV, V")
-    else:
-        _tensor("beta", beta, (B, T, HV), "B, T, HV")
-    if use_gate_in_kernel:
-        g = _kda_gate(g, A_log, dt_bias, lower_bound, HV, K)
-    beta = _strength(beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    o, ht = _run(q, k, v, g_head=None, g_chan=_wide(g), g_val=None, beta=beta, scale=scale,
-                 initial_state=initial_state, output_final_state=output_final_state,
-                 l2norm=use_qk_l2norm_in_kernel, state_v_first=state_v_first, cu_seqlens=cu_seqlens, chunk_size=64)
-    return o.to(v.dtype), ht
+    _beta(beta, B, T, HV, V, per_channel=True)
+    return _forward(locals(), g=None, gk=g, gv=None, beta=beta, per_channel=True, chunk_size=64, out=v)
 
 
 chunk_gdn = chunk_gated_delta_rule

@@ -70,36 +70,10 @@ from torch import Tensor
 
 import flat.torch as _ft
 
+from ._checks import bad as _bad, cpu_tensor as _check, describe as _describe, pool_rows
 from .causal_conv1d import _activation, sequence_offsets
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "selective_state_update"]
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _bad(name: str, expected: str, got) -> ValueError:
-    return ValueError(f"flat: {name}: expected {expected}, got {got}")
-
-
-def _describe(t) -> str:
-    if isinstance(t, Tensor):
-        return f"{t.dtype} {list(t.shape)} on {t.device}"
-    return type(t).__name__
-
-
-def _check(name: str, t, shape: tuple, expected: str) -> Tensor:
-    """A float CPU tensor of the given rank and sizes (None: any)."""
-    if not (isinstance(t, Tensor) and t.device.type == "cpu" and t.dtype in _FLOATS and t.dim() == len(shape)
-            and all(s is None or int(n) == s for n, s in zip(t.shape, shape))):
-        raise _bad(name, f"a float CPU tensor {expected}", _describe(t))
-    return t
-
-
-def _integers(name: str, t, shape: tuple, expected: str) -> Tensor:
-    if not (isinstance(t, Tensor) and t.device.type == "cpu" and t.dtype in (torch.int32, torch.int64)
-            and t.dim() == len(shape) and all(s is None or int(n) == s for n, s in zip(t.shape, shape))):
-        raise _bad(name, f"an int32 or int64 CPU tensor {expected}", _describe(t))
-    return t
 
 
 def _chunk(chunk_size) -> int:
@@ -160,7 +134,7 @@ def _ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_
     if seq_idx is not None:
         cu = sequence_offsets(seq_idx, b, l)
     if cu_seqlens is not None:
-        given = _integers("cu_seqlens", cu_seqlens, (None,), "[num_seqs + 1]").long()
+        given = _check("cu_seqlens", cu_seqlens, (None,), "[num_seqs + 1]", kind="index").long()
         if b != 1:
             raise _bad("cu_seqlens", "batch size 1 (x [1, l, h, p])", f"x {list(x.shape)}")
         if given.numel() < 1 or int(given[0]) != 0 or int(given[-1]) != l or bool((given[1:] < given[:-1]).any()):
@@ -365,12 +339,8 @@ def _step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices
         dt_bias = _check("dt_bias", dt_bias, (h, p), f"[h={h}, p={p}]")
     rows = None
     if state_batch_indices is not None:
-        rows = _integers("state_batch_indices", state_batch_indices, (b,), f"[b={b}]").long()
-        P = int(state.shape[0])
-        if b and (int(rows.min()) < 0 or int(rows.max()) >= P):
-            raise _bad("state_batch_indices", f"rows of state in [0, {P})", rows.tolist())
-        if rows.unique().numel() != b:
-            raise _bad("state_batch_indices", "distinct rows", rows.tolist())
+        rows = pool_rows("state_batch_indices", state_batch_indices, b, "state", int(state.shape[0]), f"[b={b}]",
+                         kind="index")
     elif int(state.shape[0]) != b:
         raise _bad("state", f"[b={b}, h={h}, p={p}, n={n}] (x's batch)", list(state.shape))
 
