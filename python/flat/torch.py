@@ -51,13 +51,17 @@ def _view(name: str, t: Optional[Tensor]):
         raise ValueError(f"flat: {name}: expected a tensor on the CPU, got one on {t.device}")
     if t.dtype not in _DTYPES:
         raise ValueError(f"flat: {name}: expected dtype float32 or bfloat16, got {t.dtype}")
-    return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
+    # A last axis of one element is contiguous whatever its stride (PyTorch keeps any, e.g. on the
+    # transpose of a [.., 1, K] state); the library reads it with stride 1.
+    strides = t.stride()[:-1] + (1 if t.shape[-1] == 1 else t.stride(-1),)
+    return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), strides)
 
 
 def _dense(*tensors: Optional[Tensor]):
     """The tensors with a contiguous last axis, as the kernels read them: strided slices as they are,
     the others copied. Hold the results until the call returns."""
-    return tuple(t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous() for t in tensors)
+    return tuple(t if t is None or t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+                 for t in tensors)
 
 
 def _threads() -> int:
