@@ -310,13 +310,14 @@ def test_state_v_first_transposes_the_states_and_nothing_else():
 
 
 def test_a_state_of_one_value_column_is_read_whatever_its_last_stride():
-    """V = 1: the transposed [N, H, 1, K] state has a last axis of one element whose stride PyTorch
-    leaves at K; it is read as it is, V-first or not."""
+    """V = 1: a V-first state [N, H, 1, K] transposed to flat's [N, H, K, 1] has a last axis of one
+    element whose stride PyTorch leaves at K; it is read as it is."""
     a = fla_inputs()
     v = a["v"][..., :1].contiguous()
     h0 = a["h0"][..., :1].contiguous()
     o, s = ft.kda(a["q"], a["k"], v, a["g"], a["beta"], initial_state=h0, output_final_state=True)
-    ov, sv = ft.kda(a["q"], a["k"], v, a["g"], a["beta"], initial_state=h0.transpose(-1, -2), output_final_state=True,
+    hv = torch.empty(h0.shape[0], H, 1, K).copy_(h0.transpose(-1, -2))  # strides (H K, K, K, 1)
+    ov, sv = ft.kda(a["q"], a["k"], v, a["g"], a["beta"], initial_state=hv, output_final_state=True,
                     state_v_first=True)
     assert torch.equal(o, ov) and torch.equal(s, sv.transpose(-1, -2))
 
