@@ -175,6 +175,35 @@ def median_s(run, repeats):
     return statistics.median(times)
 
 
+def limit_memory(share=0.9):
+    """Cap the address space at what is there now plus `share` of the memory available, so that a
+    measurement that needs more (the torch path's Mamba-2 scan materialises [chunks, 256, 256, heads,
+    state] products: 17 GB in bf16 at 8192 tokens) fails with an error that is caught and reported,
+    not with the kernel's OOM killer ending the run."""
+    import resource
+
+    def kib(path, field):
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+        return None
+
+    available, size = kib("/proc/meminfo", "MemAvailable"), kib("/proc/self/status", "VmSize")
+    if available is None or size is None:
+        return None
+    limit = 1024 * (size + int(share * available))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return limit
+
+
+def out_of_memory(error):
+    return isinstance(error, MemoryError) or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
 def measurements(lengths):
     """(key, row label, unit) of every row, in order."""
     rows = [(("prefill", T), f"prefill {T} tokens", "tokens/s") for T in lengths["prefill"]]
@@ -299,6 +328,7 @@ def transformers_bench(args):
     transformers.logging.set_verbosity_error()
     quick = args.quick
     repeats = args.repeats
+    limit = None if quick else limit_memory()
     builders, lengths = shapes(quick)
     have_flat = flat_available()
     paths = ["torch", "flat"] if have_flat else ["torch"]
@@ -307,7 +337,8 @@ def transformers_bench(args):
     threads = torch.get_num_threads()
     print(f"flat.bench --transformers{' --quick' if quick else ''}: {threads} threads (PyTorch's), "
           f"target {flat.target()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"medians of {repeats} runs after a warm-up")
+          f"medians of {repeats} runs after a warm-up"
+          + (f", address space capped at {limit / 2**30:.1f} GiB" if limit else ""))
     if not have_flat:
         print("(flat.transformers.enable is not there: transformers' PyTorch path only)")
     bar = None
@@ -333,10 +364,20 @@ def transformers_bench(args):
                             bar.set_description(f"{name} {dtype_name} {label}: {path}")
                         run_model = flat_path(path == "flat", model) if have_flat else model
                         generator = torch.Generator().manual_seed(1)
-                        row[path] = measure(run_model, key, lengths, repeats, vocab, generator)
+                        try:
+                            row[path] = measure(run_model, key, lengths, repeats, vocab, generator)
+                        except (RuntimeError, MemoryError) as error:
+                            if not out_of_memory(error):
+                                raise
+                            row[path] = None
+                            row.setdefault("failed", {})[path] = "out of memory"
+                            model.zero_grad(set_to_none=True)
+                            model.eval()
                         if bar is not None:
                             bar.update()
                     results["rows"].append(row)
+                    # As it comes, so that a run cut short leaves its numbers.
+                    (bar.write if bar is not None else print)("row: " + json.dumps(row))
                 if have_flat:
                     if bar is not None:
                         bar.set_description(f"{name} {dtype_name} profile of flat's layers")
@@ -364,7 +405,7 @@ def transformers_bench(args):
 
 def ratio(row):
     """flat's speed over the torch path's (times inverted), None for the share."""
-    if "flat" not in row or row["unit"] == "%":
+    if "flat" not in row or row["unit"] == "%" or row["flat"] is None or row["torch"] is None:
         return None
     return row["torch"] / row["flat"] if row["unit"] == "ms" else row["flat"] / row["torch"]
 
@@ -375,8 +416,11 @@ def print_tables(results, paths):
     print("\n| model | dtype | measurement | unit | " + " | ".join(f"{p} path" if p == "torch" else p for p in paths)
           + (" | flat / torch |" if "flat" in paths else " |"))
     print("|---|---|---|---|" + "---:|" * (len(paths) + ("flat" in paths)))
+    def cell(value):
+        return "out of memory" if value is None else f"{value:.1f}" if value < 1e4 else f"{value:.0f}"
+
     for row in results["rows"]:
-        cells = [f"{row[p]:.1f}" if row["unit"] != "tokens/s" or row[p] < 1e4 else f"{row[p]:.0f}" for p in paths]
+        cells = [cell(row[p]) for p in paths]
         speedup = ratio(row)
         if "flat" in paths:
             cells.append("" if speedup is None else f"x{speedup:.2f}")
