@@ -56,6 +56,7 @@ class Xp(NamedTuple):
     swap: Callable  # the last two axes swapped
     cumsum_t: Callable  # the cumulative sum along axis 1 (T)
     sum_last: Callable  # the sum over the last axis, kept
+    activations: dict  # the norm's activations by the library's names (silu, sigmoid, none)
 
 
 def _size(x) -> int:
@@ -306,16 +307,16 @@ def _check_normalize(q, k, v, initial_state, sequences: Sequences, use_qk_l2norm
 def norm_gate(xp, x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps, norm_before_gate, kernel):
     """rms_norm_gated in either framework (flat.torch's docstring): kernel(x, g, weight, activation,
     norm_before_gate, eps) on x (x + residual) and g, the bias added around it. xp: float32(x),
-    cast(x, dtype), activations (by the library's names)."""
+    cast_like(x, y), activations."""
     activation = norm_activation(activation)
     if bias is not None and tuple(bias.shape) != tuple(weight.shape):
         raise ValueError(f"flat: bias: expected weight's shape {list(weight.shape)}, got {list(bias.shape)}")
     if residual is not None and tuple(residual.shape) != tuple(x.shape):
         raise ValueError(f"flat: residual: expected x's shape {list(x.shape)}, got {list(residual.shape)}")
-    out_dtype, residual_out = x.dtype, None
+    given, residual_out = x, None
     if residual is not None:
         summed = xp.float32(x) + xp.float32(residual)
-        residual_out = xp.cast(summed, residual.dtype)
+        residual_out = xp.cast_like(summed, residual)
         x, g = summed, (None if g is None else xp.float32(g))
     elif prenorm:
         residual_out = xp.float32(x) if residual_in_fp32 else x
@@ -325,5 +326,5 @@ def norm_gate(xp, x, g, weight, bias, activation, residual, prenorm, residual_in
         if g is not None and norm_before_gate:
             b = b * xp.activations[activation](xp.float32(g))
         y = xp.float32(y) + b
-    y = xp.cast(y, out_dtype)
+    y = xp.cast_like(y, given)
     return (y, residual_out) if prenorm else y

@@ -194,7 +194,8 @@ _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                narrow_float=lambda x: jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)),
                cast_like=lambda x, y: x.astype(y.dtype), sigmoid=jax.nn.sigmoid, softplus=jax.nn.softplus, exp=jnp.exp,
                swap=lambda x: jnp.swapaxes(x, -1, -2), cumsum_t=lambda x: jnp.cumsum(x, axis=1),
-               sum_last=lambda x: jnp.sum(x, axis=-1, keepdims=True))
+               sum_last=lambda x: jnp.sum(x, axis=-1, keepdims=True),
+               activations={"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))
 
@@ -326,7 +327,7 @@ _norm_gate.defvjp(_norm_gate_forward, _norm_gate_backward)
 def rms_norm_gated(x, g, weight, bias=None, activation="swish", residual=None, prenorm=False, residual_in_fp32=False,
                    eps=1e-6, norm_before_gate=True):
     """The output norm and gate, as flat.torch.rms_norm_gated (FLA's arguments, order and defaults)."""
-    return _api.norm_gate(_NormXp, jnp.asarray(x), None if g is None else jnp.asarray(g), weight, bias, activation,
+    return _api.norm_gate(_XP, jnp.asarray(x), None if g is None else jnp.asarray(g), weight, bias, activation,
                           None if residual is None else jnp.asarray(residual), prenorm, residual_in_fp32, eps,
                           norm_before_gate, _norm_kernel)
 
@@ -336,9 +337,3 @@ def _norm_kernel(x, g, weight, activation, norm_before_gate, eps):
     y = _norm_gate(activation, norm_before_gate, eps, x.reshape(shape), None if g is None else g.reshape(shape),
                    jnp.asarray(weight).astype(jnp.float32))
     return y.reshape(x.shape)
-
-
-class _NormXp:
-    float32 = staticmethod(lambda x: jnp.asarray(x).astype(jnp.float32))
-    cast = staticmethod(lambda x, dtype: x.astype(dtype))
-    activations = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z}

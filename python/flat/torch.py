@@ -266,7 +266,8 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
 _XP = _api.Xp(float32=lambda x: x.float(), narrow_float=lambda x: x.dtype in (torch.bfloat16, torch.float16),
                cast_like=lambda x, y: x.to(y.dtype), sigmoid=torch.sigmoid, softplus=torch.nn.functional.softplus,
                exp=torch.exp, swap=lambda x: x.transpose(-1, -2), cumsum_t=lambda x: torch.cumsum(x, 1),
-               sum_last=lambda x: x.sum(-1, keepdim=True))
+               sum_last=lambda x: x.sum(-1, keepdim=True),
+               activations={"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))
 
@@ -452,7 +453,7 @@ def rms_norm_gated(x: Tensor, g: Optional[Tensor], weight: Tensor, bias: Optiona
     dtype); bias has weight's shape, added in float32 around the kernel. With residual, the norm reads
     x + residual (summed in float32) and with prenorm=True the call returns (y, x + residual), in
     residual's dtype (without a residual, x itself, float32 with residual_in_fp32). y has x's dtype."""
-    return _api.norm_gate(_NormXp, x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps,
+    return _api.norm_gate(_XP, x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps,
                           norm_before_gate, _norm_kernel)
 
 
@@ -461,9 +462,3 @@ def _norm_kernel(x, g, weight, activation, norm_before_gate, eps):
     y = _norm_gate_forward(x.reshape(shape), None if g is None else g.reshape(shape), weight.float(), activation,
                            norm_before_gate, eps)
     return y.reshape(x.shape)
-
-
-class _NormXp:
-    float32 = staticmethod(lambda x: x.float())
-    cast = staticmethod(lambda x, dtype: x.to(dtype))
-    activations = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "none": lambda z: z}
