@@ -40,18 +40,11 @@ import torch
 from torch import Tensor
 
 import flat.torch as _ft
+from flat._args import conv_activation
 
 from ._checks import bad as _bad, cpu_tensor as _tensor, describe as _describe, pool_rows
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
-
-
-def _activation(activation) -> str:
-    if activation is None:
-        return "none"
-    if activation in ("silu", "swish"):
-        return "silu"
-    raise _bad("activation", 'None, "silu" or "swish"', repr(activation))
 
 
 def _compute_dtype(t: Tensor) -> Tensor:
@@ -92,7 +85,7 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     W = int(weight.shape[1])
     if W < 1:
         raise _bad("weight", "a width W >= 1", list(weight.shape))
-    act = _activation(activation)
+    act = conv_activation(activation)
     bias = _bias(bias, D)
     cu_seqlens = None
     if seq_idx is not None:
@@ -151,7 +144,7 @@ def _update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_i
         raise _bad("weight", "a width W >= 1", list(weight.shape))
     if state_len < W - 1:
         raise _bad("conv_state", f"state_len >= W-1 = {W - 1}", list(conv_state.shape))
-    act = _activation(activation)
+    act = conv_activation(activation)
     bias = _bias(bias, D)
     rows = None
     if conv_state_indices is not None:

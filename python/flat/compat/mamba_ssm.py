@@ -69,9 +69,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import flat.torch as _ft
+from flat._args import conv_activation
 
 from ._checks import bad as _bad, cpu_tensor as _check, describe as _describe, pool_rows
-from .causal_conv1d import _activation, sequence_offsets
+from .causal_conv1d import sequence_offsets
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "selective_state_update"]
 
@@ -268,7 +269,7 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
             _check("outproj_bias", outproj_bias, (int(outproj_weight.shape[0]),), f"[{int(outproj_weight.shape[0])}]")
     elif outproj_bias is not None:
         raise _bad("outproj_bias", "None without outproj_weight", _describe(outproj_bias))
-    act = _activation(activation)
+    act = conv_activation(activation)
 
     zx0, z, xBC, dt = zxbcdt.split([2 * d_nonssm, dim, channels, h], dim=-1)
     cu = None if seq_idx is None else sequence_offsets(seq_idx, b, l)

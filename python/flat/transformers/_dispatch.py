@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..compat.causal_conv1d import sequence_offsets
 from ._families import SEQUENCE_FUNCTIONS
 
 # The packed-sequence arguments a layer hands its kernel functions: cu_seqlens (the Gated DeltaNet
@@ -65,15 +66,13 @@ def _check_seq_idx(seq_idx: Any, batch: int, tokens: int) -> None:
 
 
 def _offsets_from(seq_idx: Any, batch: int, tokens: int) -> torch.Tensor:
-    """mamba_ssm's seq_idx ([B, T], a sequence's label on each of its tokens; a new sequence where the
-    label changes) as offsets."""
+    """mamba_ssm's seq_idx ([B, T], a sequence's label on each of its tokens, nondecreasing; a new
+    sequence where the label changes) as offsets."""
     _check_seq_idx(seq_idx, batch, tokens)
     if batch != 1:
         raise ValueError(f"flat.transformers: seq_idx: packed sequences lie along one batch row (batch size 1) "
                          f"for this function, got a batch of {batch} rows")
-    row = seq_idx[0]
-    starts = (torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()
-    return torch.tensor([0] + starts + [tokens] if tokens else [0], dtype=torch.int32)
+    return sequence_offsets(seq_idx, batch, tokens)
 
 
 def _packing(kwargs: Dict[str, Any], target: str, takes: Tuple[str, ...], x: torch.Tensor) -> Dict[str, Any]:
