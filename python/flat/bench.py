@@ -1,6 +1,7 @@
 """python -m flat.bench [--shape B,T,H,K,V] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
 python -m flat.bench --layer [--layer-shape B,T,D,H] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
-python -m flat.bench --transformers [--quick] [--repeats N] [--json FILE]   (flat/bench_transformers.py)
+python -m flat.bench --transformers [--quick] [--dtype bf16|f32] [--models M,..] [--rows KIND,..] [--repeats N]
+                     [--json FILE]   (flat/bench_transformers.py)
 
 Times, side by side in one process on the same inputs (gla, bf16, PyTorch's threads):
 
@@ -206,7 +207,10 @@ def main(argv=None):
     parser.add_argument("--transformers", action="store_true",
                         help="transformers' Qwen3.5 and Mamba-2 models, their PyTorch path against flat's kernels")
     parser.add_argument("--quick", action="store_true", help="tiny models and lengths for --transformers")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    parser.add_argument("--dtype", choices=["bf16", "f32"],
+                        help="bf16 unless given; with --transformers both unless given")
+    parser.add_argument("--models", help="with --transformers: some of qwen3_5,mamba2 (default both)")
+    parser.add_argument("--rows", help="with --transformers: some of prefill,decode,train,share (default all)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--json", help="write the numbers to this file")
@@ -222,6 +226,7 @@ def main(argv=None):
         if args.json:
             write_json(results, args.json)
         return
+    args.dtype = args.dtype or "bf16"
     if args.layer:
         results = layer_bench(args, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
         if args.json:

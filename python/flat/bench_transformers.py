@@ -213,6 +213,25 @@ def measurements(lengths):
     return rows
 
 
+def selected(args, builders, dtypes, rows):
+    """The models, dtypes and rows that --models, --dtype and --rows ask for (all when not given)."""
+    def pick(option, value, choices):
+        if value is None:
+            return list(choices)
+        asked = value.split(",")
+        unknown = [name for name in asked if name not in choices]
+        if unknown or not asked:
+            raise SystemExit(f"python -m flat.bench --transformers: {option} expects some of "
+                             f"{','.join(choices)}, got {value!r}")
+        return asked
+
+    models = pick("--models", args.models, builders)
+    dtype_names = pick("--dtype", {"f32": "fp32"}.get(args.dtype, args.dtype), dtypes)
+    kinds = pick("--rows", args.rows, dict.fromkeys(key[0] for key, _, _ in rows))
+    return ({name: builders[name] for name in models}, {name: dtypes[name] for name in dtype_names},
+            [row for row in rows if row[0][0] in kinds])
+
+
 def measure(model, key, lengths, repeats, vocab, generator):
     """One row's number for the model as it is now switched."""
     kind, n = key
@@ -334,6 +353,9 @@ def transformers_bench(args):
     paths = ["torch", "flat"] if have_flat else ["torch"]
     rows = measurements(lengths)
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    builders, dtypes, rows = selected(args, builders, dtypes, rows)
+    # Where flat's layers' time goes, profiled beside the share row.
+    profile = have_flat and any(key[0] == "share" for key, _, _ in rows)
     threads = torch.get_num_threads()
     print(f"flat.bench --transformers{' --quick' if quick else ''}: {threads} threads (PyTorch's), "
           f"target {flat.target()}, torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -342,7 +364,7 @@ def transformers_bench(args):
     if not have_flat:
         print("(flat.transformers.enable is not there: transformers' PyTorch path only)")
     bar = None
-    total = len(builders) * len(dtypes) * len(rows) * len(paths) + len(builders) * len(dtypes) * have_flat
+    total = len(builders) * len(dtypes) * len(rows) * len(paths) + len(builders) * len(dtypes) * profile
     if tqdm is not None:
         bar = tqdm(total=total, unit="run", dynamic_ncols=True)
     results = {"threads": threads, "target": flat.target(), "torch": torch.__version__,
@@ -378,7 +400,7 @@ def transformers_bench(args):
                     results["rows"].append(row)
                     # As it comes, so that a run cut short leaves its numbers.
                     (bar.write if bar is not None else print)("row: " + json.dumps(row))
-                if have_flat:
+                if profile:
                     if bar is not None:
                         bar.set_description(f"{name} {dtype_name} profile of flat's layers")
                     run_model = flat_path(True, model)

@@ -70,3 +70,31 @@ def test_bench_transformers_quick(tmp_path):
         assert f"| {model} | {dtype} | {label} |" in run.stdout
     if "flat" in paths:
         assert len(results["breakdown"]) == 4 and all(entry["operations"] for entry in results["breakdown"])
+
+
+def test_bench_transformers_selection():
+    """--models, --dtype and --rows pick the models, dtypes and rows of the transformers bench, in
+    the table's order; a name it does not have stops the run with a message naming the option."""
+    import argparse
+
+    import pytest
+
+    pytest.importorskip("transformers")
+    from flat.bench_transformers import measurements, selected, shapes
+
+    builders, lengths = shapes(quick=True)
+    rows = measurements(lengths)
+    dtypes = {"bf16": "bf16 dtype", "fp32": "fp32 dtype"}
+
+    def pick(models=None, dtype=None, kinds=None):
+        args = argparse.Namespace(models=models, dtype=dtype, rows=kinds)
+        return selected(args, builders, dtypes, rows)
+
+    models, chosen_dtypes, chosen_rows = pick()
+    assert list(models) == ["qwen3_5", "mamba2"] and chosen_dtypes == dtypes and chosen_rows == rows
+    models, chosen_dtypes, chosen_rows = pick("mamba2", "f32", "share,decode")
+    assert list(models) == ["mamba2"] and chosen_dtypes == {"fp32": "fp32 dtype"}
+    assert [key[0] for key, _, _ in chosen_rows] == ["decode", "decode", "share"]
+    for option, value in (("--models", "qwen"), ("--rows", "prefill,decoding")):
+        with pytest.raises(SystemExit, match=f"{option} expects some of .*, got '{value}'"):
+            pick(**{"models" if option == "--models" else "kinds": value})
