@@ -163,17 +163,30 @@ def _stepwise(recurrent):
     return chunked
 
 
+def _counting(counts, name, target, layer=False):
+    def spy(*args, **kwargs):
+        counts[name] = counts.get(name, 0) + 1
+        if layer:
+            counts["layer:" + name] = counts.get("layer:" + name, 0) + 1
+        return target(*args, **kwargs)
+
+    return spy
+
+
 def _spy(counts):
+    """Counts, per module global, the calls that reach flat: through the function-level dispatchers,
+    and through a layer-level forward's kernels (keyed by the globals they stand in for, and also
+    as "layer:<global>")."""
     for spec in FAMILIES.values():
         module = importlib.import_module(spec["module"])
         for name in spec["functions"]:
             fn = getattr(module, name)
             if hasattr(fn, "flat_target"):
-                def spy(*args, _name=name, _target=fn.flat_target, **kwargs):
-                    counts[_name] = counts.get(_name, 0) + 1
-                    return _target(*args, **kwargs)
-
-                fn.flat_target = spy
+                fn.flat_target = _counting(counts, name, fn.flat_target)
+        for class_name in spec.get("layers", {}):
+            kernels = getattr(getattr(module, class_name).forward, "flat_kernels", {})
+            for name, kernel in kernels.items():
+                kernels[name] = _counting(counts, name, kernel, layer=True)
 
 
 def build(family, dtype=torch.float32, **changes):
@@ -499,3 +512,100 @@ def test_packing_over_a_batch_of_rows_is_refused_by_name(family):
     cu = torch.tensor([0, 37], dtype=torch.int32)
     with path(True), torch.no_grad(), pytest.raises(ValueError, match="cu_seq_lens_q: packed sequences lie along one"):
         model.base_model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, use_cache=False)
+
+
+# ---- Layer-level forwards -----------------------------------------------------------------------
+
+LAYER_FAMILIES = [f for f in CONFIGS if FAMILIES[f].get("layers")]
+
+
+def _layer_classes(family):
+    module = importlib.import_module(FAMILIES[family]["module"])
+    return module, {name: getattr(module, name) for name in FAMILIES[family]["layers"]}
+
+
+@pytest.mark.parametrize("family", LAYER_FAMILIES)
+def test_layer_forward_is_installed_used_and_restored(family):
+    """enable() replaces the layer class's forward (swapped() lists it); a prefill and a decode run
+    every kernel through it, none through the function-level dispatchers; disable() restores the
+    class's own forward."""
+    module, classes = _layer_classes(family)
+    originals = {name: cls.__dict__["forward"] for name, cls in classes.items()}
+    model = build(family)
+    counts = {}
+    with path(True, counts):
+        listed = flat_tf.swapped()[FAMILIES[family]["module"]]
+        for name, cls in classes.items():
+            assert listed[f"{name}.forward"] == ".".join(FAMILIES[family]["layers"][name])
+            assert cls.forward.flat_original is originals[name]
+        with torch.no_grad():
+            model.generate(input_ids=tokens(1, 9), max_new_tokens=3, do_sample=False)
+    layers = sum(cfg == "linear_attention" for cfg in CONFIGS[family][2]["layer_types"])
+    for name in ("causal_conv1d_fn", "torch_chunk_gated_delta_rule"):
+        assert counts.get("layer:" + name) == layers, counts
+    for name in ("causal_conv1d_update", "torch_recurrent_gated_delta_rule"):
+        assert counts.get("layer:" + name) == 2 * layers, counts
+    assert counts.get("layer:rms_norm_gated") == 3 * layers, counts
+    assert all(counts[k] == counts.get("layer:" + k, 0) for k in counts if not k.startswith("layer:")), counts
+    for name, cls in classes.items():
+        assert cls.__dict__["forward"] is originals[name]
+
+
+# (on flat?, tokens): a prefill, decoded tokens, a chunk continuing a cache, the path switched
+# between steps (enable() / disable() mid-generation, the cache written by either).
+SCHEDULE = [(True, 9), (True, 1), (False, 1), (True, 1), (True, 5), (False, 1), (True, 2), (False, 3), (True, 1)]
+
+
+@pytest.mark.parametrize("record_past", [False, True])
+@pytest.mark.parametrize("family", LAYER_FAMILIES)
+def test_layer_forward_keeps_the_cache_protocol(family, record_past):
+    """Step by step with a cache (prefill, single-token decode, chunked prefill on a cache, the cache
+    recording the past as for speculative decoding), switching between flat and transformers'
+    path: each step's logits are the full sequence's (transformers' path, no cache)."""
+    model = build(family)
+    ids = tokens(2, sum(n for _, n in SCHEDULE), seed=4)
+    want = logits(model, False, ids, use_cache=False)
+    cache = transformers.DynamicCache(config=model.config)
+    if record_past:
+        cache.activate_past_recording()
+    counts, at = {}, 0
+    for flat, n in SCHEDULE:
+        with path(flat, counts if flat else None), torch.no_grad():
+            got = model(input_ids=ids[:, at:at + n], cache=cache, use_cache=True).logits
+        assert relative(got, want[:, at:at + n]) <= FP32, (flat, at, n)
+        at += n
+    layers = sum(cfg == "linear_attention" for cfg in CONFIGS[family][2]["layer_types"])
+    single = sum(flat and n == 1 for flat, n in SCHEDULE)  # a cache recording the past convolves them whole
+    chunks = sum(flat for flat, _ in SCHEDULE) - (0 if record_past else single)
+    assert counts.get("layer:causal_conv1d_update", 0) == (0 if record_past else single) * layers, counts
+    assert counts.get("layer:causal_conv1d_fn", 0) == chunks * layers, counts
+    assert counts.get("layer:torch_recurrent_gated_delta_rule", 0) == single * layers, counts
+
+
+def test_layer_forward_left_padded_generation_runs_on_the_layer():
+    model = build("qwen3_5")
+    long, short = tokens(1, 10, seed=5), tokens(1, 6, seed=6)
+    ids = torch.cat([long, torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    want = _generate(model, False, ids, mask)
+    counts = {}
+    got = _generate(model, True, ids, mask, counts)
+    assert torch.equal(got, want)
+    assert counts.get("layer:causal_conv1d_update", 0) >= 2 * 31, counts
+
+
+@pytest.mark.parametrize("family", LAYER_FAMILIES)
+def test_every_listed_layer_is_in_the_installed_transformers(family):
+    module, classes = _layer_classes(family)
+    for name, cls in classes.items():
+        assert isinstance(cls, type) and "forward" in cls.__dict__, f"{module.__name__}.{name}"
+
+
+def test_layer_forward_leaves_what_it_does_not_serve_to_the_original():
+    """float16 (which flat's kernels do not take) runs the layer's original forward, which reaches
+    flat through the function-level dispatchers."""
+    model = build("qwen3_5", torch.float16)
+    counts = {}
+    logits(model, True, tokens(1, 9), counts)
+    assert counts.get("torch_chunk_gated_delta_rule", 0) == 2 and not any(k.startswith("layer:") for k in counts)

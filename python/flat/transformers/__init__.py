@@ -9,7 +9,11 @@ transformers' modeling modules, called by name from the layers' forwards) with a
 tensors go to flat.compat's function (FLA's, mamba_ssm's or causal_conv1d's calling convention on
 flat's kernels), anything else to the function it replaced, so a GPU model, and the FLA or
 mamba_ssm path where those packages are installed, are untouched. ``disable()`` puts the originals
-back. A modeling module not imported yet is swapped when it is (an import hook while enabled), so
+back. Where a whole layer's forward pays to run on flat (Qwen3.5's and Qwen3.5-MoE's Gated
+DeltaNet layers: the gate and beta formed in flat's call, the gated RMSNorm on flat's fused norm, no
+copies between the projections and the kernels), the layer class's ``forward`` is replaced too, by
+one that runs CPU float32 / bfloat16 tensors on flat with the layer's own parameters and cache
+protocol and calls the original for anything else. A modeling module not imported yet is swapped when it is (an import hook while enabled), so
 enable() imports none of them. Why not transformers' ``kernelize``, and what each family swaps:
 docs/transformers.md.
 """
@@ -30,6 +34,8 @@ _lock = threading.RLock()
 _enabled = False
 # (module, global name) -> the function that was there before enable().
 _originals: Dict[Tuple[str, str], object] = {}
+# (module, class name) -> the class's own forward before enable().
+_layer_originals: Dict[Tuple[str, str], object] = {}
 
 
 def _modules() -> Dict[str, dict]:
@@ -62,6 +68,21 @@ def _swap(module_name: str, module, left: List[str]) -> None:
             continue
         _originals[key] = current
         setattr(module, name, dispatcher(current, target, target_spec[1], f"{module_name}.{name}"))
+    for class_name, maker_spec in _modules()[module_name].get("layers", {}).items():
+        key = (module_name, class_name)
+        if key in _layer_originals:
+            continue
+        cls = getattr(module, class_name, None)
+        original = getattr(cls, "__dict__", {}).get("forward")
+        if original is None:
+            left.append(f"{module_name}.{class_name}.forward (not in this transformers)")
+            continue
+        maker = _resolve(maker_spec)
+        if maker is None:
+            left.append(f"{module_name}.{class_name}.forward ({'.'.join(maker_spec)} is not there)")
+            continue
+        _layer_originals[key] = original
+        cls.forward = maker(original)
 
 
 def _warn(left: List[str], stacklevel: int) -> None:
@@ -156,6 +177,11 @@ def disable() -> None:
             if getattr(current, "flat_original", None) is original:
                 setattr(module, name, original)
             del _originals[(module_name, name)]
+        for (module_name, class_name), original in list(_layer_originals.items()):
+            cls = getattr(sys.modules.get(module_name), class_name, None)
+            if cls is not None and getattr(cls.__dict__.get("forward"), "flat_original", None) is original:
+                cls.forward = original
+            del _layer_originals[(module_name, class_name)]
 
 
 def is_enabled() -> bool:
@@ -165,8 +191,12 @@ def is_enabled() -> bool:
 
 def swapped() -> Dict[str, Dict[str, str]]:
     """What enable() has replaced so far: {module: {global name: the flat.compat function serving
-    it}}."""
+    it}}, and for a layer whose forward is replaced {module: {"Class.forward": the
+    flat.transformers._layers function that made the replacement}}."""
     out: Dict[str, Dict[str, str]] = {}
     for module_name, name in _originals:
         out.setdefault(module_name, {})[name] = ".".join(_modules()[module_name]["functions"][name])
+    for module_name, class_name in _layer_originals:
+        out.setdefault(module_name, {})[f"{class_name}.forward"] = ".".join(
+            _modules()[module_name]["layers"][class_name])
     return out

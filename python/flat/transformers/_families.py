@@ -7,6 +7,12 @@ A family lists every function its layers reach through transformers' kernel fall
 recurrence's prefill (chunked) and decode (one token). tests/python/test_transformers.py checks
 that every listed global exists in the installed transformers, so a rename shows up there, not as
 a function silently left on the torch path.
+
+A family may also list layers (``"layers"``: class name -> the function in
+flat.transformers._layers that makes the replacement of the class's ``forward`` from the original):
+whole layers transformers marks ``@use_kernel_forward_from_hub`` whose forward flat runs itself,
+where that pays (docs/transformers.md). Their kernel functions stay swapped too: the original
+forward, which a layer's replacement calls for what it does not serve, reaches flat through them.
 """
 
 # The compat functions, by the package whose calling convention they take.
@@ -43,13 +49,18 @@ _MAMBA2 = {
 }
 
 
-def _family(model: str, functions: dict) -> dict:
-    return {"module": f"transformers.models.{model}.modeling_{model}", "functions": dict(functions)}
+_LAYERS = "flat.transformers._layers"
+
+
+def _family(model: str, functions: dict, layers: dict = None) -> dict:
+    return {"module": f"transformers.models.{model}.modeling_{model}", "functions": dict(functions),
+            "layers": dict(layers or {})}
 
 
 FAMILIES = {
-    "qwen3_5": _family("qwen3_5", _GATED_DELTANET),
-    "qwen3_5_moe": _family("qwen3_5_moe", _GATED_DELTANET),
+    "qwen3_5": _family("qwen3_5", _GATED_DELTANET, {"Qwen3_5GatedDeltaNet": (_LAYERS, "gated_deltanet_forward")}),
+    "qwen3_5_moe": _family("qwen3_5_moe", _GATED_DELTANET,
+                           {"Qwen3_5MoeGatedDeltaNet": (_LAYERS, "gated_deltanet_forward")}),
     "qwen3_next": _family("qwen3_next", _GATED_DELTANET),
     "olmo_hybrid": _family("olmo_hybrid", _GATED_DELTANET),
     "kimi_linear": _family("kimi_linear", _KDA),

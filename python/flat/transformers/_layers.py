@@ -1,0 +1,194 @@
+"""Layer-level forwards: what takes the place of a whole layer's ``forward`` (transformers marks these
+layers ``@use_kernel_forward_from_hub``) while flat.transformers is enabled.
+
+Qwen3.5's (and Qwen3.5-MoE's) Gated DeltaNet layer, ``gated_deltanet_forward``: on CPU tensors in
+float32 or bfloat16 it runs the layer's own modules and parameters (the four input projections and
+out_proj as its nn.Linear modules, conv1d's weight, A_log, dt_bias, the norm's weight and eps), so
+the state dict is the layer's, with
+
+- the short convolution on flat's ``conv`` straight on the ``[B, T, C]`` projection (no transposes
+  or copies), q, k, v strided views of its output (flat reads them in place);
+- the gate ``-exp(A_log) * softplus(a + dt_bias)``, ``sigmoid(b)`` and the q/k L2 norm formed by
+  flat.torch.gated_deltanet's options (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``,
+  ``use_qk_l2norm_in_kernel``), in float32, value heads sharing key heads without copies;
+- the gated RMSNorm on flat's fused ``rms_norm_gated`` (norm before gate, SiLU), which rounds once
+  where transformers' rounds the normed value to the input dtype before the weight.
+
+The cache is used exactly as the layer's own forward uses it (get_conv_state, get_recurrent_state,
+update_conv_state with the ``[B, C, T]`` view of the projection, is_recording_past,
+update_recurrent_state), so its states keep transformers' layout and dtype (conv state
+``[B, C, kernel]`` in the model's dtype, recurrent state ``[B, HV, K, V]`` float32) and enable() /
+disable() may be switched mid-generation. A single cached token's convolution is
+causal_conv1d_update's (flat.compat's, which updates the state in place). Anything else (another
+device, float16, packed sequences with a cache, an activation flat's convolution lacks, the
+deprecated ``cache_params``) goes to the layer's original forward, which reaches flat through the
+function-level swap where it can.
+
+The kernels each forward calls are looked up in its ``flat_kernels`` dict, keyed by the module
+globals of the function-level swap they stand in for (tests count the calls through it).
+"""
+
+import functools
+import sys
+from typing import Callable, Dict, Optional
+
+import torch
+
+from .. import torch as _ft
+from ..compat.causal_conv1d import causal_conv1d_update as _compat_conv_update
+from ._dispatch import _check_seq_idx, _offsets, _offsets_from
+
+_DTYPES = (torch.float32, torch.bfloat16)
+_ACTIVATIONS = ("silu", "swish")
+
+
+def _conv(x, weight, bias, initial_state, activation, cu_seqlens):
+    """flat's convolution over x [B, T, C]: returns y [B, T, C] in x's dtype."""
+    y, _ = _ft.conv(x, weight.float(), None if bias is None else bias.float(), initial_state=initial_state,
+                    activation=activation, cu_seqlens=cu_seqlens)
+    return y
+
+
+def _conv_update(x, conv_state, weight, bias, activation):
+    """One cached token x [B, 1, C]: causal_conv1d_update on the cache's conv_state [B, C, kernel], in
+    place. Returns y [B, 1, C]."""
+    return _compat_conv_update(x.transpose(1, 2), conv_state, weight, bias, activation).transpose(1, 2)
+
+
+def _delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, cu_seqlens):
+    return _ft.gated_deltanet(q, k, v, a, b, initial_state=initial_state, output_final_state=output_final_state,
+                              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                              use_beta_sigmoid_in_kernel=True, cu_seqlens=cu_seqlens)
+
+
+def _norm(x, gate, weight, eps):
+    return _ft.rms_norm_gated(x, gate, weight, activation="silu", eps=eps, norm_before_gate=True)
+
+
+# name -> kernel: the prefill and decode halves under the module globals they stand in for.
+KERNELS: Dict[str, Callable] = {
+    "causal_conv1d_fn": _conv,
+    "causal_conv1d_update": _conv_update,
+    "torch_chunk_gated_delta_rule": _delta_rule,
+    "torch_recurrent_gated_delta_rule": _delta_rule,
+    "rms_norm_gated": _norm,
+}
+
+
+def _packing(kwargs, batch: int, tokens: int) -> Optional[torch.Tensor]:
+    """The packed sequences' offsets from cu_seq_lens_q or seq_idx (checked as the function-level
+    dispatcher checks them, with its messages), or None."""
+    cu, seq_idx = kwargs.get("cu_seq_lens_q"), kwargs.get("seq_idx")
+    if seq_idx is not None:
+        _check_seq_idx(seq_idx, batch, tokens)
+    if cu is not None:
+        return _offsets(cu, "cu_seq_lens_q", batch, tokens)
+    if seq_idx is not None:
+        return _offsets_from(seq_idx, batch, tokens)
+    return None
+
+
+def _plain(module: torch.nn.Module) -> bool:
+    """Whether calling module's forward can be skipped: no hooks on it."""
+    return not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def _conv_tail(conv_state: torch.Tensor, width: int) -> torch.Tensor:
+    """The last width - 1 inputs a cached conv state [B, C, n] holds, float32 [B, C, width - 1] (a copy:
+    the cache overwrites its state in place next); zeros before the first input where n is shorter
+    (a state recording the past holds what it has seen)."""
+    tail = conv_state[..., max(conv_state.shape[-1] - (width - 1), 0):].to(torch.float32, copy=True)
+    if tail.shape[-1] < width - 1:
+        tail = torch.nn.functional.pad(tail, (width - 1 - tail.shape[-1], 0))
+    return tail.contiguous()
+
+
+def _serves(layer, hidden_states, cache, kwargs) -> bool:
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.device.type != "cpu":
+        return False
+    if hidden_states.dtype not in _DTYPES or hidden_states.dim() != 3:
+        return False
+    if layer.activation not in _ACTIVATIONS or "cache_params" in kwargs:
+        return False
+    if cache is not None and (kwargs.get("cu_seq_lens_q") is not None or kwargs.get("seq_idx") is not None):
+        return False  # the original's handling (a cache over packed sequences), as it is
+    return True
+
+
+def _gated_deltanet(layer, kernels, hidden_states, cache, attention_mask, kwargs):
+    """Qwen3.5's Gated DeltaNet layer on flat (the module docstring)."""
+    modeling = sys.modules[type(layer).__module__]
+    hidden_states = modeling.apply_mask_to_padding_states(hidden_states, attention_mask)
+    batch, tokens, _ = hidden_states.shape
+    cu_seqlens = _packing(kwargs, batch, tokens)
+    if cache is not None:
+        conv_state = cache.get_conv_state(layer.layer_idx, state_idx=0)
+        recurrent_state = cache.get_recurrent_state(layer.layer_idx, state_idx=0)
+    else:
+        conv_state, recurrent_state = None, None
+
+    mixed_qkv = layer.in_proj_qkv(hidden_states)  # [B, T, C]
+    z = layer.in_proj_z(hidden_states).unflatten(-1, (-1, layer.head_v_dim))
+    b = layer.in_proj_b(hidden_states)
+    a = layer.in_proj_a(hidden_states)
+
+    width = layer.conv_kernel_size
+    weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
+    if conv_state is not None and tokens == 1 and not cache.is_recording_past(layer.layer_idx):
+        mixed_qkv = kernels["causal_conv1d_update"](mixed_qkv, conv_state, weight, bias, layer.activation)
+    else:
+        initial = _conv_tail(conv_state, width) if conv_state is not None and width > 1 else None
+        if cache is not None:  # what the original caches (it returns the state and the new inputs, unused here)
+            cache.update_conv_state(mixed_qkv.transpose(1, 2), layer.layer_idx, conv_kernel_size=width)
+        mixed_qkv = kernels["causal_conv1d_fn"](mixed_qkv, weight, bias, initial, layer.activation, cu_seqlens)
+
+    kd = layer.key_dim
+    query = mixed_qkv[..., :kd].unflatten(-1, (-1, layer.head_k_dim))
+    key = mixed_qkv[..., kd:2 * kd].unflatten(-1, (-1, layer.head_k_dim))
+    value = mixed_qkv[..., 2 * kd:].unflatten(-1, (-1, layer.head_v_dim))
+
+    name = ("torch_recurrent_gated_delta_rule" if recurrent_state is not None and tokens == 1
+            else "torch_chunk_gated_delta_rule")
+    out, final_state = kernels[name](query, key, value, a, b, layer.A_log, layer.dt_bias, recurrent_state,
+                                     cache is not None, cu_seqlens)
+    if cache is not None:
+        cache.update_recurrent_state(final_state, layer.layer_idx)
+
+    norm = layer.norm
+    if _plain(norm) and getattr(norm, "activation", "silu") in _ACTIVATIONS:
+        out = kernels["rms_norm_gated"](out, z, norm.weight, norm.variance_epsilon)
+    else:
+        out = norm(out, z)
+    return layer.out_proj(out.flatten(2))
+
+
+def _accelerate_hooks(fn: Callable) -> Callable:
+    """fn with the conv1d's accelerate hooks fired around it, as the original forward has them."""
+    try:
+        from transformers.integrations.accelerate import force_accelerate_hooks
+    except ImportError:  # pragma: no cover - transformers without it has no such hooks either
+        return fn
+    return force_accelerate_hooks("conv1d")(fn)
+
+
+def gated_deltanet_forward(original: Callable) -> Callable:
+    """The forward that takes the place of `original` (Qwen3_5GatedDeltaNet.forward or
+    Qwen3_5MoeGatedDeltaNet.forward): flat's layer on CPU float32 / bfloat16 tensors, `original`
+    otherwise."""
+    kernels = dict(KERNELS)
+    run = _accelerate_hooks(lambda layer, *args: _gated_deltanet(layer, kernels, *args))
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        if not _serves(self, hidden_states, cache, kwargs):
+            return original(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+        try:
+            return run(self, hidden_states, cache, attention_mask, kwargs)
+        except Exception as e:
+            e.add_note(f"(flat.transformers: {type(self).__name__}.forward on CPU tensors runs "
+                       f"{__name__}.gated_deltanet_forward)")
+            raise
+
+    forward.flat_original = original
+    forward.flat_kernels = kernels
+    return forward
