@@ -1,15 +1,20 @@
 """Layer-level forwards: what takes the place of a whole layer's ``forward`` (transformers marks these
 layers ``@use_kernel_forward_from_hub``) while flat.transformers is enabled.
 
-Qwen3.5's (and Qwen3.5-MoE's) Gated DeltaNet layer, ``gated_deltanet_forward``: on CPU tensors in
-float32 or bfloat16 it runs the layer's own modules and parameters (the four input projections and
-out_proj as its nn.Linear modules, conv1d's weight, A_log, dt_bias, the norm's weight and eps), so
-the state dict is the layer's, with
+The Gated DeltaNet layers: Qwen3.5's and Qwen3.5-MoE's (``gated_deltanet_forward``), Qwen3-Next's
+(``qwen3_next_gated_deltanet_forward``) and OLMo-hybrid's (``olmo_hybrid_gated_deltanet_forward``),
+one forward with each class's layout (``_Layout``: its projections, norm and output modules). On
+CPU tensors in float32 or bfloat16 it runs the layer's own modules and parameters (the input
+projections and the output projection as its nn.Linear modules, conv1d's weight, A_log, dt_bias,
+the norm's weight and eps), so the state dict is the layer's, with
 
 - the short convolution on flat's ``conv`` straight on the ``[B, T, C]`` projection (no transposes
-  or copies), q, k, v strided views of its output (flat reads them in place);
-- the gate ``-exp(A_log) * softplus(a + dt_bias)``, ``sigmoid(b)`` and the q/k L2 norm formed by
-  flat.torch.gated_deltanet's options (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``,
+  or copies; Qwen3-Next's grouped ``in_proj_qkvz`` and OLMo-hybrid's separate q, k, v projections
+  are gathered into it first, as their originals do), q, k, v strided views of its output (flat
+  reads them in place);
+- the gate ``-exp(A_log) * softplus(a + dt_bias)``, ``sigmoid(b)`` (``2 sigmoid(b)`` with
+  OLMo-hybrid's allow_neg_eigval) and the q/k L2 norm formed by flat.torch.gated_deltanet's options
+  (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``,
   ``use_qk_l2norm_in_kernel``), in float32, value heads sharing key heads without copies;
 - the gated RMSNorm on flat's fused ``rms_norm_gated`` (norm before gate, SiLU), which rounds once
   where transformers' rounds the normed value to the input dtype before the weight.
@@ -30,7 +35,7 @@ globals of the function-level swap they stand in for (tests count the calls thro
 
 import functools
 import sys
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
@@ -55,10 +60,11 @@ def _conv_update(x, conv_state, weight, bias, activation):
     return _compat_conv_update(x.transpose(1, 2), conv_state, weight, bias, activation).transpose(1, 2)
 
 
-def _delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, cu_seqlens):
+def _delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state, cu_seqlens, allow_neg_eigval=False):
     return _ft.gated_deltanet(q, k, v, a, b, initial_state=initial_state, output_final_state=output_final_state,
                               use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-                              use_beta_sigmoid_in_kernel=True, cu_seqlens=cu_seqlens)
+                              use_beta_sigmoid_in_kernel=True, allow_neg_eigval=allow_neg_eigval,
+                              cu_seqlens=cu_seqlens)
 
 
 def _norm(x, gate, weight, eps):
@@ -115,8 +121,53 @@ def _serves(layer, hidden_states, cache, kwargs) -> bool:
     return True
 
 
-def _gated_deltanet(layer, kernels, hidden_states, cache, attention_mask, kwargs):
-    """Qwen3.5's Gated DeltaNet layer on flat (the module docstring)."""
+def _project_qwen3_5(layer, hidden_states):
+    """Qwen3.5's projections: mixed_qkv [B, T, C] (q, k, v side by side, as the convolution takes
+    them), z [B, T, HV, V], b and a [B, T, HV], each its own nn.Linear's output (no copies)."""
+    z = layer.in_proj_z(hidden_states).unflatten(-1, (-1, layer.head_v_dim))
+    return layer.in_proj_qkv(hidden_states), z, layer.in_proj_b(hidden_states), layer.in_proj_a(hidden_states)
+
+
+def _project_qwen3_next(layer, hidden_states):
+    """Qwen3-Next's projections, in_proj_qkvz and in_proj_ba grouped by key head ([q k v z] and
+    [b a] per key head), taken apart as the layer's fix_query_key_value_ordering does: q, k, v
+    gathered side by side for the convolution (the one copy the layout needs, which the original
+    makes too), z, b, a in value-head order."""
+    Hk, Kd, Vd = layer.num_k_heads, layer.head_k_dim, layer.head_v_dim
+    r = layer.num_v_heads // Hk
+    qkvz = layer.in_proj_qkvz(hidden_states).unflatten(-1, (Hk, -1))
+    ba = layer.in_proj_ba(hidden_states).unflatten(-1, (Hk, -1))
+    q, k = qkvz[..., :Kd], qkvz[..., Kd:2 * Kd]
+    v, z = qkvz[..., 2 * Kd:2 * Kd + r * Vd], qkvz[..., 2 * Kd + r * Vd:]
+    mixed_qkv = torch.cat((q.flatten(2), k.flatten(2), v.flatten(2)), dim=-1)
+    z = z.reshape(*z.shape[:2], -1, Vd)
+    return mixed_qkv, z, ba[..., :r].flatten(2), ba[..., r:].flatten(2)
+
+
+def _project_olmo_hybrid(layer, hidden_states):
+    """OLMo-hybrid's separate projections (q, k, v gathered for the convolution, as the original
+    does; the output gate from g_proj)."""
+    mixed_qkv = torch.cat([layer.q_proj(hidden_states), layer.k_proj(hidden_states), layer.v_proj(hidden_states)],
+                          dim=-1)
+    z = layer.g_proj(hidden_states).unflatten(-1, (-1, layer.head_v_dim))
+    return mixed_qkv, z, layer.b_proj(hidden_states), layer.a_proj(hidden_states)
+
+
+class _Layout(NamedTuple):
+    """Where a Gated DeltaNet layer class keeps what the flat forward reads."""
+
+    project: Callable  # (layer, hidden_states) -> mixed_qkv [B, T, C], z [B, T, HV, V], b, a [B, T, HV]
+    norm: str = "norm"  # the gated RMSNorm module
+    out: str = "out_proj"  # the output projection
+
+
+_QWEN3_5 = _Layout(_project_qwen3_5)
+_QWEN3_NEXT = _Layout(_project_qwen3_next)
+_OLMO_HYBRID = _Layout(_project_olmo_hybrid, norm="o_norm", out="o_proj")
+
+
+def _gated_deltanet(layer, layout, kernels, hidden_states, cache, attention_mask, kwargs):
+    """A Gated DeltaNet layer on flat (the module docstring), its modules where layout says."""
     modeling = sys.modules[type(layer).__module__]
     hidden_states = modeling.apply_mask_to_padding_states(hidden_states, attention_mask)
     batch, tokens, _ = hidden_states.shape
@@ -127,10 +178,7 @@ def _gated_deltanet(layer, kernels, hidden_states, cache, attention_mask, kwargs
     else:
         conv_state, recurrent_state = None, None
 
-    mixed_qkv = layer.in_proj_qkv(hidden_states)  # [B, T, C]
-    z = layer.in_proj_z(hidden_states).unflatten(-1, (-1, layer.head_v_dim))
-    b = layer.in_proj_b(hidden_states)
-    a = layer.in_proj_a(hidden_states)
+    mixed_qkv, z, b, a = layout.project(layer, hidden_states)
 
     width = layer.conv_kernel_size
     weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
@@ -150,16 +198,16 @@ def _gated_deltanet(layer, kernels, hidden_states, cache, attention_mask, kwargs
     name = ("torch_recurrent_gated_delta_rule" if recurrent_state is not None and tokens == 1
             else "torch_chunk_gated_delta_rule")
     out, final_state = kernels[name](query, key, value, a, b, layer.A_log, layer.dt_bias, recurrent_state,
-                                     cache is not None, cu_seqlens)
+                                     cache is not None, cu_seqlens, bool(getattr(layer, "allow_neg_eigval", False)))
     if cache is not None:
         cache.update_recurrent_state(final_state, layer.layer_idx)
 
-    norm = layer.norm
+    norm = getattr(layer, layout.norm)
     if _plain(norm) and getattr(norm, "activation", "silu") in _ACTIVATIONS:
         out = kernels["rms_norm_gated"](out, z, norm.weight, norm.variance_epsilon)
     else:
         out = norm(out, z)
-    return layer.out_proj(out.flatten(2))
+    return getattr(layer, layout.out)(out.flatten(2))
 
 
 def _accelerate_hooks(fn: Callable) -> Callable:
@@ -171,12 +219,9 @@ def _accelerate_hooks(fn: Callable) -> Callable:
     return force_accelerate_hooks("conv1d")(fn)
 
 
-def gated_deltanet_forward(original: Callable) -> Callable:
-    """The forward that takes the place of `original` (Qwen3_5GatedDeltaNet.forward or
-    Qwen3_5MoeGatedDeltaNet.forward): flat's layer on CPU float32 / bfloat16 tensors, `original`
-    otherwise."""
+def _forward(original: Callable, layout: _Layout, maker: str) -> Callable:
     kernels = dict(KERNELS)
-    run = _accelerate_hooks(lambda layer, *args: _gated_deltanet(layer, kernels, *args))
+    run = _accelerate_hooks(lambda layer, *args: _gated_deltanet(layer, layout, kernels, *args))
 
     @functools.wraps(original)
     def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
@@ -186,9 +231,27 @@ def gated_deltanet_forward(original: Callable) -> Callable:
             return run(self, hidden_states, cache, attention_mask, kwargs)
         except Exception as e:
             e.add_note(f"(flat.transformers: {type(self).__name__}.forward on CPU tensors runs "
-                       f"{__name__}.gated_deltanet_forward)")
+                       f"{__name__}.{maker})")
             raise
 
     forward.flat_original = original
     forward.flat_kernels = kernels
     return forward
+
+
+def gated_deltanet_forward(original: Callable) -> Callable:
+    """The forward that takes the place of `original` (Qwen3_5GatedDeltaNet.forward or
+    Qwen3_5MoeGatedDeltaNet.forward): flat's layer on CPU float32 / bfloat16 tensors, `original`
+    otherwise."""
+    return _forward(original, _QWEN3_5, "gated_deltanet_forward")
+
+
+def qwen3_next_gated_deltanet_forward(original: Callable) -> Callable:
+    """The same for Qwen3NextGatedDeltaNet.forward (its grouped projections)."""
+    return _forward(original, _QWEN3_NEXT, "qwen3_next_gated_deltanet_forward")
+
+
+def olmo_hybrid_gated_deltanet_forward(original: Callable) -> Callable:
+    """The same for OlmoHybridGatedDeltaNet.forward (separate projections, o_norm, o_proj,
+    allow_neg_eigval: beta = 2 sigmoid(b))."""
+    return _forward(original, _OLMO_HYBRID, "olmo_hybrid_gated_deltanet_forward")
