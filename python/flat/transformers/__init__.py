@@ -9,12 +9,12 @@ transformers' modeling modules, called by name from the layers' forwards) with a
 tensors go to flat.compat's function (FLA's, mamba_ssm's or causal_conv1d's calling convention on
 flat's kernels), anything else to the function it replaced, so a GPU model, and the FLA or
 mamba_ssm path where those packages are installed, are untouched. ``disable()`` puts the originals
-back. Where a whole layer's forward pays to run on flat (Qwen3.5's and Qwen3.5-MoE's Gated
-DeltaNet layers: the gate and beta formed in flat's call, the gated RMSNorm on flat's fused norm, no
-copies between the projections and the kernels), the layer class's ``forward`` is replaced too, by
-one that runs CPU float32 / bfloat16 tensors on flat with the layer's own parameters and cache
-protocol and calls the original for anything else. A modeling module not imported yet is swapped when it is (an import hook while enabled), so
-enable() imports none of them. Why not transformers' ``kernelize``, and what each family swaps:
+back. The Gated DeltaNet layers (Qwen3.5, Qwen3.5-MoE, Qwen3-Next, OLMo-hybrid) run whole on flat
+(the gate and beta formed in flat's call, the gated RMSNorm on flat's fused norm, no copies between
+the projections and the kernels): the layer class's ``forward`` is replaced too, by one that runs
+CPU float32 / bfloat16 tensors on flat with the layer's own parameters and cache protocol and calls
+the original for anything else. A modeling module not imported yet is swapped when it is (an import
+hook while enabled), so enable() imports none of them. Why not transformers' ``kernelize``, and what each family swaps:
 docs/transformers.md.
 """
 
