@@ -58,10 +58,14 @@ void check_tensor(const std::string& name, const Tensor& t, const std::vector<Ax
   }
   // A tensor of no elements is never read or written: frameworks give it no memory and any strides.
   if (element_count(t) == 0) return;
+  // Nor is the stride of an axis of one element (its only index is 0): frameworks leave any there,
+  // e.g. PyTorch on the transpose of a [.., 1, K] state. Nothing downstream reads it: the kernels
+  // take a row's elements as contiguous, and the overlap and value checks skip such axes.
   for (size_t d = 0; d < axes.size(); ++d)
-    if (t.stride[d] < 0) fail(name, std::string("negative stride on axis ") + axes[d].name);
-  if (t.stride[axes.size() - 1] != 1)
-    fail(name, "the last axis must be contiguous (stride 1), got stride " + std::to_string(t.stride[axes.size() - 1]));
+    if (t.stride[d] < 0 && t.shape[d] != 1) fail(name, std::string("negative stride on axis ") + axes[d].name);
+  const size_t last = axes.size() - 1;
+  if (t.stride[last] != 1 && t.shape[last] != 1)
+    fail(name, "the last axis must be contiguous (stride 1), got stride " + std::to_string(t.stride[last]));
   if (t.data == nullptr) fail(name, "null data pointer");
 }
 
@@ -82,7 +86,7 @@ class Intervals {
  public:
   explicit Intervals(const Tensor& t) : element_(t.dtype == DType::bf16 ? 2 : 4) {
     base_ = reinterpret_cast<uintptr_t>(t.data);
-    run_ = t.shape[size_t(t.rank - 1)];  // the last axis is contiguous (stride 1)
+    run_ = t.shape[size_t(t.rank - 1)];  // the last axis is contiguous (stride 1) or of one element
     for (int d = 0; d < t.rank - 1; ++d)
       if (t.shape[size_t(d)] > 1) axes_.push_back({t.shape[size_t(d)], t.stride[size_t(d)]});
     std::sort(axes_.begin(), axes_.end(), [](const Axis& a, const Axis& b) { return a.stride > b.stride; });

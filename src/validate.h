@@ -29,7 +29,8 @@ inline constexpr int64_t kAnyOrEmpty = -2;
 
 // A present tensor that is a usable view of the expected shape: every axis at least 1 unless
 // its expected size is 0 or kAnyOrEmpty (and within int range), non-null data unless it has no
-// elements, no negative stride, a contiguous last axis.
+// elements, no negative stride, a contiguous last axis. The stride of an axis of one element is
+// never used, and may be anything.
 void check_tensor(const std::string& name, const Tensor& t, const std::vector<Axis>& axes);
 
 // Elements of a tensor (0 for an absent one).

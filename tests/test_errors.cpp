@@ -270,6 +270,69 @@ TEST(BadInput, UnknownVariant) {
   EXPECT_EQ(parse_variant("mamba2"), Variant::mamba2);
 }
 
+// The stride of an axis of one element is never used: any stride there, negative or not 1 on the
+// last axis, is taken and gives the contiguous call's results (PyTorch leaves such strides, e.g. on
+// the transpose of a [.., 1, K] state). A last axis of two elements with stride 2 is still refused.
+TEST(BadInput, AxesOfOneElementTakeAnyStride) {
+  constexpr int64_t S1 = 5, K1 = 16;  // B = 1, N = 1, V = 1
+  std::vector<float> q(S1 * K1), k(S1 * K1), v(S1), g(S1 * K1), h0(K1), dy(S1), dht(K1);
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = 0.1f * float(i % 5) - 0.2f;
+    k[i] = 0.05f * float(i % 7) - 0.1f;
+    g[i] = -0.01f * float(1 + i % 3);
+  }
+  for (size_t i = 0; i < v.size(); ++i) v[i] = dy[i] = 0.3f - 0.1f * float(i);
+  for (size_t i = 0; i < h0.size(); ++i) h0[i] = dht[i] = 0.02f * float(i % 4);
+  struct Out {
+    std::vector<float> y = std::vector<float>(S1), ht = std::vector<float>(K1), dq = std::vector<float>(S1 * K1),
+                       dk = dq, dv = y, dg = dq, dh0 = ht;
+  };
+  const auto run = [&](Out& o, bool odd) {
+    const auto t = [odd](float* data, std::initializer_list<int64_t> shape, std::initializer_list<int64_t> odd_stride) {
+      return odd ? Tensor::strided(data, DType::f32, shape, odd_stride) : Tensor::contiguous(data, DType::f32, shape);
+    };
+    // Odd strides on every axis of one element: B (axis 0, negative), N (a middle axis, negative or
+    // odd) and V (the last axis, 0, 7 or negative); the axes of more elements as packed.
+    Inputs in;
+    in.q = t(q.data(), {1, S1, 1, K1}, {-3, K1, -1000, 1});
+    in.k = t(k.data(), {1, S1, 1, K1}, {0, K1, 5, 1});
+    in.v = t(v.data(), {1, S1, 1, 1}, {-1, 1, 3, 7});
+    in.g = t(g.data(), {1, S1, 1, K1}, {123, K1, -K1, 1});
+    in.h0 = t(h0.data(), {1, 1, K1, 1}, {-K1, -7, 1, -1});
+    ForwardArgs f{in};
+    f.y = t(o.y.data(), {1, S1, 1, 1}, {-2, 1, -1, 0});
+    f.ht = t(o.ht.data(), {1, 1, K1, 1}, {7, 3, 1, 2});
+    forward(Variant::gla, f, {});
+    BackwardArgs b{in};
+    b.dy = t(dy.data(), {1, S1, 1, 1}, {-5, 1, 9, -2});
+    b.dht = t(dht.data(), {1, 1, K1, 1}, {0, -1, 1, 4});
+    b.dq = t(o.dq.data(), {1, S1, 1, K1}, {-1, K1, 2, 1});
+    b.dk = t(o.dk.data(), {1, S1, 1, K1}, {1, K1, -2, 1});
+    b.dv = t(o.dv.data(), {1, S1, 1, 1}, {3, 1, 3, 3});
+    b.dg = t(o.dg.data(), {1, S1, 1, K1}, {-9, K1, 0, 1});
+    b.dh0 = t(o.dh0.data(), {1, 1, K1, 1}, {2, 2, 1, 2});
+    backward(Variant::gla, b, {});
+  };
+  Out dense, odd;
+  run(dense, false);
+  run(odd, true);
+  for (const auto member : {&Out::y, &Out::ht, &Out::dq, &Out::dk, &Out::dv, &Out::dg, &Out::dh0}) {
+    for (float x : dense.*member) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_EQ(dense.*member, odd.*member);
+  }
+
+  // The same strides on axes of two elements are still refused.
+  Buffers b;
+  ForwardArgs two = forward_args(b);
+  two.q = Tensor::strided(b.q.data(), DType::f32, {B, S, N * K / 2, 2}, {S * N * K, N * K, 2, 2});
+  two.k = two.q;
+  expect_error([&] { forward(Variant::gla, two, {}); }, "q: the last axis must be contiguous (stride 1), got stride 2",
+               b);
+  ForwardArgs negative = forward_args(b);
+  negative.q.stride[2] = -K;  // N = 2
+  expect_error([&] { forward(Variant::gla, negative, {}); }, "q: negative stride on axis Nq", b);
+}
+
 TEST(BadInput, ValidArgumentsPass) {
   Buffers b;
   forward(Variant::gla, forward_args(b), {});
