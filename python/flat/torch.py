@@ -10,7 +10,10 @@ The short convolution is ``flat.torch.conv`` and the output norm and gate
 ``flat.torch.rms_norm_gated``. Every function is a ``torch.library`` custom op (``flat::forward``,
 ``flat::backward``, ``flat::conv_*``, ``flat::norm_gate_*``) with its autograd formula and a fake
 implementation, so it runs eagerly, under ``torch.compile`` without graph breaks, and under
-``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included.
+``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included. An eager
+forward none of whose inputs needs a gradient (inference, a decode step) runs the op's
+implementation without the dispatcher, unless a dispatch or function mode, a functorch transform
+or the profiler is active (_direct): the same results, less per-call cost.
 
 Serving (python/flat/_api.py): ``cu_seqlens`` packs sequences along T; ``initial_state_indices``,
 ``final_state_indices``, ``token_state_indices`` address a pool of states. A call that writes the
@@ -51,10 +54,9 @@ def _view(name: str, t: Optional[Tensor]):
         raise ValueError(f"flat: {name}: expected a tensor on the CPU, got one on {t.device}")
     if t.dtype not in _DTYPES:
         raise ValueError(f"flat: {name}: expected dtype float32 or bfloat16, got {t.dtype}")
-    # A last axis of one element is contiguous whatever its stride (PyTorch keeps any, e.g. on the
-    # transpose of a [.., 1, K] state); the library reads it with stride 1.
-    strides = t.stride()[:-1] + (1 if t.shape[-1] == 1 else t.stride(-1),)
-    return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), strides)
+    # As PyTorch has it: the library takes any stride on an axis of one element (which it never
+    # reads), e.g. the last one of the transpose of a [.., 1, K] state.
+    return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), t.stride())
 
 
 def _dense(*tensors: Optional[Tensor]):
@@ -66,6 +68,20 @@ def _dense(*tensors: Optional[Tensor]):
 
 def _threads() -> int:
     return torch.get_num_threads()
+
+
+def _direct(*tensors: Optional[Tensor]) -> bool:
+    """Whether a forward may run its custom op's implementation directly instead of through the
+    dispatcher: in eager mode (not traced by torch.compile, no dispatch or function mode, no
+    functorch transform, no profiler, whose records name the op), on plain tensors, none of which
+    needs a gradient. The results are the same; a decode step saves the dispatcher's and the
+    autograd wrapper's per-call cost, a good share of a one-token call."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
+            torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active() or
+            torch.autograd.profiler._is_profiler_enabled):
+        return False
+    grad = torch.is_grad_enabled()
+    return all(t is None or (type(t) is Tensor and not (grad and t.requires_grad)) for t in tensors)
 
 
 def _absent(t: Tensor) -> Optional[Tensor]:
@@ -151,11 +167,10 @@ def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, sc
                   sequences, scale, chunk, l2norm, solve, gate_group, check_values, _threads(), "openmp")
 
 
-@torch.library.custom_op("flat::forward", mutates_args=())
-def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-             b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-             initial_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
-             gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
+def _forward_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+                  b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  initial_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
+                  gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
     y, s = _recurrence_output(variant, q, v, g, beta, b, w)
     rows = _args.sequence_count(s.B, cu_seqlens)
@@ -163,6 +178,9 @@ def _forward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor],
     _call_forward(variant, q, k, v, g, beta, b, w, h0, y, ht, _lists(cu_seqlens, initial_state_indices), scale, chunk,
                   l2norm, solve, gate_group, check_values)
     return y, _none() if ht is None else ht
+
+
+_forward = torch.library.custom_op("flat::forward", _forward_impl, mutates_args=())
 
 
 @_forward.register_fake
@@ -174,12 +192,11 @@ def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, sc
     return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype), ht
 
 
-@torch.library.custom_op("flat::forward_pool", mutates_args=("pool",))
-def _forward_pool(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-                  b: Optional[Tensor], w: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
-                  initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
-                  token_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
-                  gate_group: int, check_values: bool) -> Tensor:
+def _forward_pool_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+                       b: Optional[Tensor], w: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
+                       initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
+                       token_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool,
+                       solve: str, gate_group: int, check_values: bool) -> Tensor:
     """The recurrence with h0 and ht one pool [P, N, K, V], read and written in place (never copied:
     the library refuses a pool whose last axis is not contiguous)."""
     q, k, v, g, beta, b, w = _dense(q, k, v, g, beta, b, w)
@@ -189,6 +206,9 @@ def _forward_pool(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Ten
     _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, scale, chunk, l2norm, solve, gate_group,
                   check_values)
     return y
+
+
+_forward_pool = torch.library.custom_op("flat::forward_pool", _forward_pool_impl, mutates_args=("pool",))
 
 
 @_forward_pool.register_fake
@@ -250,13 +270,15 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
          solve: str, gate_group: Optional[int], check_values: bool,
          sequences: _args.Sequences) -> Tuple[Tensor, Optional[Tensor]]:
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
+    direct = _direct(q, k, v, g, beta, b, w, initial_state)
     if _check_sequences(sequences, initial_state, (q, k, v, g, beta, b, w)):
-        o = _forward_pool(variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm,
-                          c.solve, c.gate_group, c.check_values)
+        o = (_forward_pool_impl if direct else _forward_pool)(
+            variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm, c.solve,
+            c.gate_group, c.check_values)
         return o, initial_state
-    o, final_state = _forward(variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens,
-                              sequences.initial_state_indices, c.scale, c.chunk, c.l2norm, c.solve, c.gate_group,
-                              c.check_values, output_final_state)
+    o, final_state = (_forward_impl if direct else _forward)(
+        variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens, sequences.initial_state_indices, c.scale,
+        c.chunk, c.l2norm, c.solve, c.gate_group, c.check_values, output_final_state)
     return o, (final_state if output_final_state else None)
 
 
@@ -297,16 +319,18 @@ def _call_conv(x, weight, bias, state0, y, state, sequences, activation) -> None
                        _view("y", y), _view("final_state", state), sequences, activation, _threads(), "openmp")
 
 
-@torch.library.custom_op("flat::conv_forward", mutates_args=())
-def _conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
-                  cu_seqlens: Optional[Tensor], initial_state_indices: Optional[Tensor], activation: str,
-                  final_state: bool) -> Tuple[Tensor, Tensor]:
+def _conv_forward_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
+                       cu_seqlens: Optional[Tensor], initial_state_indices: Optional[Tensor], activation: str,
+                       final_state: bool) -> Tuple[Tensor, Tensor]:
     x, weight, bias, state0 = _dense(x, weight, bias, state0)
     y = torch.empty(x.shape, dtype=x.dtype)
     rows, C, W = _args.sequence_count(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
     state = torch.empty((rows, C, W - 1), dtype=torch.float32) if final_state and W > 1 else None
     _call_conv(x, weight, bias, state0, y, state, _lists(cu_seqlens, initial_state_indices), activation)
     return y, _none() if state is None else state
+
+
+_conv_forward = torch.library.custom_op("flat::conv_forward", _conv_forward_impl, mutates_args=())
 
 
 @_conv_forward.register_fake
@@ -316,10 +340,10 @@ def _(x, weight, bias, state0, cu_seqlens, initial_state_indices, activation, fi
     return x.new_empty(x.shape), state
 
 
-@torch.library.custom_op("flat::conv_forward_pool", mutates_args=("pool",))
-def _conv_forward_pool(x: Tensor, weight: Tensor, bias: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
-                       initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
-                       token_state_indices: Optional[Tensor], activation: str) -> Tensor:
+def _conv_forward_pool_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], pool: Tensor,
+                            cu_seqlens: Optional[Tensor], initial_state_indices: Optional[Tensor],
+                            final_state_indices: Optional[Tensor],
+                            token_state_indices: Optional[Tensor], activation: str) -> Tensor:
     """The convolution with state0 and state one pool [P, C, W-1], read and written in place."""
     x, weight, bias = _dense(x, weight, bias)
     y = torch.empty(x.shape, dtype=x.dtype)
@@ -327,6 +351,10 @@ def _conv_forward_pool(x: Tensor, weight: Tensor, bias: Optional[Tensor], pool: 
                             final_state_indices, token_state_indices)
     _call_conv(x, weight, bias, pool, y, pool, sequences, activation)
     return y
+
+
+_conv_forward_pool = torch.library.custom_op("flat::conv_forward_pool", _conv_forward_pool_impl,
+                                             mutates_args=("pool",))
 
 
 @_conv_forward_pool.register_fake
@@ -385,10 +413,12 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
     (python/flat/_api.py): with the last two it is updated in place and returned, (y, initial_state)."""
     activation = _args.conv_activation(activation)
     sequences = _args.Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
+    direct = _direct(x, weight, bias, initial_state)
     if _check_sequences(sequences, initial_state, (x, weight, bias)):
-        return _conv_forward_pool(x, weight, bias, initial_state, *sequences, activation), initial_state
-    y, state = _conv_forward(x, weight, bias, initial_state, cu_seqlens, initial_state_indices, activation,
-                             output_final_state)
+        return ((_conv_forward_pool_impl if direct else _conv_forward_pool)(
+            x, weight, bias, initial_state, *sequences, activation), initial_state)
+    y, state = (_conv_forward_impl if direct else _conv_forward)(
+        x, weight, bias, initial_state, cu_seqlens, initial_state_indices, activation, output_final_state)
     return y, (_absent(state) if output_final_state else None)
 
 

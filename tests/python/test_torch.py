@@ -196,3 +196,78 @@ def test_pytorchs_thread_count_is_used():
         assert torch.equal(results[0], results[1])
     finally:
         torch.set_num_threads(before)
+
+
+def test_axes_of_one_element_take_any_stride():
+    """A last axis of one element (V = 1, a width-2 convolution's state) with a stride other than 1,
+    as PyTorch leaves on a transposed [.., 1, K] state or as as_strided makes it, reaches the library
+    as it is (read in place, not copied) and gives the contiguous call's results."""
+    torch.manual_seed(0)
+    B, T, H, K = 2, 20, 2, 16
+    q, k = (torch.randn(B, T, H, K) for _ in range(2))
+    g = -torch.rand(B, T, H, K)
+    v = torch.randn(B, T, H, 1)
+    h0 = torch.randn(B, H, K, 1)
+    # v's and the state's last axes with strides 5 and 3, in larger buffers.
+    v_odd = torch.empty(B * T * H * 5).as_strided((B, T, H, 1), (T * H * 5, H * 5, 5, 5)).copy_(v)
+    h0_odd = torch.empty(B * H * K * 3).as_strided((B, H, K, 1), (H * K * 3, K * 3, 3, 3)).copy_(h0)
+    assert v_odd.stride(-1) == 5 and h0_odd.stride(-1) == 3
+    o, ht = ft.gla(q, k, v, g, initial_state=h0, output_final_state=True)
+    ft._trace = []
+    try:
+        o_odd, ht_odd = ft.gla(q, k, v_odd, g, initial_state=h0_odd, output_final_state=True)
+        pointers = ft._trace[-1]
+    finally:
+        ft._trace = None
+    assert pointers[2] == v_odd.data_ptr()
+    assert torch.equal(o, o_odd) and torch.equal(ht, ht_odd)
+    # V-first (FLA's state_v_first): the state [B, H, 1, K] transposed to the kernel's [B, H, K, 1],
+    # whose last axis has stride K.
+    v_first = torch.empty(B, H, 1, K).copy_(h0.transpose(-1, -2))
+    assert v_first.transpose(-1, -2).stride(-1) == K
+    o_vf, ht_vf = ft.gla(q, k, v, g, initial_state=v_first, output_final_state=True, state_v_first=True)
+    assert torch.equal(o, o_vf) and torch.equal(ht, ht_vf.transpose(-1, -2))
+    # The convolution's state of a width-2 filter, [B, C, 1], with stride 4 on its last axis.
+    x, weight, state = torch.randn(B, T, 8), torch.randn(8, 2), torch.randn(B, 8, 1)
+    state_odd = torch.empty(B * 8 * 4).as_strided((B, 8, 1), (8 * 4, 4, 4)).copy_(state)
+    y, final = ft.conv(x, weight, None, state, True, "silu")
+    y_odd, final_odd = ft.conv(x, weight, None, state_odd, True, "silu")
+    assert torch.equal(y, y_odd) and torch.equal(final, final_odd)
+
+
+def test_calls_without_gradients_skip_the_dispatcher_and_give_its_results():
+    """An eager call none of whose inputs needs a gradient runs the op's implementation directly (a
+    decode step's per-call cost); its results are the dispatched op's bitwise, and a dispatch mode
+    still sees the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 2, 16) for _ in range(3))
+    g, h0 = -torch.rand(1, 1, 2, 16), torch.randn(1, 2, 16, 16)
+    x, weight, state = torch.randn(1, 1, 8), torch.randn(8, 4), torch.randn(1, 8, 3)
+    assert ft._direct(q, k, v, g, h0)
+    with torch.no_grad():
+        assert ft._direct(q.requires_grad_(), k)
+        o, ht = ft.gla(q, k, v, g, initial_state=h0, output_final_state=True)
+        y, s = ft.conv(x, weight, None, state, True, "silu")
+    q.requires_grad_(False)
+    assert not ft._direct(q, k.requires_grad_())
+    o_op, ht_op = ft.gla(q, k, v, g, initial_state=h0, output_final_state=True)
+    assert torch.equal(o, o_op.detach()) and torch.equal(ht, ht_op.detach())
+    k.requires_grad_(False)
+    mode = Ops()
+    with mode:
+        assert not ft._direct(x)
+        y_op, s_op = ft.conv(x, weight, None, state, True, "silu")
+        ft.gla(q, k, v, g)
+    assert "flat.conv_forward.default" in mode.names and "flat.forward.default" in mode.names
+    assert torch.equal(y, y_op) and torch.equal(s, s_op)

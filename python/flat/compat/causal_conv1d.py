@@ -161,8 +161,9 @@ def _update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_i
         cache_seqlens = _tensor("cache_seqlens", cache_seqlens, (Bn,), f"[B={Bn}]", kind="integer").long()
         past = torch.remainder(cache_seqlens[:, None] + torch.arange(-(W - 1), 0), max(state_len, 1))
         tail = state.gather(2, past[:, None, :].expand(Bn, D, W - 1))
+    # tail as it lies when float32 (flat reads a state's rows in place: its last axis is contiguous).
     y, _ = _ft.conv(x=_compute_dtype(x).transpose(1, 2), weight=weight.float(), bias=bias,
-                    initial_state=tail.float().contiguous() if W > 1 else None, output_final_state=False,
+                    initial_state=tail.float() if W > 1 else None, output_final_state=False,
                     activation=act, cu_seqlens=None, initial_state_indices=None, final_state_indices=None,
                     token_state_indices=None)
     out = y.transpose(1, 2)
@@ -171,8 +172,9 @@ def _update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_i
 
     # The state after x: its last state_len inputs.
     if state_len > 0:
-        if cache_seqlens is None:
-            new = torch.cat([state, x.to(state.dtype)], dim=2)[:, :, -state_len:]
+        if cache_seqlens is None:  # the state's inputs after the first T, then x's (its last state_len)
+            new = (torch.cat([state[:, :, T:], x.to(state.dtype)], dim=2) if T < state_len
+                   else x[:, :, T - state_len:].to(state.dtype))
         else:  # written into the buffer (conv_state itself, or the copy of its rows)
             kept = min(T, state_len)  # only the last state_len tokens survive
             at = torch.remainder(cache_seqlens[:, None] + (T - kept) + torch.arange(kept), state_len)
