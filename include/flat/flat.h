@@ -41,7 +41,8 @@ enum class Device { cpu, cuda };
 std::string_view device_name(Device device);
 
 // A strided view of up to 4 dimensions. Strides count elements, not bytes. The last axis must
-// be contiguous (stride 1); the other strides are free, so q, k and v can be column blocks of
+// be contiguous (stride 1) unless it has one element; the other strides are free (an axis of one
+// element may have any stride, as it is never stepped), so q, k and v can be column blocks of
 // one fused projection [B, S, 3*N*K] without a copy. A default-constructed Tensor (rank 0)
 // stands for an absent optional tensor.
 struct Tensor {
