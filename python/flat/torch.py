@@ -72,11 +72,11 @@ def _threads() -> int:
 
 def _direct(*tensors: Optional[Tensor]) -> bool:
     """Whether a forward may run its custom op's implementation directly instead of through the
-    dispatcher: in eager mode (not traced by torch.compile, no dispatch or function mode, no
+    dispatcher: in eager mode (not traced by torch.compile or torch.jit.trace, no dispatch or function mode, no
     functorch transform, no profiler, whose records name the op), on plain tensors, none of which
     needs a gradient. The results are the same; a decode step saves the dispatcher's and the
     autograd wrapper's per-call cost, a good share of a one-token call."""
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._len_torch_dispatch_stack() or
             torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active() or
             torch.autograd.profiler._is_profiler_enabled):
         return False
