@@ -51,38 +51,35 @@ def _resolve(spec: Tuple[str, str]):
         return None
 
 
+def _replace(originals: dict, key: tuple, owner, attribute: str, label: str, spec: tuple, make, left: List[str]):
+    """owner.attribute (owner's own, not inherited) replaced by make(it, the object spec names),
+    the original kept in originals[key]; what cannot be replaced goes to `left`, named by label."""
+    if key in originals:
+        return
+    current = vars(owner).get(attribute) if owner is not None else None
+    if current is None:
+        left.append(f"{label} (not in this transformers)")
+        return
+    target = _resolve(spec)
+    if target is None:
+        left.append(f"{label} ({'.'.join(spec)} is not there)")
+        return
+    originals[key] = current
+    setattr(owner, attribute, make(current, target))
+
+
 def _swap(module_name: str, module, left: List[str]) -> None:
-    """Put the dispatchers in `module` (a served modeling module); what cannot be served goes to
-    `left`."""
-    for name, target_spec in _modules()[module_name]["functions"].items():
-        key = (module_name, name)
-        if key in _originals:
-            continue
-        current = getattr(module, name, None)
-        if current is None:
-            left.append(f"{module_name}.{name} (not in this transformers)")
-            continue
-        target = _resolve(target_spec)
-        if target is None:
-            left.append(f"{module_name}.{name} ({'.'.join(target_spec)} is not there)")
-            continue
-        _originals[key] = current
-        setattr(module, name, dispatcher(current, target, target_spec[1], f"{module_name}.{name}"))
-    for class_name, maker_spec in _modules()[module_name].get("layers", {}).items():
-        key = (module_name, class_name)
-        if key in _layer_originals:
-            continue
-        cls = getattr(module, class_name, None)
-        original = getattr(cls, "__dict__", {}).get("forward")
-        if original is None:
-            left.append(f"{module_name}.{class_name}.forward (not in this transformers)")
-            continue
-        maker = _resolve(maker_spec)
-        if maker is None:
-            left.append(f"{module_name}.{class_name}.forward ({'.'.join(maker_spec)} is not there)")
-            continue
-        _layer_originals[key] = original
-        cls.forward = maker(original)
+    """Put the dispatchers and the layer forwards in `module` (a served modeling module); what
+    cannot be served goes to `left`."""
+    family = _modules()[module_name]
+    for name, spec in family["functions"].items():
+        label = f"{module_name}.{name}"
+        _replace(_originals, (module_name, name), module, name, label, spec,
+                 lambda current, target: dispatcher(current, target, spec[1], label), left)
+    for class_name, spec in family["layers"].items():
+        _replace(_layer_originals, (module_name, class_name), getattr(module, class_name, None), "forward",
+                 f"{module_name}.{class_name}.forward", spec, lambda current, make_forward: make_forward(current),
+                 left)
 
 
 def _warn(left: List[str], stacklevel: int) -> None:
