@@ -16,6 +16,10 @@ namespace flat::cpu {
 namespace {
 
 #if defined(__x86_64__) || defined(__i386__)
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 bool has_avx512() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -41,6 +45,7 @@ struct Requirement {
 constexpr Requirement kRequirements[] = {
     {"generic", always, always},
 #if defined(__x86_64__) || defined(__i386__)
+    {"avx2", has_avx2, has_avx2},
     {"avx512", has_avx512, has_avx512},
     {"avx512_bf16", has_avx512_bf16, prefers_bf16_dot},
 #endif
