@@ -1,13 +1,15 @@
 // The chunk stages' small vector primitives in portable C++: transpose, exp, dot. Contracts:
 //   transpose_f32__generic(rows, cols, src, lds, dst, ldd)  dst[c, r] = src[r, c]
-//   exp_f32__generic(x, n)                                   x[i] = exp(x[i]), correctly rounded
-//                                                            where libm's expf is, NaN stays NaN
+//   exp_f32__generic(x, n)                                   x[i] = exp(x[i]) within an ulp (the
+//                                                            portable exp_f32 of vector_math__generic.h,
+//                                                            vectorised): 0 below -87.34 (never
+//                                                            subnormal), +inf above 88.72, NaN stays NaN
 //   dot_f32__generic(a, b, n)                                sum_c a[c] b[c]
 #pragma once
 
-#include <math.h>
-
 #include <cstddef>
+
+#include "cpu/kernels/vector_math__generic.h"
 
 namespace flat::cpu {
 namespace {
@@ -18,7 +20,8 @@ inline void transpose_f32__generic(int rows, int cols, const float* src, int lds
 }
 
 inline void exp_f32__generic(float* x, int n) {
-  for (int i = 0; i < n; ++i) x[i] = expf(x[i]);
+#pragma omp simd
+  for (int i = 0; i < n; ++i) x[i] = exp_f32(x[i]);
 }
 
 inline float dot_f32__generic(const float* a, const float* b, int n) {
