@@ -303,13 +303,13 @@ NB_MODULE(_core, m) {
         nb::arg("dbias").none(), nb::arg("dstate0").none(), nb::arg("sequences"), nb::arg("activation"),
         nb::arg("threads"), nb::arg("pool"));
 
-  // The variants' table: name -> (gate, update, default gate group).
   m.def("norm_gate_forward", &python::norm_gate_forward, nb::arg("x"), nb::arg("g").none(), nb::arg("weight"),
         nb::arg("y"), nb::arg("activation"), nb::arg("norm_before_gate"), nb::arg("eps"), nb::arg("threads"),
         nb::arg("pool"));
   m.def("norm_gate_backward", &python::norm_gate_backward, nb::arg("x"), nb::arg("g").none(), nb::arg("weight"),
         nb::arg("dy"), nb::arg("dx"), nb::arg("dg").none(), nb::arg("dweight"), nb::arg("activation"),
         nb::arg("norm_before_gate"), nb::arg("eps"), nb::arg("threads"), nb::arg("pool"));
+  // The variants' table: name -> (gate, update, default gate group).
   m.def("variants", [] {
     std::vector<std::tuple<std::string, std::string, std::string, int>> out;
     static const char* kGates[] = {"none", "per_sequence", "per_token", "per_channel", "grouped"};

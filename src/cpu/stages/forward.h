@@ -12,8 +12,6 @@
 // inside the diagonal blocks the pairwise factors are exact running products.
 // docs/algorithm.md has the derivation and the backward.
 //
-// This file is compiled with different target flags per instruction set: everything in it has
-//
 // This header: the forward of one chunk (output, state update) and the fused forward of a run of
 // items chunk by chunk.
 //
