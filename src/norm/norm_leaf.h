@@ -51,8 +51,9 @@ void store(const RowView& view, const RowIndex& i, int D, const float* src) {
 }
 
 // a = act(g) and, when slope is given, slope = act'(g), for D channels. sigmoid(g) = 1 / (1 + e)
-// with e = exp(-g) from the target's exp: e overflows to +inf for g below -88 (or is clamped to
-// the largest float), and sigmoid is then 0, as it should be.
+// with e = exp(-g) from the target's exp: for g below -88.72, e is +inf and sigmoid 0 (portable
+// exp), or e is exp(88) = 1.65e38 (the AVX targets' exp clamps there) and sigmoid 6e-39, a
+// subnormal that the kernels' flush-to-zero makes 0; either is sigmoid(g) within fp32's range.
 template <const MicroKernels& M>
 void activate(Activation activation, const float* g, float* a, float* slope, int D) {
   if (activation == Activation::none) {

@@ -15,8 +15,11 @@ namespace {
 // within an ulp, and correctly rounded for the gates near 0 whose factors compound over long
 // sequences (adding r to 1 first, then r^2 p(r), rounded twice: 1.16 ulp off at
 // x = log(1 - 2^-12), the same way at every token).
-// Arguments are clamped to [-150, 88] (exp is already 0, or the largest float, beyond); a NaN
-// stays NaN (vmaxps and vminps return their second operand when either is NaN).
+// Arguments are clamped to [-150, 88]: below, exp is already 0; above, the result stays exp(88)
+// = 1.65e38 instead of growing to inf at 88.72 (the portable exp_f32 of vector_math__generic.h
+// gives inf there; the kernels take exp of arguments <= 0, and the norm's exp(-g) tolerates
+// either, norm_leaf.h). A NaN stays NaN (vmaxps and vminps return their second operand when
+// either is NaN).
 inline __m512 exp_ps(__m512 x) {
   x = _mm512_min_ps(_mm512_set1_ps(88.f), _mm512_max_ps(_mm512_set1_ps(-150.f), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
