@@ -12,8 +12,9 @@ The short convolution is ``flat.torch.conv`` and the output norm and gate
 implementation, so it runs eagerly, under ``torch.compile`` without graph breaks, and under
 ``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included. An eager
 forward none of whose inputs needs a gradient (inference, a decode step) runs the op's
-implementation without the dispatcher, unless a dispatch or function mode, a functorch transform
-or the profiler is active (_direct): the same results, less per-call cost.
+implementation without the dispatcher, unless it is traced (torch.compile, torch.jit.trace) or a
+dispatch or function mode, a functorch transform or the profiler is active (_direct): the same
+results, less per-call cost.
 
 Serving (python/flat/_api.py): ``cu_seqlens`` packs sequences along T; ``initial_state_indices``,
 ``final_state_indices``, ``token_state_indices`` address a pool of states. A call that writes the
