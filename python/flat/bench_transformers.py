@@ -163,20 +163,41 @@ LONG_S = 10.0
 BUDGET_S = 60.0
 
 
-def median_s(run, repeats):
-    """Median of up to `repeats` calls of run() after one warm-up call (see LONG_S, BUDGET_S);
-    run returns its own time in seconds (so that it can leave setup out) or None to be timed
-    whole."""
-    def timed():
+def medians_s(runs, repeats):
+    """Per path, the median time of up to `repeats` calls of runs[path]() after one warm-up call
+    (see LONG_S, BUDGET_S), the paths taking turns call by call, so that a shared machine's drift
+    over minutes falls on both alike. A run returns its own time in seconds (so that it can leave
+    setup out) or None to be timed whole; one that runs out of memory ends its path's calls and
+    gives None."""
+    def timed(run):
         start = time.perf_counter()
         own = run()
         return own if own is not None else time.perf_counter() - start
 
-    first = timed()
-    times = [first] if first > LONG_S else []
-    while len(times) < repeats and (not times or sum(times) < BUDGET_S):
-        times.append(timed())
-    return statistics.median(times)
+    times, failed = {path: [] for path in runs}, set()
+
+    def turn(path, warm_up):
+        try:
+            seconds = timed(runs[path])
+        except (RuntimeError, MemoryError) as error:
+            if not out_of_memory(error):
+                raise
+            failed.add(path)
+            return
+        if not warm_up or seconds > LONG_S:
+            times[path].append(seconds)
+
+    def wanted(path):
+        done = times[path]
+        return path not in failed and len(done) < repeats and (not done or sum(done) < BUDGET_S)
+
+    for path in runs:
+        turn(path, warm_up=True)
+    while any(wanted(path) for path in runs):
+        for path in runs:
+            if wanted(path):
+                turn(path, warm_up=False)
+    return {path: None if path in failed else statistics.median(times[path]) for path in runs}
 
 
 def limit_memory(share=0.9):
@@ -236,59 +257,89 @@ def selected(args, builders, dtypes, rows):
             [row for row in rows if row[0][0] in kinds])
 
 
-def measure(model, key, lengths, repeats, vocab, generator):
-    """One row's number for the model as it is now switched."""
+def measure(models, key, lengths, repeats, vocab):
+    """One row's numbers, per path: models[path]() switches to the path and returns the model to
+    call."""
     kind, n = key
+    generator = torch.Generator().manual_seed(1)
+    if kind == "share":
+        result = {}
+        for path, model in models.items():
+            try:
+                result[path] = share(model(), n, repeats, vocab, generator)
+            except (RuntimeError, MemoryError) as error:
+                if not out_of_memory(error):
+                    raise
+                result[path] = None
+        return result
     if kind == "prefill":
         ids = torch.randint(0, vocab, (1, n), generator=generator)
 
-        def run():
-            with torch.inference_mode():
-                model(ids)
-        return n / median_s(run, repeats)
-    if kind == "decode":
+        def runner(model):
+            def run():
+                with torch.inference_mode():
+                    model()(ids)
+            return run
+
+        value = lambda seconds: n / seconds
+    elif kind == "decode":
         prompt = torch.randint(0, vocab, (n, lengths["prompt"]), generator=generator)
         steps = torch.randint(0, vocab, (lengths["steps"], n, 1), generator=generator)
 
-        def run():
-            with torch.inference_mode():
-                cache = model(prompt, use_cache=True, logits_to_keep=1).cache
-                start = time.perf_counter()
-                for token in steps:
-                    cache = model(token, cache=cache, use_cache=True).cache
-                return time.perf_counter() - start
-        return n * lengths["steps"] / median_s(run, repeats)
-    if kind == "train":
+        def runner(model):
+            def run():
+                with torch.inference_mode():
+                    chosen = model()
+                    cache = chosen(prompt, use_cache=True, logits_to_keep=1).cache
+                    start = time.perf_counter()
+                    for token in steps:
+                        cache = chosen(token, cache=cache, use_cache=True).cache
+                    return time.perf_counter() - start
+            return run
+
+        value = lambda seconds: n * lengths["steps"] / seconds
+    elif kind == "train":
         ids = torch.randint(0, vocab, (1, n), generator=generator)
 
-        def run():
-            model.zero_grad(set_to_none=True)
-            model(ids, labels=ids).loss.backward()
-        model.train()
+        def runner(model):
+            def run():
+                chosen = model()
+                chosen.zero_grad(set_to_none=True)
+                chosen.train()
+                try:
+                    chosen(ids, labels=ids).loss.backward()
+                finally:
+                    chosen.zero_grad(set_to_none=True)
+                    chosen.eval()
+            return run
+
+        value = lambda seconds: 1e3 * seconds
+    else:
+        raise ValueError(kind)
+    seconds = medians_s({path: runner(model) for path, model in models.items()}, repeats)
+    return {path: None if s is None else value(s) for path, s in seconds.items()}
+
+
+def share(model, n, repeats, vocab, generator):
+    """The percentage of a prefill of n tokens spent in the linear-attention layers (outside their
+    projections), from the hooks."""
+    ids = torch.randint(0, vocab, (1, n), generator=generator)
+    # The prefill of n tokens has run (and warmed up) in its own row; runs as medians_s's.
+    with torch.inference_mode():
+        hooks = Hooks(model)
         try:
-            return 1e3 * median_s(run, repeats)
+            whole = 0.0
+            for _ in range(repeats):
+                start = time.perf_counter()
+                model(ids)
+                whole += time.perf_counter() - start
+                if whole > BUDGET_S:
+                    break
         finally:
-            model.zero_grad(set_to_none=True)
-            model.eval()
-    if kind == "share":
-        ids = torch.randint(0, vocab, (1, n), generator=generator)
-        # The prefill of n tokens has run (and warmed up) in its own row; runs as median_s's.
-        with torch.inference_mode():
-            hooks = Hooks(model)
-            try:
-                whole = 0.0
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    model(ids)
-                    whole += time.perf_counter() - start
-                    if whole > BUDGET_S:
-                        break
-            finally:
-                hooks.remove()
-        if hooks.calls["mixer"] == 0 or hooks.calls["projection"] == 0:
-            raise RuntimeError("the linear-attention mixers or their projections were not called as modules")
-        return 100 * (hooks.seconds["mixer"] - hooks.seconds["projection"]) / whole
-    raise ValueError(kind)
+            hooks.remove()
+    if hooks.calls["mixer"] == 0 or hooks.calls["projection"] == 0:
+        raise RuntimeError("the linear-attention mixers or their projections were not called as modules")
+    return 100 * (hooks.seconds["mixer"] - hooks.seconds["projection"]) / whole
 
 
 COPIES = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::contiguous", "aten::clone", "aten::empty",
@@ -387,22 +438,16 @@ def transformers_bench(args):
                 model = copy.deepcopy(base).to(dtype)
                 for key, label, unit in rows:
                     row = dict(model=name, dtype=dtype_name, measurement=label, unit=unit)
+                    if bar is not None:
+                        bar.set_description(f"{name} {dtype_name} {label}")
+                    models = {path: (lambda on=(path == "flat"): flat_path(on, model) if have_flat else model)
+                              for path in paths}
+                    row.update(measure(models, key, lengths, repeats, vocab))
                     for path in paths:
-                        if bar is not None:
-                            bar.set_description(f"{name} {dtype_name} {label}: {path}")
-                        run_model = flat_path(path == "flat", model) if have_flat else model
-                        generator = torch.Generator().manual_seed(1)
-                        try:
-                            row[path] = measure(run_model, key, lengths, repeats, vocab, generator)
-                        except (RuntimeError, MemoryError) as error:
-                            if not out_of_memory(error):
-                                raise
-                            row[path] = None
+                        if row[path] is None:
                             row.setdefault("failed", {})[path] = "out of memory"
-                            model.zero_grad(set_to_none=True)
-                            model.eval()
-                        if bar is not None:
-                            bar.update()
+                    if bar is not None:
+                        bar.update(len(paths))
                     results["rows"].append(row)
                     # As it comes, so that a run cut short leaves its numbers.
                     (bar.write if bar is not None else print)("row: " + json.dumps(row))
@@ -456,6 +501,11 @@ def print_tables(results, paths):
     if "flat" in paths:
         print("\n(flat / torch: flat's tokens/s over the torch path's; for the training step, the torch path's ms "
               "over flat's)")
+    for row in results["rows"]:
+        if row["unit"] == "%" and row.get("torch") is not None:
+            print(f"\n{row['model']} {row['dtype']}: the torch path spends {100 - row['torch']:.0f}% of its prefill "
+                  f"outside the linear-attention layers, which bounds what swapping them can gain at "
+                  f"x{100 / (100 - row['torch']):.2f}")
     for entry in results["breakdown"]:
         whole = sum(entry["pieces"].values())
         print(f"\nflat's linear-attention layers, {entry['model']} {entry['dtype']}, prefill {entry['tokens']} "

@@ -582,6 +582,33 @@ def test_layer_forward_keeps_the_cache_protocol(family, record_past):
     assert counts.get("layer:torch_recurrent_gated_delta_rule", 0) == single * layers, counts
 
 
+def test_layer_decode_step_updates_a_float32_state_in_place():
+    """The layer forward's single-token delta rule writes the cache's float32 state in place (and
+    returns that tensor) with the values of a step into a fresh state; a bfloat16 state, or inputs
+    that need a gradient, get a fresh state and leave the cache's as it was."""
+    from flat.transformers._layers import _delta_rule, _delta_rule_step
+
+    g = torch.Generator().manual_seed(7)
+    B, HK, HV, K, V = 3, 2, 4, 16, 24
+    q, k = (torch.randn(B, 1, HK, K, generator=g) for _ in range(2))
+    v = torch.randn(B, 1, HV, V, generator=g)
+    a, b = (torch.randn(B, 1, HV, generator=g) for _ in range(2))
+    A_log, dt_bias = torch.randn(HV, generator=g), torch.randn(HV, generator=g)
+    state = torch.randn(B, HV, K, V, generator=g)
+    want_o, want_state = _delta_rule(q, k, v, a, b, A_log, dt_bias, state.clone(), True, None)
+    with torch.no_grad():
+        o, final = _delta_rule_step(q, k, v, a, b, A_log, dt_bias, state, True, None)
+    assert final is state
+    assert relative(o, want_o) <= FP32 and relative(state, want_state) <= FP32
+
+    for case in ("bf16", "grad"):
+        kept = state.to(torch.bfloat16) if case == "bf16" else state.clone()
+        before = kept.clone()
+        A = A_log.clone().requires_grad_(case == "grad")
+        o, final = _delta_rule_step(q, k, v, a, b, A, dt_bias, kept, True, None)
+        assert final is not kept and torch.equal(kept, before), case
+
+
 def test_layer_forward_left_padded_generation_runs_on_the_layer():
     model = build("qwen3_5")
     long, short = tokens(1, 10, seed=5), tokens(1, 6, seed=6)

@@ -24,7 +24,8 @@ update_conv_state with the ``[B, C, T]`` view of the projection, is_recording_pa
 update_recurrent_state), so its states keep transformers' layout and dtype (conv state
 ``[B, C, kernel]`` in the model's dtype, recurrent state ``[B, HV, K, V]`` float32) and enable() /
 disable() may be switched mid-generation. A single cached token's convolution is
-causal_conv1d_update's (flat.compat's, which updates the state in place). Anything else (another
+causal_conv1d_update's (flat.compat's, which updates the state in place), and its delta rule
+updates a float32 recurrent state in place (_delta_rule_step). Anything else (another
 device, float16, packed sequences with a cache, an activation flat's convolution lacks, the
 deprecated ``cache_params``) goes to the layer's original forward, which reaches flat through the
 function-level swap where it can.
@@ -67,6 +68,22 @@ def _delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state
                               cu_seqlens=cu_seqlens)
 
 
+def _delta_rule_step(q, k, v, a, b, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval=False):
+    """One cached token per sequence, as _delta_rule, with the cache's state [B, HV, K, V] updated in
+    place where flat can do that (a float32 state, no gradient wanted, no packing): its rows are
+    then read and written as a pool, and the returned final state is the cache's tensor itself, so
+    that the cache's update_recurrent_state copies it onto itself, which PyTorch skips. A decode
+    step at batch 16 otherwise writes 16 MB of fresh state and copies it into the cache."""
+    if (state is None or state.dtype != torch.float32 or cu_seqlens is not None or torch.is_grad_enabled() and
+            any(t.requires_grad for t in (q, k, v, a, b, A_log, dt_bias, state))):
+        return _delta_rule(q, k, v, a, b, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval)
+    rows = torch.arange(state.shape[0])
+    return _ft.gated_deltanet(q, k, v, a, b, initial_state=state, output_final_state=True,
+                              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                              use_beta_sigmoid_in_kernel=True, allow_neg_eigval=allow_neg_eigval,
+                              initial_state_indices=rows, final_state_indices=rows)
+
+
 def _norm(x, gate, weight, eps):
     return _ft.rms_norm_gated(x, gate, weight, activation="silu", eps=eps, norm_before_gate=True)
 
@@ -76,7 +93,7 @@ KERNELS: Dict[str, Callable] = {
     "causal_conv1d_fn": _conv,
     "causal_conv1d_update": _conv_update,
     "torch_chunk_gated_delta_rule": _delta_rule,
-    "torch_recurrent_gated_delta_rule": _delta_rule,
+    "torch_recurrent_gated_delta_rule": _delta_rule_step,
     "rms_norm_gated": _norm,
 }
 
