@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "cpu/bf16.h"
+#include "bf16.h"
 #include "flat/flat.h"
 #include "params.h"
 #include "validate.h"
@@ -59,8 +59,8 @@ Tensor Tensor::strided(void* data, DType dtype, std::initializer_list<int64_t> s
   return t;
 }
 
-uint16_t to_bf16(float x) { return cpu::f32_to_bf16(x); }
-float from_bf16(uint16_t x) { return cpu::bf16_to_f32(x); }
+uint16_t to_bf16(float x) { return f32_to_bf16(x); }
+float from_bf16(uint16_t x) { return bf16_to_f32(x); }
 
 namespace {
 

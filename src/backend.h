@@ -6,9 +6,9 @@
 
 #include <vector>
 
-#include "conv/conv_params.h"
+#include "conv_params.h"
 #include "flat/flat.h"
-#include "norm/norm_params.h"
+#include "norm_params.h"
 #include "params.h"
 #include "validate.h"
 
@@ -16,7 +16,7 @@ namespace flat {
 
 struct Backend {
   Device device;
-  // Refuses a tensor whose values break `rule` (validate::check_values's message), reading it
+  // Refuses a tensor whose values break `rule` (validate::refuse_value's message), reading it
   // where it lives.
   void (*check_values)(const char* name, const Tensor& tensor, validate::Values rule, const ExecutionContext& context);
   void (*forward)(const Params& p, const ExecutionContext& context);

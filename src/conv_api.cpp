@@ -1,5 +1,5 @@
 // The public entry points of the short convolution: validate every argument, describe the
-// problem as ConvParams (src/conv/conv_params.h), then hand it to the kernels (src/conv/).
+// problem as ConvParams (src/conv_params.h), then hand it to the tensors' backend (the CPU's: src/cpu/conv.*).
 // Nothing is written before validation has passed. Messages follow src/api.cpp:
 // "flat: <tensor>: <what was expected>, got <what came>".
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "conv/conv_params.h"
+#include "conv_params.h"
 #include "flat/flat.h"
 #include "validate.h"
 

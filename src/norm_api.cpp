@@ -1,5 +1,5 @@
 // The public entry points of the output norm and gate: validate every argument, describe the
-// problem as NormGateParams (src/norm/norm_params.h), then hand it to the tensors' backend.
+// problem as NormGateParams (src/norm_params.h), then hand it to the tensors' backend.
 // Nothing is written before validation has passed. Messages follow src/api.cpp:
 // "flat: <tensor>: <what was expected>, got <what came>".
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "backend.h"
 #include "flat/flat.h"
-#include "norm/norm_params.h"
+#include "norm_params.h"
 #include "validate.h"
 
 namespace flat {

@@ -2,14 +2,11 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <cstring>
 #include <climits>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
-#include "cpu/bf16.h"
-#include "cpu/parallel.h"
 #include "params.h"
 
 namespace flat::validate {
@@ -215,118 +212,16 @@ int64_t head_count(const std::vector<HeadCount>& counts) {
   return N;
 }
 
-namespace {
-
-// Whether the fp32 value with these bits breaks the rule, on the bits alone (the compiler
-// vectorises integer tests where float compares with NaN in play stay scalar): finite means an
-// exponent below all ones; at most 0 means the sign bit set, or +0.
-uint32_t breaks(uint32_t bits, Values rule) {
-  const uint32_t finite = (bits & 0x7f800000u) != 0x7f800000u;
-  const uint32_t nonpositive = (bits >> 31) | (bits == 0u);
-  return rule == Values::finite ? finite ^ 1u : (finite & nonpositive) ^ 1u;
-}
-
-uint32_t bits_of(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-}
-uint32_t bits_of(uint16_t bf16) { return uint32_t(bf16) << 16; }
-
-// Whether any of n contiguous elements breaks the rule: one branch-free pass, on the widest
-// vectors the CPU has (a clone per target, picked when the library loads), since a state read for a
-// one-token decode step is read again here.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define FLAT_SCAN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FLAT_SCAN_CLONES
-#endif
-FLAT_SCAN_CLONES bool any_broken(const float* row, int64_t n, Values rule) {
-  uint32_t any = 0;
-  for (int64_t c = 0; c < n; ++c) any |= breaks(bits_of(row[c]), rule);
-  return any != 0;
-}
-FLAT_SCAN_CLONES bool any_broken(const uint16_t* row, int64_t n, Values rule) {
-  uint32_t any = 0;
-  for (int64_t c = 0; c < n; ++c) any |= breaks(bits_of(row[c]), rule);
-  return any != 0;
-}
-
-// The first element of a contiguous row of n that breaks the rule, or n.
-template <class Element>
-int64_t first_broken(const Element* row, int64_t n, Values rule) {
-  if (!any_broken(row, n, rule)) return n;
-  for (int64_t c = 0; c < n; ++c)
-    if (breaks(bits_of(row[c]), rule)) return c;
-  return n;
-}
-
-}  // namespace
-
-void check_values(const std::string& name, const Tensor& t, Values rule, const cpu::Workers& workers) {
-  if (element_count(t) == 0) return;
-  // Trailing axes that are packed merge into one contiguous run; the axes before it are walked.
-  int outer = t.rank - 1;
-  int64_t run = t.shape[size_t(outer)];
-  while (outer > 0 && t.stride[size_t(outer - 1)] == run) run *= t.shape[size_t(--outer)];
-  int64_t rows = 1;
-  for (int d = 0; d < outer; ++d) rows *= t.shape[size_t(d)];
-  // Work in pieces of at most kPiece elements of one row, so that a single long run is split too;
-  // small tensors (a decode step's gates) are scanned on the calling thread alone.
-  constexpr int64_t kPiece = int64_t{1} << 16;
-  const int64_t pieces = (run + kPiece - 1) / kPiece;
-  const int64_t element_bytes = t.dtype == DType::bf16 ? 2 : 4;
-  const bool large = rows * run >= 4 * kPiece;
-  // The smallest logical index (row * run + column) of a broken element.
-  const int64_t none = rows * run;
-  std::atomic<int64_t> first{none};
-  cpu::parallel_ranges(rows * pieces, large ? workers : cpu::Workers{}, [&](int64_t begin, int64_t end) {
-    int64_t row = begin / pieces, piece = begin % pieces;
-    std::vector<int64_t> index(static_cast<size_t>(outer));  // the row's indices along the walked axes
-    int64_t offset = 0;
-    for (int64_t d = outer - 1, rest = row; d >= 0; --d) {
-      index[size_t(d)] = rest % t.shape[size_t(d)];
-      rest /= t.shape[size_t(d)];
-      offset += index[size_t(d)] * t.stride[size_t(d)];
-    }
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c0 = piece * kPiece, n = std::min(kPiece, run - c0);
-      const char* data = static_cast<const char*>(t.data) + (offset + c0) * element_bytes;
-      const int64_t c = t.dtype == DType::bf16 ? first_broken(reinterpret_cast<const uint16_t*>(data), n, rule)
-                                               : first_broken(reinterpret_cast<const float*>(data), n, rule);
-      if (c < n) {
-        const int64_t at = row * run + c0 + c;
-        for (int64_t seen = first.load(); at < seen && !first.compare_exchange_weak(seen, at);) {
-        }
-        return;
-      }
-      if (++piece < pieces) continue;
-      piece = 0;
-      ++row;
-      for (int d = outer - 1; d >= 0; --d) {  // the next row: an odometer over the walked axes
-        offset += t.stride[size_t(d)];
-        if (++index[size_t(d)] < t.shape[size_t(d)]) break;
-        offset -= index[size_t(d)] * t.stride[size_t(d)];
-        index[size_t(d)] = 0;
-      }
-    }
-  });
-  if (first.load() == none) return;
-  // The broken element's index in the tensor's own axes, and its value.
-  std::ostringstream where;
-  int64_t offset = 0;
+void refuse_value(const std::string& name, const Tensor& t, Values rule, int64_t at, float value) {
   std::vector<int64_t> index(static_cast<size_t>(t.rank));
-  for (int64_t d = t.rank - 1, rest = first.load(); d >= 0; --d) {
+  for (int64_t d = t.rank - 1, rest = at; d >= 0; --d) {
     index[size_t(d)] = rest % t.shape[size_t(d)];
     rest /= t.shape[size_t(d)];
-    offset += index[size_t(d)] * t.stride[size_t(d)];
   }
+  std::ostringstream where, got;
   for (int d = 0; d < t.rank; ++d) where << (d ? ", " : "[") << index[size_t(d)];
   where << "]";
-  const char* element = static_cast<const char*>(t.data) + offset * element_bytes;
-  std::ostringstream got;
-  got << (t.dtype == DType::bf16 ? cpu::bf16_to_f32(*reinterpret_cast<const uint16_t*>(element))
-                                 : *reinterpret_cast<const float*>(element));
+  got << value;
   fail(name, std::string("expected finite values") +
                  (rule == Values::finite_nonpositive ? " <= 0 (log-space gates)" : "") + ", got " + got.str() +
                  " at " + where.str());

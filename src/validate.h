@@ -8,7 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/parallel.h"
 #include "flat/flat.h"
 #include "params.h"
 
@@ -66,10 +65,10 @@ int64_t head_count(const std::vector<HeadCount>& counts);
 // What every element of a tensor must be: finite, or finite and at most 0 (log-space gates).
 enum class Values { finite, finite_nonpositive };
 
-// Scans every element of a present tensor (of any elements) in host memory (bf16 or fp32, any strides) on the
-// workers; throws naming the first offending index and its value, e.g.
-// "g: expected finite values <= 0 (log-space gates), got inf at [0, 3, 1, 2]".
-void check_values(const std::string& name, const Tensor& t, Values rule, const cpu::Workers& workers);
+// A backend's value scan (Backend::check_values) found `value` breaking `rule` at logical index
+// `at` of t (row-major over its shape): throws naming the element by its index along each axis,
+// e.g. "g: expected finite values <= 0 (log-space gates), got inf at [0, 3, 1, 2]".
+[[noreturn]] void refuse_value(const std::string& name, const Tensor& t, Values rule, int64_t at, float value);
 
 // The device of the present tensors, which must all be on one ("k: on cuda, expected cpu like q").
 Device common_device(const std::vector<Named>& tensors);

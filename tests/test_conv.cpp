@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "checks.h"
-#include "conv/conv.h"
+#include "cpu/conv.h"
 #include "harness.h"
 #include "test_conv_harness.h"
 

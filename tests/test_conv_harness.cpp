@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "checks.h"
-#include "conv/conv.h"
-#include "conv/conv_params.h"
+#include "cpu/conv.h"
+#include "conv_params.h"
 
 namespace flat::test {
 

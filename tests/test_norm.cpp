@@ -15,7 +15,7 @@
 #include "checks.h"
 #include "cpu/targets.h"
 #include "harness.h"
-#include "norm/norm.h"
+#include "cpu/norm.h"
 #include "ref/norm_reference.h"
 #include "test_norm_harness.h"
 

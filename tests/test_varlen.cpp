@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "checks.h"
-#include "conv/conv.h"
-#include "conv/conv_params.h"
+#include "cpu/conv.h"
+#include "conv_params.h"
 #include "cpu/recurrence.h"
 #include "cpu/targets.h"
 #include "harness.h"

@@ -33,7 +33,7 @@ struct NormGateBenchOptions {
 //   bytes: every input read once and every output written once at its dtype. forward: x, g,
 //     weight read, y written. backward: x, g, weight, dy read; dx, dg, dweight written. (g and
 //     dg only with a gate.)
-//   flops, per element of [B, S, N, D], as the leaves compute them (src/norm/norm_leaf.h; an exp
+//   flops, per element of [B, S, N, D], as the leaves compute them (src/cpu/norm_leaf.h; an exp
 //     counted as 1, the per-row square root and division not counted):
 //     forward   4 (sum of squares 2, x * r * weight 2), and with a gate 1 more for the product
 //               with act(g) plus act(g) itself: silu 5 (negate, exp, add, reciprocal, * g),

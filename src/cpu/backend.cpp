@@ -6,10 +6,11 @@
 #include <thread>
 
 #include "backend.h"
-#include "conv/conv.h"
+#include "cpu/conv.h"
 #include "cpu/float_mode.h"
+#include "cpu/norm.h"
 #include "cpu/recurrence.h"
-#include "norm/norm.h"
+#include "cpu/values.h"
 
 namespace flat::cpu {
 namespace {
@@ -34,7 +35,7 @@ Run run_of(const ExecutionContext& context) {
 }
 
 void check_values(const char* name, const Tensor& tensor, validate::Values rule, const ExecutionContext& context) {
-  validate::check_values(name, tensor, rule, workers_of(context));
+  cpu::check_values(name, tensor, rule, default_target(), workers_of(context));
 }
 
 // A driver on the call's run. The calling thread's own share of the work (a range, the

@@ -4,10 +4,11 @@
 // compiled with its flags.
 #pragma once
 
-#include "conv/conv_leaf.h"
+#include "cpu/conv_leaf.h"
+#include "cpu/kernels/any_broken__generic.h"
+#include "cpu/norm_leaf.h"
 #include "cpu/stages/single_chunk.h"
 #include "cpu/targets.h"
-#include "norm/norm_leaf.h"
 
 namespace flat::cpu {
 namespace {
@@ -47,7 +48,8 @@ struct TableOps {
 template <const MicroKernels& M, class ConvRows>
 constexpr Target make_target(const char* name, const char* products) {
   return {name, products, stages::make_sequence_kernels<TableOps<M>>(), make_conv_kernels<ConvRows>(),
-          make_norm_gate_kernels<M, ConvRows>(), M};
+          make_norm_gate_kernels<M, ConvRows>(), M,
+          ValueKernels{any_broken__generic<float>, any_broken__generic<uint16_t>}};
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "cpu/bf16.h"
+#include "bf16.h"
 #include "params.h"
 
 namespace flat::cpu {

@@ -4,7 +4,7 @@
 // convolution's and output norm's rows are the generic target's portable code, compiled here with
 // the AVX2 flags (CMakeLists.txt), which the compiler vectorises 8 lanes wide. Run only where
 // targets.cpp found the CPU has them.
-#include "conv/conv_rows__generic.h"
+#include "cpu/kernels/conv_rows__generic.h"
 #include "cpu/kernels/diagonal_f32_8xk__avx2.h"
 #include "cpu/kernels/elementwise_f32_8__avx2.h"
 #include "cpu/kernels/gemm_f32_6x16__avx2.h"

@@ -1,7 +1,7 @@
 // The avx512 target: AVX-512 F/BW/DQ/VL with FMA, every chunk product on the fp32 FMA
 // microkernel. Compiled with those flags (CMakeLists.txt) and run only where targets.cpp found
 // the CPU has them.
-#include "conv/conv_rows__avx512.h"
+#include "cpu/kernels/conv_rows__avx512.h"
 #include "cpu/kernels/micro_kernels__avx512.h"
 #include "cpu/make_target.h"
 

@@ -4,7 +4,7 @@
 // operands on the FMA microkernel (kernels/gemm_bf16_6x64__avx512bf16.h says why); the
 // convolution rounds to bf16 with vcvtne2ps2bf16. Compiled with those flags (CMakeLists.txt) and
 // run only where targets.cpp found the CPU has them.
-#include "conv/conv_rows__avx512.h"
+#include "cpu/kernels/conv_rows__avx512.h"
 #include "cpu/kernels/gemm_bf16_6x64__avx512bf16.h"
 #include "cpu/kernels/micro_kernels__avx512.h"
 #include "cpu/make_target.h"

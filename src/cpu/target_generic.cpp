@@ -1,6 +1,6 @@
 // The portable target: the chunk stages and the convolution's leaves in plain C++, vectorised by
 // the compiler for the baseline instruction set. Runs on any CPU.
-#include "conv/conv_rows__generic.h"
+#include "cpu/kernels/conv_rows__generic.h"
 #include "cpu/kernels/diagonal_f32_1xk__generic.h"
 #include "cpu/kernels/elementwise_f32__generic.h"
 #include "cpu/kernels/gemm_f32_1xn__generic.h"

@@ -1,7 +1,7 @@
 // The instruction-set targets of the CPU backend. One list, FLAT_CPU_TARGETS in CMakeLists.txt,
 // decides what is compiled: each target is a translation unit src/cpu/target_<name>.cpp built
 // with the target's flags, which instantiates the chunk stages (src/cpu/stages/) and the
-// convolution's and the output norm's leaves (src/conv/conv_leaf.h, src/norm/norm_leaf.h) on its
+// convolution's and the output norm's leaves (src/cpu/conv_leaf.h, src/cpu/norm_leaf.h) on its
 // own microkernels (src/cpu/kernels/) and
 // returns a Target. CMake passes the list on (flat_cpu_targets.inc), and from it come the dispatch
 // below, the name flat bench prints and the targets the tests run. targets.cpp says which ones
@@ -12,11 +12,12 @@
 #include <string_view>
 #include <vector>
 
-#include "conv/conv_kernels.h"
+#include "cpu/conv_kernels.h"
 #include "cpu/float_mode.h"
 #include "cpu/kernels/product.h"
+#include "cpu/norm_kernels.h"
 #include "cpu/sequence_kernels.h"
-#include "norm/norm_kernels.h"
+#include "validate.h"
 
 namespace flat::cpu {
 
@@ -37,6 +38,13 @@ struct MicroKernels {
                              float* dq, float* dk, float* f);
 };
 
+// The value scan's leaves (src/cpu/values.cpp): whether any of n contiguous elements breaks the
+// rule (src/cpu/kernels/any_broken__generic.h, compiled with the target's flags).
+struct ValueKernels {
+  bool (*any_broken_f32)(const float* row, int64_t n, validate::Values rule);
+  bool (*any_broken_bf16)(const uint16_t* row, int64_t n, validate::Values rule);
+};
+
 struct Target {
   const char* name;
   const char* products;  // what its chunk products run on, in words (flat bench's title)
@@ -44,6 +52,7 @@ struct Target {
   ConvKernels conv;
   NormGateKernels norm;
   MicroKernels micro;
+  ValueKernels values;
   // The per-thread scope: entered by the drivers on each worker thread before its range of work
   // and left after it, for state a target keeps per thread (a tile configuration); may be null.
   void (*enter_thread)() = nullptr;

@@ -33,8 +33,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "conv/conv_kernels.h"
-#include "cpu/bf16.h"
+#include "cpu/conv_kernels.h"
+#include "bf16.h"
 
 namespace flat::cpu::conv_leaf {
 namespace {

@@ -24,7 +24,7 @@
 #include <cstring>
 
 #include "cpu/targets.h"
-#include "norm/norm_kernels.h"
+#include "cpu/norm_kernels.h"
 
 namespace flat::cpu::norm_leaf {
 namespace {

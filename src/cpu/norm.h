@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "cpu/run.h"
-#include "norm/norm_params.h"
+#include "norm_params.h"
 
 namespace flat::cpu {
 

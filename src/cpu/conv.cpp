@@ -1,7 +1,7 @@
 // Drivers of the short convolution (conv.h): thread partition over (sequence, block of
 // positions, block of channels), taps packed once per call, per-thread workspaces, the
 // fixed-order reduction of the weight and bias gradients, and the final state.
-#include "conv/conv.h"
+#include "cpu/conv.h"
 
 #include <algorithm>
 #include <cstring>

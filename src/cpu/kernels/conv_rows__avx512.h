@@ -1,6 +1,6 @@
 // The short convolution's row primitives on AVX-512 (F, BW, DQ, VL) with FMA, 16 channels to a
 // vector (contracts in conv_rows__generic.h), as ConvRowsAvx512<Native> for the leaves of
-// src/conv/conv_leaf.h: fp32 rounds to bf16 in integer arithmetic, or with vcvtne2ps2bf16 when
+// src/cpu/conv_leaf.h: fp32 rounds to bf16 in integer arithmetic, or with vcvtne2ps2bf16 when
 // Native (AVX512-BF16). Include only in translation units compiled with those flags.
 //
 // The kernels stream their inputs and outputs once; what bounds them is the work per element on
@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "conv/conv_kernels.h"
+#include "cpu/conv_kernels.h"
 #include "cpu/kernels/lanes__avx512.h"
 #include "cpu/kernels/vector_math__avx512.h"
 
@@ -39,7 +39,7 @@ FLAT_INLINE __m512 widen_bf16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, index, _mm512_castsi256_si512(h)));
 }
 
-// Round to nearest even on the bit pattern; a NaN stays a (quiet) NaN, as cpu::f32_to_bf16.
+// Round to nearest even on the bit pattern; a NaN stays a (quiet) NaN, as f32_to_bf16 (src/bf16.h).
 FLAT_INLINE __m256i narrow_bf16(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));

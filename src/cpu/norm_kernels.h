@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "norm/norm_params.h"
+#include "norm_params.h"
 
 namespace flat::cpu {
 

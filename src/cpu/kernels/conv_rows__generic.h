@@ -1,5 +1,5 @@
 // The short convolution's row primitives in portable C++, as ConvRowsGeneric for the leaves of
-// src/conv/conv_leaf.h, with the contracts every target's rows keep (conv_rows__avx512.h).
+// src/cpu/conv_leaf.h, with the contracts every target's rows keep (conv_rows__avx512.h).
 // Internal linkage: a copy per translation unit that includes it (the generic target, SSE2, and
 // the avx2 target, AVX2 with FMA, each with its own flags).
 //
@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "conv/conv_kernels.h"
-#include "cpu/bf16.h"
+#include "cpu/conv_kernels.h"
+#include "bf16.h"
 #include "cpu/kernels/vector_math__generic.h"
 
 namespace flat::cpu::conv_generic {
@@ -95,7 +95,7 @@ FLAT_GENERIC_INLINE void store_lanes(char* row, int c, int lanes, const float* v
 }
 
 // The row primitives of the portable leaves (load_row and store_row serve the output norm's
-// leaves too, src/norm/norm_leaf.h).
+// leaves too, src/cpu/norm_leaf.h).
 struct ConvRowsGeneric {
   // dst[0, n) = the n elements at src as fp32; dst[n, round16(n)) = 0.
   static void load_row(const char* src, DType dtype, int n, float* dst) {

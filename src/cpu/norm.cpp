@@ -1,5 +1,5 @@
 // Drivers of the output norm and gate (norm.h).
-#include "norm/norm.h"
+#include "cpu/norm.h"
 
 #include <algorithm>
 #include <vector>

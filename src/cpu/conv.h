@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "conv/conv_kernels.h"
-#include "conv/conv_params.h"
+#include "cpu/conv_kernels.h"
+#include "conv_params.h"
 #include "cpu/run.h"
 
 namespace flat::cpu {

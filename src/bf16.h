@@ -1,10 +1,11 @@
-// bf16 <-> fp32 conversion, round to nearest even.
+// bf16 <-> fp32 conversion, round to nearest even: for the API and validation as for the
+// backends' kernels.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-namespace flat::cpu {
+namespace flat {
 // Internal linkage: each translation unit, whatever its target flags, keeps its own copy.
 namespace {
 
@@ -24,4 +25,4 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 }  // namespace
-}  // namespace flat::cpu
+}  // namespace flat

@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "conv/conv_params.h"
+#include "conv_params.h"
 
 namespace flat::cpu {
 
