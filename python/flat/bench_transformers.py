@@ -15,7 +15,7 @@ the CPU's default floating-point mode (no process-wide flush-to-zero):
 Both are randomly initialised here (nothing is downloaded). Measured, each the median of --repeats
 runs after one warm-up run (a run over 10 s is its own warm-up, and runs stop once they have taken
 60 s: the torch path's bf16 prefill of 8192 tokens takes minutes on a small CPU), the two paths
-alternating measurement by measurement:
+taking turns run by run (medians_s):
 
 - prefill tokens/s at 512, 2048 and 8192 tokens: model(input_ids), batch 1, under
   torch.inference_mode() (logits for every token, as that call returns them);
