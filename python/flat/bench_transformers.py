@@ -24,7 +24,8 @@ taking turns run by run (medians_s):
 - a training step over 1024 tokens: model(input_ids, labels=input_ids).loss.backward(), ms;
 - the share of prefill time (2048 tokens) in the linear-attention layers: forward pre/post hooks
   on each mixer module and on its in_proj*/out_proj Linear modules, the mixers' time less their
-  projections' over the whole forward's;
+  projections' over the whole forward's (the torch path's share bounds what swapping those
+  layers can gain, at 1 / (1 - share), which is printed);
 - where flat's time in those layers goes: torch.profiler's self time of the operations run inside
   a mixer and outside its projections (the hooks open record_function ranges), prefill 2048,
   by piece: the recurrence, the convolution and the fused gated norm (flat's operations), the gated
