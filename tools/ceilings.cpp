@@ -13,6 +13,8 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu/targets.h"
+
 namespace flat::tool {
 namespace {
 
@@ -102,18 +104,21 @@ struct Fp32Peak {
   const char* name;
 };
 
+// The fp32 peak of the instructions the default target's products run on (FLAT_ISA honoured: its
+// needs, src/cpu/targets.h), so that the ceiling is that of the code measured against it.
 Fp32Peak fp32_peak_loop() {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return {{fma_avx512, kZmmChains * 16 * 2.0}, "avx512 fma"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {{fma_avx2, kYmmChains * 8 * 2.0}, "avx2 fma"};
+  const cpu::CpuFeatures needs = cpu::default_target().needs;
+  if (needs & cpu::kCpuAvx512f) return {{fma_avx512, kZmmChains * 16 * 2.0}, "avx512 fma"};
+  if (needs & cpu::kCpuAvx2) return {{fma_avx2, kYmmChains * 8 * 2.0}, "avx2 fma"};
 #endif
   return {{fma_portable, kPortableLanes * 2.0}, "portable"};
 }
 
+// The bf16 dot-product peak where the CPU has the instruction (whichever target runs).
 std::optional<PeakLoop> bf16_peak_loop() {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512bf16")) return PeakLoop{dot_bf16_avx512, kZmmChains * 64.0};
+  if (cpu::cpu_features() & cpu::kCpuAvx512Bf16) return PeakLoop{dot_bf16_avx512, kZmmChains * 64.0};
 #endif
   return std::nullopt;
 }

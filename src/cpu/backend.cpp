@@ -62,8 +62,14 @@ void backward_norm_gate(const NormGateParams& p, const ExecutionContext& context
 }  // namespace
 
 const Backend& backend() {
-  static const Backend cpu{Device::cpu,  check_values,      forward,           backward,
-                           forward_conv, backward_conv,     forward_norm_gate, backward_norm_gate};
+  static const Backend cpu{.device = Device::cpu,
+                           .check_values = check_values,
+                           .forward = forward,
+                           .backward = backward,
+                           .conv_forward = forward_conv,
+                           .conv_backward = backward_conv,
+                           .norm_gate_forward = forward_norm_gate,
+                           .norm_gate_backward = backward_norm_gate};
   return cpu;
 }
 

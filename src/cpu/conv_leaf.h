@@ -247,7 +247,9 @@ namespace {
 // The leaves on a target's row primitives.
 template <class Rows>
 constexpr ConvKernels make_conv_kernels() {
-  return {conv_leaf::workspace_floats, conv_leaf::forward<Rows>, conv_leaf::backward<Rows>};
+  return {.workspace_floats = conv_leaf::workspace_floats,
+          .forward = conv_leaf::forward<Rows>,
+          .backward = conv_leaf::backward<Rows>};
 }
 
 }  // namespace

@@ -45,11 +45,26 @@ struct TableOps {
 // no code compiled with a target's flags runs before targets.cpp has found the CPU runs them (a
 // table built at run time was copied with AVX-512 stores, and the first look at the list of
 // targets died of an illegal instruction on a CPU without AVX-512).
+// What a target's unit says of itself.
+struct TargetInfo {
+  const char* name;
+  const char* products;  // what its chunk products run on, in words
+  CpuFeatures needs = 0;
+  CpuFeatures preferred_with = 0;
+};
+
 template <const MicroKernels& M, class ConvRows>
-constexpr Target make_target(const char* name, const char* products) {
-  return {name, products, stages::make_sequence_kernels<TableOps<M>>(), make_conv_kernels<ConvRows>(),
-          make_norm_gate_kernels<M, ConvRows>(), M,
-          ValueKernels{any_broken__generic<float>, any_broken__generic<uint16_t>}};
+constexpr Target make_target(const TargetInfo& info) {
+  return {.name = info.name,
+          .products = info.products,
+          .needs = info.needs,
+          .preferred_with = info.preferred_with,
+          .sequence = stages::make_sequence_kernels<TableOps<M>>(),
+          .conv = make_conv_kernels<ConvRows>(),
+          .norm = make_norm_gate_kernels<M, ConvRows>(),
+          .micro = M,
+          .values = {.any_broken_f32 = any_broken__generic<float>,
+                     .any_broken_bf16 = any_broken__generic<uint16_t>}};
 }
 
 }  // namespace

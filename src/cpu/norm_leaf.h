@@ -189,7 +189,9 @@ namespace {
 
 template <const MicroKernels& M, class Rows>
 constexpr NormGateKernels make_norm_gate_kernels() {
-  return {norm_leaf::workspace_floats, norm_leaf::forward<M, Rows>, norm_leaf::backward<M, Rows>};
+  return {.workspace_floats = norm_leaf::workspace_floats,
+          .forward = norm_leaf::forward<M, Rows>,
+          .backward = norm_leaf::backward<M, Rows>};
 }
 
 }  // namespace

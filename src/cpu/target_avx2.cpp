@@ -14,16 +14,19 @@ namespace flat::cpu {
 namespace {
 
 // gemm_bf16_values on the fp32 FMA tile, as generic's: no bf16 dot products without AVX-512.
-constexpr MicroKernels kAvx2{gemm_f32_6x16__avx2,     gemm_f32_6x16__avx2,
-                             transpose_f32_8x8__avx2, exp_f32_8__avx2,
-                             dot_f32_8__avx2,         diagonal_scores_f32_8xk__avx2,
-                             diagonal_gradients_f32_8xk__avx2};
+constexpr MicroKernels kAvx2{.gemm = gemm_f32_6x16__avx2,
+                             .gemm_bf16_values = gemm_f32_6x16__avx2,
+                             .transpose = transpose_f32_8x8__avx2,
+                             .exp = exp_f32_8__avx2,
+                             .dot = dot_f32_8__avx2,
+                             .diagonal_scores = diagonal_scores_f32_8xk__avx2,
+                             .diagonal_gradients = diagonal_gradients_f32_8xk__avx2};
 
 }  // namespace
 
 const Target& target_avx2() {
-  static constexpr Target target =
-      make_target<kAvx2, conv_generic::ConvRowsGeneric>("avx2", "chunk products on fp32 FMA (AVX2)");
+  static constexpr Target target = make_target<kAvx2, conv_generic::ConvRowsGeneric>(
+      {.name = "avx2", .products = "chunk products on fp32 FMA (AVX2)", .needs = kCpuAvx2 | kCpuFma});
   return target;
 }
 

@@ -13,7 +13,8 @@ constexpr MicroKernels kAvx512 = micro_kernels_avx512(gemm_f32_6x64__avx512);
 }  // namespace
 
 const Target& target_avx512() {
-  static constexpr Target target = make_target<kAvx512, conv_avx512::ConvRowsAvx512<false>>("avx512", "chunk products on fp32 FMA");
+  static constexpr Target target = make_target<kAvx512, conv_avx512::ConvRowsAvx512<false>>(
+      {.name = "avx512", .products = "chunk products on fp32 FMA", .needs = kCpuAvx512});
   return target;
 }
 

@@ -17,8 +17,13 @@ constexpr MicroKernels kAvx512Bf16 = micro_kernels_avx512(gemm_bf16_6x64__avx512
 }  // namespace
 
 const Target& target_avx512_bf16() {
+  // Preferred only where vdpbf16ps outruns the FMA units (kCpuBf16DotOutrunsFma, targets.h): elsewhere
+  // avx512, whose products are all on fp32 FMA, is as fast.
   static constexpr Target target = make_target<kAvx512Bf16, conv_avx512::ConvRowsAvx512<true>>(
-      "avx512_bf16", "products of bf16 inputs on bf16 dot products, the others on fp32 FMA");
+      {.name = "avx512_bf16",
+       .products = "products of bf16 inputs on bf16 dot products, the others on fp32 FMA",
+       .needs = kCpuAvx512 | kCpuAvx512Bf16,
+       .preferred_with = kCpuBf16DotOutrunsFma});
   return target;
 }
 

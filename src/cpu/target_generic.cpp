@@ -9,15 +9,19 @@
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels kGeneric{gemm_f32_1xn__generic,           gemm_f32_1xn__generic,
-                                transpose_f32__generic,          exp_f32__generic,
-                                dot_f32__generic,                diagonal_scores_f32_1xk__generic,
-                                diagonal_gradients_f32_1xk__generic};
+constexpr MicroKernels kGeneric{.gemm = gemm_f32_1xn__generic,
+                                .gemm_bf16_values = gemm_f32_1xn__generic,
+                                .transpose = transpose_f32__generic,
+                                .exp = exp_f32__generic,
+                                .dot = dot_f32__generic,
+                                .diagonal_scores = diagonal_scores_f32_1xk__generic,
+                                .diagonal_gradients = diagonal_gradients_f32_1xk__generic};
 
 }  // namespace
 
 const Target& target_generic() {
-  static constexpr Target target = make_target<kGeneric, conv_generic::ConvRowsGeneric>("generic", "chunk products in portable C++");
+  static constexpr Target target = make_target<kGeneric, conv_generic::ConvRowsGeneric>(
+      {.name = "generic", .products = "chunk products in portable C++"});
   return target;
 }
 

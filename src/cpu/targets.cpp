@@ -1,8 +1,11 @@
 #include "cpu/targets.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "flat/flat.h"
 
@@ -16,48 +19,58 @@ namespace flat::cpu {
 namespace {
 
 #if defined(__x86_64__) || defined(__i386__)
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+// The features from CPUID and XCR0: an instruction set counts only where the OS saves its
+// registers (XCR0 bits 1-2, the XMM and YMM state, for AVX2 and FMA; bits 5-7, the opmask and all
+// of the ZMM registers, for AVX-512), so that a CPU that has them under an OS that does not
+// (or a hypervisor that hides them) gets the next target down.
+CpuFeatures read_cpu_features() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 0;
+  const unsigned max_leaf = eax;
+  const bool amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;  // "AuthenticAMD"
+  __get_cpuid(1, &eax, &ebx, &ecx, &edx);
+  const bool fma = ecx & (1u << 12), osxsave = ecx & (1u << 27);
+  uint64_t xcr0 = 0;
+  if (osxsave) {
+    uint32_t low, high;
+    __asm__("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+    xcr0 = (uint64_t(high) << 32) | low;
+  }
+  const bool ymm_saved = (xcr0 & 0x6u) == 0x6u, zmm_saved = ymm_saved && (xcr0 & 0xe0u) == 0xe0u;
+  unsigned leaf7_ebx = 0, leaf7_1_eax = 0;
+  if (max_leaf >= 7) {
+    unsigned subleaves;
+    __cpuid_count(7, 0, subleaves, leaf7_ebx, ecx, edx);
+    if (subleaves >= 1) __cpuid_count(7, 1, leaf7_1_eax, ebx, ecx, edx);
+  }
+  const auto bit = [](unsigned reg, int i) { return (reg >> i) & 1u; };
+  CpuFeatures f = 0;
+  if (ymm_saved) {
+    if (fma) f |= kCpuFma;
+    if (bit(leaf7_ebx, 5)) f |= kCpuAvx2;
+  }
+  if (zmm_saved) {
+    if (bit(leaf7_ebx, 16)) f |= kCpuAvx512f;
+    if (bit(leaf7_ebx, 17)) f |= kCpuAvx512dq;
+    if (bit(leaf7_ebx, 30)) f |= kCpuAvx512bw;
+    if (bit(leaf7_ebx, 31)) f |= kCpuAvx512vl;
+    if (bit(leaf7_1_eax, 5)) f |= kCpuAvx512Bf16;
+  }
+  if ((f & kCpuAvx512Bf16) && amd) f |= kCpuBf16DotOutrunsFma;
+  return f;
 }
-bool has_avx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-}
-bool has_avx512_bf16() { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
-// vdpbf16ps at twice the FLOP rate of the fp32 FMA units: every AMD core with AVX512-BF16 (Zen 4
-// and Zen 5: a 512-bit vdpbf16ps per cycle and port pair where an FMA does half the products).
-// Intel's (Cooper Lake, Sapphire Rapids and later) run it at most at the FMA's rate; measured on
-// a Sapphire Rapids at half (`flat bench`: 226 against 445 GFLOP/s).
-bool prefers_bf16_dot() { return has_avx512_bf16() && __builtin_cpu_is("amd"); }
+#else
+CpuFeatures read_cpu_features() { return 0; }
 #endif
 
-bool always() { return true; }
-
-// What each target needs from the CPU and the OS, and whether it is worth taking by default where
-// it runs. A target of the list without a row here is never supported.
-struct Requirement {
-  const char* target;
-  bool (*runs)();
-  bool (*preferred)();
-};
-constexpr Requirement kRequirements[] = {
-    {"generic", always, always},
-#if defined(__x86_64__) || defined(__i386__)
-    {"avx2", has_avx2, has_avx2},
-    {"avx512", has_avx512, has_avx512},
-    {"avx512_bf16", has_avx512_bf16, prefers_bf16_dot},
-#endif
-};
-
-const Requirement* requirement(const Target& target) {
-  for (const Requirement& r : kRequirements)
-    if (std::strcmp(r.target, target.name) == 0) return &r;
-  return nullptr;
-}
+bool has(CpuFeatures wanted) { return (cpu_features() & wanted) == wanted; }
 
 }  // namespace
+
+CpuFeatures cpu_features() {
+  static const CpuFeatures features = read_cpu_features();
+  return features;
+}
 
 std::span<const Target* const> compiled_targets() {
   static const Target* const targets[] = {
@@ -68,10 +81,7 @@ std::span<const Target* const> compiled_targets() {
   return targets;
 }
 
-bool supported(const Target& target) {
-  const Requirement* r = requirement(target);
-  return r && r->runs();
-}
+bool supported(const Target& target) { return has(target.needs); }
 
 std::vector<const Target*> supported_targets() {
   std::vector<const Target*> out;
@@ -96,10 +106,8 @@ const Target& default_target() {
     const Target* asked = find_target(requested_target());
     if (asked && supported(*asked)) return asked;
     const Target* best = compiled_targets().front();
-    for (const Target* t : compiled_targets()) {
-      const Requirement* r = requirement(*t);
-      if (r && r->runs() && r->preferred()) best = t;
-    }
+    for (const Target* t : compiled_targets())
+      if (has(t->needs | t->preferred_with)) best = t;
     return best;
   }();
   return *chosen;

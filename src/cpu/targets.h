@@ -3,11 +3,13 @@
 // with the target's flags, which instantiates the chunk stages (src/cpu/stages/) and the
 // convolution's and the output norm's leaves (src/cpu/conv_leaf.h, src/cpu/norm_leaf.h) on its
 // own microkernels (src/cpu/kernels/) and
-// returns a Target. CMake passes the list on (flat_cpu_targets.inc), and from it come the dispatch
-// below, the name flat bench prints and the targets the tests run. targets.cpp says which ones
-// the CPU runs and which one a call runs on.
+// returns a Target, which says what it needs from the CPU and where it is preferred. CMake passes
+// the list on (flat_cpu_targets.inc), and from it come the dispatch below, the name flat bench
+// prints and the targets the tests run. targets.cpp reads the CPU's features and picks the target
+// a call runs on.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -38,6 +40,29 @@ struct MicroKernels {
                              float* dq, float* dk, float* f);
 };
 
+// What a target may need from the CPU and its OS, one bit each, as CPUID and XCR0 report them
+// (targets.cpp reads them once): the instructions, and the OS saving the registers they use.
+using CpuFeatures = uint32_t;
+enum CpuFeature : CpuFeatures {
+  kCpuFma = 1u << 0,
+  kCpuAvx2 = 1u << 1,
+  kCpuAvx512f = 1u << 2,
+  kCpuAvx512bw = 1u << 3,
+  kCpuAvx512dq = 1u << 4,
+  kCpuAvx512vl = 1u << 5,
+  kCpuAvx512Bf16 = 1u << 6,
+  // Not a CPUID bit: vdpbf16ps at twice the FLOP rate of the fp32 FMA units, as on every AMD core
+  // with AVX512-BF16 (Zen 4 and Zen 5: a 512-bit vdpbf16ps per cycle and port pair where an FMA
+  // does half the products). Intel's (Cooper Lake, Sapphire Rapids and later) run it at most at
+  // the FMA's rate; measured on a Sapphire Rapids at half (`flat bench`: 226 against 445 GFLOP/s).
+  kCpuBf16DotOutrunsFma = 1u << 7,
+};
+// The AVX-512 subsets the avx512 microkernels use.
+constexpr CpuFeatures kCpuAvx512 = kCpuAvx512f | kCpuAvx512bw | kCpuAvx512dq | kCpuAvx512vl | kCpuFma;
+
+// This CPU's features (none but the portable baseline off x86). Read once.
+CpuFeatures cpu_features();
+
 // The value scan's leaves (src/cpu/values.cpp): whether any of n contiguous elements breaks the
 // rule (src/cpu/kernels/any_broken__generic.h, compiled with the target's flags).
 struct ValueKernels {
@@ -48,6 +73,8 @@ struct ValueKernels {
 struct Target {
   const char* name;
   const char* products;  // what its chunk products run on, in words (flat bench's title)
+  CpuFeatures needs;           // runs where the CPU has all of these
+  CpuFeatures preferred_with;  // taken by default (where it runs) only when the CPU has these too
   SequenceKernels sequence;
   ConvKernels conv;
   NormGateKernels norm;
@@ -84,8 +111,9 @@ bool supported(const Target& target);
 // The compiled targets this CPU runs.
 std::vector<const Target*> supported_targets();
 // The target every operation runs on by default: the one FLAT_ISA names in the environment when
-// this CPU runs it; otherwise the last supported target of the list that is preferred here (a
-// target with bf16 dot products only where they outrun the FMA units). Chosen once.
+// this CPU runs it; otherwise the last supported target of the list that is preferred here (its
+// preferred_with present: a target with bf16 dot products only where they outrun the FMA units).
+// Chosen once.
 const Target& default_target();
 // The compiled target of this name, or null.
 const Target* find_target(std::string_view name);

@@ -12,13 +12,13 @@ namespace flat::cpu {
 namespace {
 
 constexpr MicroKernels micro_kernels_avx512(MicroKernels::Gemm gemm_bf16_values) {
-  return {gemm_f32_6x64__avx512,
-          gemm_bf16_values,
-          transpose_f32_16x16__avx512,
-          exp_f32_16__avx512,
-          dot_f32_16__avx512,
-          diagonal_scores_f32_16xk__avx512,
-          diagonal_gradients_f32_16xk__avx512};
+  return {.gemm = gemm_f32_6x64__avx512,
+          .gemm_bf16_values = gemm_bf16_values,
+          .transpose = transpose_f32_16x16__avx512,
+          .exp = exp_f32_16__avx512,
+          .dot = dot_f32_16__avx512,
+          .diagonal_scores = diagonal_scores_f32_16xk__avx512,
+          .diagonal_gradients = diagonal_gradients_f32_16xk__avx512};
 }
 
 }  // namespace

@@ -62,9 +62,15 @@ size_t workspace_bytes(const Params& p) { return Chunk(p, nullptr).bytes; }
 // The stages instantiated for a target's primitives Ops (src/cpu/target_<name>.cpp).
 template <class Ops>
 constexpr SequenceKernels make_sequence_kernels() {
-  return {workspace_bytes,      forward_sequence<Ops>, step_sequence<Ops>,         backward_sequence<Ops>,
-          initial_state_gradient, final_state_gradient, chunk_output<Ops>, chunk_state_gradient<Ops>,
-          chunk_gradients<Ops>};
+  return {.workspace_bytes = workspace_bytes,
+          .forward = forward_sequence<Ops>,
+          .step = step_sequence<Ops>,
+          .backward = backward_sequence<Ops>,
+          .initial_state_gradient = initial_state_gradient,
+          .final_state_gradient = final_state_gradient,
+          .chunk_output = chunk_output<Ops>,
+          .chunk_state_gradient = chunk_state_gradient<Ops>,
+          .chunk_gradients = chunk_gradients<Ops>};
 }
 
 }  // namespace
