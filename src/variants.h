@@ -1,7 +1,7 @@
 // What each variant is made of, in one table: its gate, its state update, the tensors it takes
-// and their shapes, and the work a pass does (FLOPs and bytes). The API's validation, `flat run`,
-// `flat bench`, the float64 oracle and the tests all read it here, and none of them switches on a
-// variant. Adding a variant whose math exists (a gate and an update the kernels have) takes its
+// and their shapes. The API's validation, `flat run`, `flat bench` (whose shapes and model of the
+// work live in tools/bench_model.h), the float64 oracle and the tests all read it here, and none
+// of them switches on a variant. Adding a variant whose math exists (a gate and an update the kernels have) takes its
 // name in flat::Variant and a row of kVariants (src/variants.cpp); docs/variants.md states the
 // math of each.
 #pragma once
@@ -37,11 +37,8 @@ struct VariantInfo {
   Gate gate;
   Update update;
   // Gate::grouped: channels per gate value when Options::gate_group is 0 (0: from g's last axis).
-  int default_gate_group;
+  int default_gate_group = 0;
   const char* summary;  // the update in one line
-  // The shape `flat bench` measures the variant at, where it is not the bench's: keys this wide
-  // (0: the bench's K), shared by this many value heads each (SLA-R4: K = 256, 4 value heads).
-  int bench_K, bench_value_heads;
 
   bool has_gate() const { return gate != Gate::none; }
   bool has_beta() const { return update == Update::delta; }
@@ -58,24 +55,5 @@ struct VariantInfo {
 // Every variant, in the order of flat::Variant.
 std::span<const VariantInfo> all_variants();
 const VariantInfo& info(Variant variant);
-
-// The work of one pass, as `flat bench` reports it (docs/performance.md, "FLOPs" and "Bytes").
-// Items are (batch, key head), each with R value heads side by side (R = 1 but for sla).
-struct ProblemSize {
-  int64_t B = 1, S = 1, N = 1, K = 1, V = 1;
-  int64_t R = 1;       // value heads per key head: q, k, g, beta at N / R heads
-  int64_t G = 1;       // channels per gate value (Gate::grouped)
-  int chunk = 64;
-  DType dtype = DType::bf16;  // of q, k, v, beta / b / w, y and their gradients; g, dg are fp32
-
-  int64_t key_heads() const { return N / R; }
-};
-
-// FLOPs of the chunkwise algorithm, a multiply-add as 2, no padding counted.
-double chunk_flops(const VariantInfo& v, const ProblemSize& w, bool backward);
-// FLOPs of the step-by-step recurrence.
-double recurrent_flops(const VariantInfo& v, const ProblemSize& w, bool backward);
-// Bytes a pass must move: every input read once and every output written once.
-double io_bytes(const VariantInfo& v, const ProblemSize& w, bool backward);
 
 }  // namespace flat

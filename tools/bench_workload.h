@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_conv.h"
+#include "bench_model.h"
 #include "bench_norm.h"
 #include "bench_serve.h"
 #include "flat/flat.h"
@@ -49,26 +50,27 @@ struct BenchOptions {
 };
 
 // The problem one variant is measured on: the bench's shape, except where the variant has its
-// own (src/variants.h: sla's K = 256, each key head shared by 4 value heads: q, k, g, beta at
+// own (bench_shape, tools/bench_model.h: sla's K = 256, each key head shared by 4 value heads: q, k, g, beta at
 // N / R heads). The delta family runs with in-kernel L2 normalisation of q and k, as the models
 // using it do (raw keys of this size would make I - beta k k^T expand the state).
 struct Shape : ProblemSize {
-  Shape(const BenchOptions& o, Variant variant_) : variant(info(variant_)) {
+  Shape(const BenchOptions& o, Variant variant_) : variant(info(variant_)), own(bench_shape(variant_)) {
     B = o.B;
     S = o.S;
     N = o.N;
-    K = variant.bench_K > 0 ? variant.bench_K : o.K;
+    K = own.K > 0 ? own.K : o.K;
     V = o.V;
-    R = o.N % variant.bench_value_heads == 0 ? variant.bench_value_heads : 1;
+    R = o.N % own.value_heads == 0 ? own.value_heads : 1;
     G = variant.default_gate_group > 0 ? variant.default_gate_group : 1;
     chunk = o.chunk;
     dtype = o.dtype;
   }
 
   const VariantInfo& variant;
+  const BenchShape own;
 
   std::string label() const {
-    if (variant.bench_K == 0 && variant.bench_value_heads == 1) return variant.name;
+    if (own.K == 0 && own.value_heads == 1) return variant.name;
     return std::string(variant.name) + " (K=" + std::to_string(K) + ", R=" + std::to_string(R) + ")";
   }
   int64_t gate_width() const { return variant.gate_width(K, G); }
