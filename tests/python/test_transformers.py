@@ -584,8 +584,9 @@ def test_layer_forward_keeps_the_cache_protocol(family, record_past):
 
 def test_layer_decode_step_updates_a_float32_state_in_place():
     """The layer forward's single-token delta rule writes the cache's float32 state in place (and
-    returns that tensor) with the values of a step into a fresh state; a bfloat16 state, or inputs
-    that need a gradient, get a fresh state and leave the cache's as it was."""
+    returns that tensor) with the values of a step into a fresh state; a bfloat16 state, one whose
+    last axis is strided, or inputs that need a gradient, get a fresh state and leave the cache's as
+    it was."""
     from flat.transformers._layers import _delta_rule, _delta_rule_step
 
     g = torch.Generator().manual_seed(7)
@@ -601,12 +602,16 @@ def test_layer_decode_step_updates_a_float32_state_in_place():
     assert final is state
     assert relative(o, want_o) <= FP32 and relative(state, want_state) <= FP32
 
-    for case in ("bf16", "grad"):
-        kept = state.to(torch.bfloat16) if case == "bf16" else state.clone()
+    for case in ("bf16", "strided", "grad"):
+        kept = {"bf16": state.to(torch.bfloat16),
+                "strided": state.transpose(-1, -2).contiguous().transpose(-1, -2)}.get(case, state.clone())
         before = kept.clone()
         A = A_log.clone().requires_grad_(case == "grad")
         o, final = _delta_rule_step(q, k, v, a, b, A, dt_bias, kept, True, None)
         assert final is not kept and torch.equal(kept, before), case
+        if case == "strided":
+            want_o, want_state = _delta_rule(q, k, v, a, b, A_log, dt_bias, kept.clone(), True, None)
+            assert relative(o, want_o) <= FP32 and relative(final, want_state) <= FP32
 
 
 def test_layer_forward_left_padded_generation_runs_on_the_layer():
