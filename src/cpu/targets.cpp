@@ -3,10 +3,6 @@
 #include <cstdlib>
 #include <string>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include "flat/flat.h"
 
 namespace flat::cpu {
@@ -19,44 +15,20 @@ namespace flat::cpu {
 namespace {
 
 #if defined(__x86_64__) || defined(__i386__)
-// The features from CPUID and XCR0: an instruction set counts only where the OS saves its
-// registers (XCR0 bits 1-2, the XMM and YMM state, for AVX2 and FMA; bits 5-7, the opmask and all
-// of the ZMM registers, for AVX-512), so that a CPU that has them under an OS that does not
-// (or a hypervisor that hides them) gets the next target down.
+// The features as GCC's runtime reads them from CPUID, which counts an instruction set only where
+// the OS saves its registers (XCR0), so that a CPU that has them under an OS that does not (or a
+// hypervisor that hides them) gets the next target down.
 CpuFeatures read_cpu_features() {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 0;
-  const unsigned max_leaf = eax;
-  const bool amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;  // "AuthenticAMD"
-  __get_cpuid(1, &eax, &ebx, &ecx, &edx);
-  const bool fma = ecx & (1u << 12), osxsave = ecx & (1u << 27);
-  uint64_t xcr0 = 0;
-  if (osxsave) {
-    uint32_t low, high;
-    __asm__("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
-    xcr0 = (uint64_t(high) << 32) | low;
-  }
-  const bool ymm_saved = (xcr0 & 0x6u) == 0x6u, zmm_saved = ymm_saved && (xcr0 & 0xe0u) == 0xe0u;
-  unsigned leaf7_ebx = 0, leaf7_1_eax = 0;
-  if (max_leaf >= 7) {
-    unsigned subleaves;
-    __cpuid_count(7, 0, subleaves, leaf7_ebx, ecx, edx);
-    if (subleaves >= 1) __cpuid_count(7, 1, leaf7_1_eax, ebx, ecx, edx);
-  }
-  const auto bit = [](unsigned reg, int i) { return (reg >> i) & 1u; };
+  __builtin_cpu_init();
   CpuFeatures f = 0;
-  if (ymm_saved) {
-    if (fma) f |= kCpuFma;
-    if (bit(leaf7_ebx, 5)) f |= kCpuAvx2;
-  }
-  if (zmm_saved) {
-    if (bit(leaf7_ebx, 16)) f |= kCpuAvx512f;
-    if (bit(leaf7_ebx, 17)) f |= kCpuAvx512dq;
-    if (bit(leaf7_ebx, 30)) f |= kCpuAvx512bw;
-    if (bit(leaf7_ebx, 31)) f |= kCpuAvx512vl;
-    if (bit(leaf7_1_eax, 5)) f |= kCpuAvx512Bf16;
-  }
-  if ((f & kCpuAvx512Bf16) && amd) f |= kCpuBf16DotOutrunsFma;
+  if (__builtin_cpu_supports("fma")) f |= kCpuFma;
+  if (__builtin_cpu_supports("avx2")) f |= kCpuAvx2;
+  if (__builtin_cpu_supports("avx512f")) f |= kCpuAvx512f;
+  if (__builtin_cpu_supports("avx512bw")) f |= kCpuAvx512bw;
+  if (__builtin_cpu_supports("avx512dq")) f |= kCpuAvx512dq;
+  if (__builtin_cpu_supports("avx512vl")) f |= kCpuAvx512vl;
+  if (__builtin_cpu_supports("avx512bf16")) f |= kCpuAvx512Bf16;
+  if ((f & kCpuAvx512Bf16) && __builtin_cpu_is("amd")) f |= kCpuBf16DotOutrunsFma;
   return f;
 }
 #else

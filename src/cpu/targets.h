@@ -40,8 +40,8 @@ struct MicroKernels {
                              float* dq, float* dk, float* f);
 };
 
-// What a target may need from the CPU and its OS, one bit each, as CPUID and XCR0 report them
-// (targets.cpp reads them once): the instructions, and the OS saving the registers they use.
+// What a target may need from the CPU and its OS, one bit each (targets.cpp reads them once, from
+// GCC's runtime: the instructions, and the OS saving the registers they use).
 using CpuFeatures = uint32_t;
 enum CpuFeature : CpuFeatures {
   kCpuFma = 1u << 0,
@@ -60,7 +60,7 @@ enum CpuFeature : CpuFeatures {
 // The AVX-512 subsets the avx512 microkernels use.
 constexpr CpuFeatures kCpuAvx512 = kCpuAvx512f | kCpuAvx512bw | kCpuAvx512dq | kCpuAvx512vl | kCpuFma;
 
-// This CPU's features (none but the portable baseline off x86). Read once.
+// This CPU's features (none off x86). Read once.
 CpuFeatures cpu_features();
 
 // The value scan's leaves (src/cpu/values.cpp): whether any of n contiguous elements breaks the

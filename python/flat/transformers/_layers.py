@@ -71,10 +71,10 @@ def _delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state
 def _delta_rule_step(q, k, v, a, b, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval=False):
     """One cached token per sequence, as _delta_rule, with the cache's state [B, HV, K, V] updated in
     place where flat can do that (a float32 state whose last axis is contiguous, no gradient wanted,
-    no packing): its rows are
-    then read and written as a pool, and the returned final state is the cache's tensor itself, so
-    that the cache's update_recurrent_state copies it onto itself, which PyTorch skips. A decode
-    step at batch 16 otherwise writes 16 MB of fresh state and copies it into the cache."""
+    no packing): its rows are then read and written as a pool, and the returned final state is the
+    cache's tensor itself, so that the cache's update_recurrent_state copies it onto itself, which
+    PyTorch skips. A decode step at batch 16 otherwise writes 16 MB of fresh state and copies it
+    into the cache."""
     if (state is None or state.dtype != torch.float32 or state.stride(-1) != 1 or cu_seqlens is not None or
             torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, a, b, A_log, dt_bias, state))):
         return _delta_rule(q, k, v, a, b, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval)
