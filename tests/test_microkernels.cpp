@@ -17,6 +17,9 @@
 namespace flat::test {
 namespace {
 
+using cpu::GemmDesc;
+using cpu::Layout;
+using cpu::Operands;
 using cpu::Triangle;
 
 constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
@@ -43,9 +46,11 @@ void on_every_target(Check&& check) {
   }
 }
 
-// C (+)= A B against float64, every element within the fp32 summation bound of its terms: k + 1
-// additions of exact (bf16 values) or once-rounded (fp32) products, in any order.
-void check_gemm(cpu::MicroKernels::Gemm gemm, bool bf16_values) {
+// C (+)= A B on the kernel the target chooses for each description against float64, every
+// element within the fp32 summation bound of its terms: k + 1 additions of exact (bf16 values) or
+// once-rounded (fp32) products, in any order.
+void check_gemm(const cpu::MicroKernels& micro, Operands operands) {
+  const bool bf16_values = operands == Operands::bf16_values;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const auto draw = [&] { return bf16_values ? to_bf16_value(uniform(rng)) : uniform(rng); };
@@ -68,7 +73,11 @@ void check_gemm(cpu::MicroKernels::Gemm gemm, bool bf16_values) {
               for (int i = 0; i < m; ++i)
                 for (int j = 0; j < ldc; ++j) c[size_t(i) * ldc + j] = j < n ? uniform(rng) : kPoison;
               const std::vector<float> c0 = c;
-              gemm(m, n, k, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, accumulate, tri);
+              const GemmDesc d{.operands = operands,
+                               .a = a_transposed ? Layout::columns : Layout::rows,
+                               .accumulate = accumulate,
+                               .triangle = tri};
+              micro.gemm(d)(d, m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc);
               const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                        " k=" + std::to_string(k) + " tri=" + std::to_string(int(tri)) +
                                        (a_transposed ? " A^T" : " A") + (accumulate ? " +=" : " =");
@@ -92,11 +101,11 @@ void check_gemm(cpu::MicroKernels::Gemm gemm, bool bf16_values) {
 }
 
 TEST(MicroKernels, GemmMatchesFloat64) {
-  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro.gemm, false); });
+  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro, Operands::f32); });
 }
 
 TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
-  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro.gemm_bf16_values, true); });
+  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro, Operands::bf16_values); });
 }
 
 // A transpose is exact; the destination's padding stays untouched.

@@ -17,13 +17,9 @@ namespace {
 // microkernels: every call is to a known function, so it inlines as a direct call would.
 template <const MicroKernels& M>
 struct TableOps {
-  static void gemm(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c, int ldc,
-                   bool accumulate, Triangle tri) {
-    M.gemm(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, tri);
-  }
-  static void gemm_bf16_values(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb,
-                               float* c, int ldc, bool accumulate, Triangle tri) {
-    M.gemm_bf16_values(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, tri);
+  static void gemm(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+                   int ldc) {
+    M.gemm(d)(d, m, n, k, a, lda, b, ldb, c, ldc);
   }
   static void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {
     M.transpose(rows, cols, src, lds, dst, ldd);

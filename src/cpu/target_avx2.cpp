@@ -13,9 +13,9 @@
 namespace flat::cpu {
 namespace {
 
-// gemm_bf16_values on the fp32 FMA tile, as generic's: no bf16 dot products without AVX-512.
-constexpr MicroKernels kAvx2{.gemm = gemm_f32_6x16__avx2,
-                             .gemm_bf16_values = gemm_f32_6x16__avx2,
+// Products of bf16 values too on the fp32 FMA tile, as generic's: no bf16 dot products without
+// AVX-512.
+constexpr MicroKernels kAvx2{.gemm = every_product<gemm_f32_6x16__avx2>,
                              .transpose = transpose_f32_8x8__avx2,
                              .exp = exp_f32_8__avx2,
                              .dot = dot_f32_8__avx2,

@@ -8,7 +8,7 @@
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels kAvx512 = micro_kernels_avx512(gemm_f32_6x64__avx512);
+constexpr MicroKernels kAvx512 = micro_kernels_avx512(every_product<gemm_f32_6x64__avx512>);
 
 }  // namespace
 

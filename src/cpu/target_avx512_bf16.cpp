@@ -12,7 +12,12 @@
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels kAvx512Bf16 = micro_kernels_avx512(gemm_bf16_6x64__avx512bf16);
+// Products whose operands are all bf16 values on vdpbf16ps, exactly; every other on fp32 FMA.
+constexpr GemmKernel choose_gemm(const GemmDesc& d) {
+  return d.operands == Operands::bf16_values ? gemm_bf16_6x64__avx512bf16 : gemm_f32_6x64__avx512;
+}
+
+constexpr MicroKernels kAvx512Bf16 = micro_kernels_avx512(choose_gemm);
 
 }  // namespace
 

@@ -9,8 +9,7 @@
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels kGeneric{.gemm = gemm_f32_1xn__generic,
-                                .gemm_bf16_values = gemm_f32_1xn__generic,
+constexpr MicroKernels kGeneric{.gemm = every_product<gemm_f32_1xn__generic>,
                                 .transpose = transpose_f32__generic,
                                 .exp = exp_f32__generic,
                                 .dot = dot_f32__generic,

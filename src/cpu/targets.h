@@ -27,11 +27,11 @@ namespace flat::cpu {
 // them (contracts in src/cpu/kernels/: gemm_f32_1xn__generic.h, elementwise_f32__generic.h,
 // diagonal_f32_1xk__generic.h).
 struct MicroKernels {
-  // C[m, n] (+)= A B, A(i, p) = a[i*a_rs + p*a_cs], B row-major; gemm_bf16_values where every
-  // operand is a bf16 value (on bf16 dot-product units where the target has them, exactly).
-  using Gemm = void (*)(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c,
-                        int ldc, bool accumulate, Triangle tri);
-  Gemm gemm, gemm_bf16_values;
+  // The kernel of a product so described (src/cpu/kernels/product.h): the target's choice by the
+  // operands (bf16 values on bf16 dot-product units where it has them, exactly), the layout, the
+  // size.
+  using ChooseGemm = GemmKernel (*)(const GemmDesc& d);
+  ChooseGemm gemm;
   void (*transpose)(int rows, int cols, const float* src, int lds, float* dst, int ldd);
   void (*exp)(float* x, int n);
   float (*dot)(const float* a, const float* b, int n);

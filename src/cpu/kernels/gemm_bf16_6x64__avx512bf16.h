@@ -61,18 +61,20 @@ constexpr auto make_pair_tiles(std::integer_sequence<int, MR...>) {
 constexpr auto kPairTiles = make_pair_tiles(std::make_integer_sequence<int, kTileRows>{});
 static_assert(kStripColumns == 16 * kTileVectors && kBlockRows % kTileRows == 0, "packs of whole tiles");
 
-
-// C[m, n] (+)= A B as gemm_f32_6x64__avx512 (the same operands, strides and triangles) with A and B
-// rounded to bf16 (to nearest even; exact for bf16 values). Loops: panels of k, blocks of rows of A, strips of columns of B, tiles. A tile reads
-// only the pairs of its nonzero range of A (per `tri`), rounded out to whole pairs: the extra
-// element is a stored zero of the triangle.
-inline void gemm_bf16_6x64__avx512bf16(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c,
-                        int ldc, bool accumulate, Triangle tri) {
+// C[m, n] (+)= A B as gemm_f32_6x64__avx512 (the same operands, layouts and triangles) with A and
+// B rounded to bf16 (to nearest even; exact for Operands::bf16_values). Loops: panels of k, blocks
+// of rows of A, strips of columns of B, tiles. A tile reads only the pairs of its nonzero range of
+// A (per d.triangle), rounded out to whole pairs: the extra element is a stored zero of the
+// triangle.
+inline void gemm_bf16_6x64__avx512bf16(const GemmDesc& d, int m, int n, int k, const float* a, int lda,
+                                       const float* b, int ldb, float* c, int ldc) {
+  const auto [a_rs, a_cs] = a_strides(d, lda);
+  const Triangle tri = d.triangle;
   alignas(64) uint32_t a_pack[kBlockRows * kPanelPairs];
   alignas(64) uint32_t b_pack[kPanelPairs * kStripColumns];
   for (int k0 = 0; k0 < k || k0 == 0; k0 += kPanelDepth) {
     const int depth = k - k0 < kPanelDepth ? k - k0 : kPanelDepth;
-    const bool into = accumulate || k0 > 0;
+    const bool into = d.accumulate || k0 > 0;
     for (int r0 = 0; r0 < m; r0 += kBlockRows) {
       const int rows = m - r0 < kBlockRows ? m - r0 : kBlockRows;
       const PackedA pa = pack_bf16_pairs_a(rows, depth, a + size_t(r0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);

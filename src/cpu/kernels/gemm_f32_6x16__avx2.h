@@ -73,10 +73,12 @@ constexpr auto make_tiles_avx2(std::integer_sequence<int, MR...>) {
 constexpr auto kTilesAvx2 = make_tiles_avx2(std::make_integer_sequence<int, kTileRowsAvx2>{});
 
 // C[m, n] (+)= A B tile by tile.
-// Tiles in zero regions of A (per `tri`) contribute nothing and are skipped along k; tiles of C
-// entirely above the diagonal are skipped for c_lower.
-inline void gemm_f32_6x16__avx2(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb,
-                                float* c, int ldc, bool accumulate, Triangle tri) {
+// Tiles in zero regions of A (per d.triangle) contribute nothing and are skipped along k; tiles
+// of C entirely above the diagonal are skipped for c_lower.
+inline void gemm_f32_6x16__avx2(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
+                                int ldb, float* c, int ldc) {
+  const auto [a_rs, a_cs] = a_strides(d, lda);
+  const Triangle tri = d.triangle;
   constexpr int kWidth = 8 * kTileVectorsAvx2;
   for (int i0 = 0; i0 < m; i0 += kTileRowsAvx2) {
     const int mr = m - i0 < kTileRowsAvx2 ? m - i0 : kTileRowsAvx2;
@@ -90,7 +92,7 @@ inline void gemm_f32_6x16__avx2(int m, int n, int k, const float* a, int a_rs, i
       const int last = nr - 8 * (vectors - 1);
       kTilesAvx2.t[mr - 1][vectors - 1][last < 8](p1 - p0, a + size_t(i0) * a_rs + size_t(p0) * a_cs, a_rs, a_cs,
                                                   b + size_t(p0) * ldb + j0, ldb, c + size_t(i0) * ldc + j0, ldc,
-                                                  first_lanes_avx2(last), accumulate);
+                                                  first_lanes_avx2(last), d.accumulate);
     }
   }
 }

@@ -89,10 +89,12 @@ constexpr auto make_tiles(std::integer_sequence<int, MR...>) {
 constexpr auto kTiles = make_tiles(std::make_integer_sequence<int, kTileRows>{});
 
 // C[m, n] (+)= A B tile by tile.
-// Tiles in zero regions of A (per `tri`) contribute nothing and are skipped along k; tiles of C
-// entirely above the diagonal are skipped for c_lower.
-inline void gemm_f32_6x64__avx512(int m, int n, int k, const float* a, int a_rs, int a_cs, const float* b, int ldb, float* c, int ldc,
-                bool accumulate, Triangle tri) {
+// Tiles in zero regions of A (per d.triangle) contribute nothing and are skipped along k; tiles
+// of C entirely above the diagonal are skipped for c_lower.
+inline void gemm_f32_6x64__avx512(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
+                                  int ldb, float* c, int ldc) {
+  const auto [a_rs, a_cs] = a_strides(d, lda);
+  const Triangle tri = d.triangle;
   for (int i0 = 0; i0 < m; i0 += kTileRows) {
     const int mr = m - i0 < kTileRows ? m - i0 : kTileRows;
     int p0 = 0, p1 = k;
@@ -104,11 +106,10 @@ inline void gemm_f32_6x64__avx512(int m, int n, int k, const float* a, int a_rs,
       const int vectors = (nr + 15) / 16;
       const __mmask16 tail = first_lanes(nr - 16 * (vectors - 1));
       kTiles.t[mr - 1][vectors - 1](p1 - p0, a + size_t(i0) * a_rs + size_t(p0) * a_cs, a_rs, a_cs,
-                                    b + size_t(p0) * ldb + j0, ldb, c + size_t(i0) * ldc + j0, ldc, tail, accumulate);
+                                    b + size_t(p0) * ldb + j0, ldb, c + size_t(i0) * ldc + j0, ldc, tail, d.accumulate);
     }
   }
 }
-
 
 }  // namespace
 }  // namespace flat::cpu

@@ -1,6 +1,6 @@
 // The microkernels the AVX-512 targets share, as their table (src/cpu/targets.h), with the
-// product of bf16 values on the one the target gives: the fp32 FMA tile itself, or the bf16
-// dot-product tile where the target has AVX512-BF16.
+// target's choice of product kernel: the fp32 FMA tile for every product, or the bf16 dot-product
+// tile for products of bf16 values where the target has AVX512-BF16.
 #pragma once
 
 #include "cpu/kernels/diagonal_f32_16xk__avx512.h"
@@ -11,9 +11,8 @@
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels micro_kernels_avx512(MicroKernels::Gemm gemm_bf16_values) {
-  return {.gemm = gemm_f32_6x64__avx512,
-          .gemm_bf16_values = gemm_bf16_values,
+constexpr MicroKernels micro_kernels_avx512(MicroKernels::ChooseGemm gemm) {
+  return {.gemm = gemm,
           .transpose = transpose_f32_16x16__avx512,
           .exp = exp_f32_16__avx512,
           .dot = dot_f32_16__avx512,

@@ -1,11 +1,51 @@
-// What every product microkernel shares: the triangle a product may skip. Target-independent.
+// What every product microkernel shares: the descriptor a chunk product is chosen and run by.
+// Target-independent.
 #pragma once
+
+#include <cstdint>
 
 namespace flat::cpu {
 
 // Which part of a matrix product's operands is known to be zero (stored as zeros), so whole
 // tiles can be skipped: A(i, p) = 0 for p > i (a_lower) or p < i (a_upper); or only C(i, j) with
 // j <= i is wanted (c_lower; tiles entirely above the diagonal are left unwritten).
-enum class Triangle { none, a_lower, a_upper, c_lower };
+enum class Triangle : uint8_t { none, a_lower, a_upper, c_lower };
+
+// What a product's operands hold: any fp32 values, or only bf16 values (the rows of bf16 q, k and
+// v as loaded), which a kernel on narrower units (bf16 dot products, tiles) packs without loss.
+enum class Operands : uint8_t { f32, bf16_values };
+
+// How A is stored: by rows (A [m, k], row i at a + i * lda) or by columns (A^T stored [k, m],
+// column p of A at a + p * lda: the products A^T B of the state update and the backward).
+enum class Layout : uint8_t { rows, columns };
+
+// One chunk product C[m, n] (+)= A B with B row-major [k, n], described: a target chooses its
+// kernel by it (MicroKernels::gemm) and the kernel runs it. A new operand type or kernel (fp16,
+// AMX tiles) is a value here and a target's choice, not a new slot in the table.
+struct GemmDesc {
+  Operands operands = Operands::f32;
+  Layout a = Layout::rows;
+  bool accumulate = false;  // C += A B, else C = A B
+  Triangle triangle = Triangle::none;
+};
+
+// A product microkernel: the leaf (m, n, k, a, lda, b, ldb, c, ldc) of the product `d` describes;
+// no threads, no allocation.
+using GemmKernel = void (*)(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                            float* c, int ldc);
+
+// A's element strides (row, column) for its layout.
+struct AStrides {
+  int row, column;
+};
+constexpr AStrides a_strides(const GemmDesc& d, int lda) {
+  return d.a == Layout::rows ? AStrides{lda, 1} : AStrides{1, lda};
+}
+
+// The choice of a target whose one kernel takes every product.
+template <GemmKernel kernel>
+constexpr GemmKernel every_product(const GemmDesc&) {
+  return kernel;
+}
 
 }  // namespace flat::cpu

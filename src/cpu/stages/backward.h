@@ -140,7 +140,7 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   float* dvalues = ch.delta ? ch.drv : ch.dv;
   scale_rows(ch.qg, ch.q, ch.prefix, L, K, ch.W);
   scale_rows(ch.kd, ch.k, ch.suffix, L, K, ch.W);
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk_bf16);
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk);
   gemm_nt<Ops>(ch, L, L, VW, ch.dy, VW, ch.values(), VW, ch.dscores, C, false, Triangle::c_lower);
   // H0^T packed once for dY H0^T here and, with the delta rule, dz H0^T in delta_backward (into its
   // own array; without the delta rule the product panel serves, used once).

@@ -46,8 +46,11 @@ struct Chunk {
         VW(p.pack * p.V),
         W(p.gate == GateKind::channel ? p.K : 1),
         delta(p.delta != Delta::none),
-        qk_bf16(p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16 && !p.l2norm_qk),
-        v_bf16(p.v.dtype == DType::bf16) {
+        qk(p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16 && !p.l2norm_qk ? Operands::bf16_values
+                                                                                 : Operands::f32),
+        kv(p.gate == GateKind::none && !delta && qk == Operands::bf16_values && p.v.dtype == DType::bf16
+               ? Operands::bf16_values
+               : Operands::f32) {
     Arena arena(workspace);
     const size_t CK = size_t(C) * K, CV = size_t(C) * VW, CW = size_t(C) * W, CC = size_t(C) * C;
     for (float** t : {&q, &k, &qg, &kd, &qs, &post, &dq, &dk, &dk_state}) *t = arena.take<float>(CK);
@@ -76,9 +79,10 @@ struct Chunk {
   const int C, K, V, R, VW;  // VW = R * V: the packed heads' values side by side
   const int W;               // decay width: K for per-channel (and grouped) gates, 1 otherwise
   const bool delta;
-  // The loaded q and k rows (v rows) are bf16 values: products of them alone may run on bf16
-  // dot-product units, exactly.
-  const bool qk_bf16, v_bf16;
+  // What the products of loaded rows alone hold: the scores q k^T (bf16 values for bf16 q and k,
+  // not normalised), and the state update k^T v where k enters it as loaded (no gate, no delta
+  // rule); a target runs bf16 values on its bf16 products, exactly.
+  const Operands qk, kv;
   int L = 0;  // tokens in this chunk
   size_t bytes = 0;
 

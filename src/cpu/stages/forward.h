@@ -37,7 +37,7 @@ template <class Ops>
 void output(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
   scale_rows(ch.qg, ch.q, ch.prefix, L, K, ch.W);
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk_bf16);
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk);
   gemm_nn<Ops>(L, VW, K, ch.qg, K, H0, VW, ch.out, VW, false);
   gemm_nn<Ops>(L, VW, L, ch.scores, C, ch.values(), VW, ch.out, VW, true, Triangle::a_lower);
   for (int i = 0; i < L; ++i) {
@@ -50,11 +50,10 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch, const float* H
 // H <- P_{L-1} * H + (k * R)^T values over the loaded chunk. Without a gate (R = 1) and without
 // the delta rule the product's operands are k and v themselves.
 template <class Ops>
-void update_state(const Params& p, Chunk& ch, float* H) {
+void update_state(Chunk& ch, float* H) {
   scale_rows(ch.kd, ch.k, ch.suffix, ch.L, ch.K, ch.W);
   decay_state(ch, H);
-  const bool bf16_values = p.gate == GateKind::none && !ch.delta && ch.qk_bf16 && ch.v_bf16;
-  gemm_tn<Ops>(ch.K, ch.VW, ch.L, ch.kd, ch.K, ch.values(), ch.VW, H, ch.VW, true, Triangle::none, bf16_values);
+  gemm_tn<Ops>(ch.K, ch.VW, ch.L, ch.kd, ch.K, ch.values(), ch.VW, H, ch.VW, true, Triangle::none, ch.kv);
 }
 
 // Item `index` of the sequence stages: batch index / (N / pack), heads from (index % (N / pack)) * pack.
@@ -81,7 +80,7 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
         delta_values<Ops>(ch, Hi);
       }
       if (write_y) output<Ops>(p, item, t0, ch, Hi);
-      update_state<Ops>(p, ch, Hi);
+      update_state<Ops>(ch, Hi);
     }
   for (int i = 0; i < count; ++i) {
     const float* Hi = H + size_t(i) * KV;

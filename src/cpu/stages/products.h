@@ -1,5 +1,7 @@
-// The chunk products in the three layouts the stages need, on a target's gemm (Ops::gemm, or
-// Ops::gemm_bf16_values where every operand is a bf16 value). Packing is a step of its own: an
+// The chunk products in the three layouts the stages need, described (GemmDesc,
+// src/cpu/kernels/product.h) to the target's gemm (Ops::gemm), which runs each on the kernel it
+// chooses for the description (bf16 dot products where every operand is a bf16 value, on a
+// target that has them). Packing is a step of its own: an
 // operand packed once (PackedB) serves any number of products; A B^T packs B^T into the chunk's
 // `packed` panel and multiplies.
 //
@@ -18,13 +20,14 @@ namespace {
 template <class Ops>
 void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
              bool accumulate, Triangle tri = Triangle::none) {
-  Ops::gemm(m, n, k, a, lda, 1, b, ldb, c, ldc, accumulate, tri);
+  Ops::gemm({.accumulate = accumulate, .triangle = tri}, m, n, k, a, lda, b, ldb, c, ldc);
 }
-// C[m, n] (+)= A^T B with A stored [k, m]. bf16_values: every element of A and B is a bf16 value.
+// C[m, n] (+)= A^T B with A stored [k, m].
 template <class Ops>
 void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
-             bool accumulate, Triangle tri = Triangle::none, bool bf16_values = false) {
-  (bf16_values ? Ops::gemm_bf16_values : Ops::gemm)(m, n, k, a, 1, lda, b, ldb, c, ldc, accumulate, tri);
+             bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
+  Ops::gemm({.operands = operands, .a = Layout::columns, .accumulate = accumulate, .triangle = tri}, m, n, k, a, lda,
+            b, ldb, c, ldc);
 }
 // A B operand as the microkernels stream it: row-major [k, n] rows at `data`, `ld` apart.
 struct PackedB {
@@ -43,16 +46,16 @@ PackedB pack_transposed(int n, int k, const float* b, int ldb, float* out) {
 // C[m, n] (+)= A B with B packed.
 template <class Ops>
 void gemm_packed(int m, int n, int k, const float* a, int lda, PackedB b, float* c, int ldc, bool accumulate,
-                 Triangle tri = Triangle::none, bool bf16_values = false) {
-  (bf16_values ? Ops::gemm_bf16_values : Ops::gemm)(m, n, k, a, lda, 1, b.data, b.ld, c, ldc, accumulate, tri);
+                 Triangle tri = Triangle::none, Operands operands = Operands::f32) {
+  Ops::gemm({.operands = operands, .accumulate = accumulate, .triangle = tri}, m, n, k, a, lda, b.data, b.ld, c, ldc);
 }
 
 // C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
 template <class Ops>
 void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc, bool accumulate, Triangle tri = Triangle::none, bool bf16_values = false) {
+             int ldc, bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
   gemm_packed<Ops>(m, n, k, a, lda, pack_transposed<Ops>(n, k, b, ldb, ch.packed), c, ldc, accumulate, tri,
-                   bf16_values);
+                   operands);
 }
 
 }  // namespace

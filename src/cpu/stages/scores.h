@@ -47,13 +47,13 @@ void apply_scalar_decay(Chunk& ch, float* m, bool strict) {
 }
 
 // out_ij = <queries_i * F_ij, keys_j> for j <= i (j < i when strict), 0 elsewhere: [L, L].
-// bf16_values: queries and keys are bf16 values (used where the gate is scalar: the decay is
-// applied to the product).
+// `operands`: what queries and keys hold (their bf16 values reach the product only where the gate
+// is scalar: the decay is applied to the product).
 template <class Ops>
-void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out, bool strict, bool bf16_values) {
+void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out, bool strict, Operands operands) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (ch.W == 1) {
-    gemm_nt<Ops>(ch, L, L, K, queries, K, keys, K, out, C, false, Triangle::c_lower, bf16_values);
+    gemm_nt<Ops>(ch, L, L, K, queries, K, keys, K, out, C, false, Triangle::c_lower, operands);
     apply_scalar_decay(ch, out, strict);
     return;
   }
