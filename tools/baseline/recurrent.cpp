@@ -6,8 +6,8 @@
 // It is what the fused kernels are measured against, so it is written to be a fair one:
 // state rows are padded to whole vectors so every inner loop runs over contiguous V without a
 // tail, dot products keep their partial sums in vector lanes (the compiler may not reorder a
-// scalar sum), and the walks are compiled for AVX-512 as well, chosen at run time like the
-// kernels' instruction set.
+// scalar sum), and the walks are compiled for each instruction-set level the CPU targets use, the
+// copy run being the one of the call's target (FLAT_ISA included), like the kernels'.
 #include "baseline/baselines.h"
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include "cpu/recurrence.h"
 #include "cpu/parallel.h"
 #include "cpu/rows.h"
+#include "cpu/targets.h"
 
 namespace flat::baseline {
 namespace {
@@ -446,28 +447,47 @@ struct Scratch {
   store_state(p.dh0, b, n, dH, K, V, Vp);
 }
 
-// The walks, compiled for the baseline instruction set and, on x86-64, again for AVX-512
-// (x86-64-v4): the copy the CPU runs is picked when the program loads.
+// The walks of one (batch, head), compiled once per instruction-set level with the sequences
+// inlined into them; what they call out of line (the standard library's) stays at the baseline
+// level, so no copy built for a wider level can reach a CPU without it.
+struct Walks {
+  void (*forward)(const Params& p, int b, int n, Scratch& w);
+  void (*backward)(const Params& p, int b, int n, Scratch& w, const cpu::GradSinks& g);
+};
+#define FLAT_WALKS(name, level)                                                                    \
+  level void forward_walk_##name(const Params& p, int b, int n, Scratch& w) {                      \
+    if (p.delta == Delta::none) forward_sequence(p, b, n, w);                                      \
+    else delta_forward_sequence(p, b, n, w);                                                       \
+  }                                                                                                \
+  level void backward_walk_##name(const Params& p, int b, int n, Scratch& w, const cpu::GradSinks& g) { \
+    if (p.delta == Delta::none) backward_sequence(p, b, n, w, g);                                  \
+    else delta_backward_sequence(p, b, n, w, g);                                                   \
+  }                                                                                                \
+  constexpr Walks k_##name##_walks{.forward = forward_walk_##name, .backward = backward_walk_##name};
+
+FLAT_WALKS(baseline, )
 #if defined(__x86_64__) && defined(__GNUC__)
-#define FLAT_WALK_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
-#else
-#define FLAT_WALK_CLONES
+FLAT_WALKS(x86_64_v3, __attribute__((target("arch=x86-64-v3"))))  // AVX2 + FMA: the avx2 target
+FLAT_WALKS(x86_64_v4, __attribute__((target("arch=x86-64-v4"))))  // AVX-512: avx512, avx512_bf16
 #endif
-FLAT_WALK_CLONES void forward_walk(const Params& p, int b, int n, Scratch& w) {
-  if (p.delta == Delta::none) forward_sequence(p, b, n, w);
-  else delta_forward_sequence(p, b, n, w);
-}
-FLAT_WALK_CLONES void backward_walk(const Params& p, int b, int n, Scratch& w, const cpu::GradSinks& g) {
-  if (p.delta == Delta::none) backward_sequence(p, b, n, w, g);
-  else delta_backward_sequence(p, b, n, w, g);
+
+// The copy for the call's target: the widest level whose instructions the target itself needs.
+const Walks& walks_for(const cpu::Target& target) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  const auto needs = [&](cpu::CpuFeatures features) { return (target.needs & features) == features; };
+  if (needs(cpu::kCpuAvx512)) return k_x86_64_v4_walks;
+  if (needs(cpu::kCpuAvx2 | cpu::kCpuFma)) return k_x86_64_v3_walks;
+#endif
+  return k_baseline_walks;
 }
 
 }  // namespace
 
 void recurrent_forward(const Params& p, const cpu::Run& run) {
+  const Walks& walks = walks_for(run.target);
   cpu::run_ranges(run, int64_t(p.B) * p.N, [&](int64_t begin, int64_t end) {
     Scratch w(p, 1, 1);
-    for (int64_t item = begin; item < end; ++item) forward_walk(p, int(item / p.N), int(item % p.N), w);
+    for (int64_t item = begin; item < end; ++item) walks.forward(p, int(item / p.N), int(item % p.N), w);
   });
 }
 
@@ -477,10 +497,11 @@ void recurrent_backward(const Params& p, const cpu::Run& run) {
   per_head.pack = 1;
   const cpu::Gradients grads(per_head);
   const int segments = (p.S + kSegment - 1) / kSegment;
+  const Walks& walks = walks_for(run.target);
   cpu::run_ranges(run, int64_t(p.B) * p.N, [&](int64_t begin, int64_t end) {
     Scratch w(p, kSegment, 1 + (kSegment + 1) + segments);
     for (int64_t item = begin; item < end; ++item)
-      backward_walk(p, int(item / p.N), int(item % p.N), w, grads.sinks);
+      walks.backward(p, int(item / p.N), int(item % p.N), w, grads.sinks);
   });
   grads.finish(run);
 }
