@@ -43,18 +43,6 @@ struct SequenceKernels {
   // ends as dh0), given its chunk-start states.
   void (*backward)(const Params& p, int64_t index, void* workspace, const float* states, float* dH,
                    const GradSinks& sinks);
-
-  // Single-chunk stages, for the unfused baseline that keeps per-chunk states in memory:
-  // dH from dht (or 0), and dh0 written from dH when asked;
-  void (*initial_state_gradient)(const Params& p, int b, int m, float* dH);
-  void (*final_state_gradient)(const Params& p, int b, int m, const float* dH);
-  // y of chunk c from its start state H0;
-  void (*chunk_output)(const Params& p, int b, int m, int c, void* workspace, const float* H0);
-  // dH at the chunk's end -> dH at its start, in place;
-  void (*chunk_state_gradient)(const Params& p, int b, int m, int c, void* workspace, float* dH);
-  // dq, dk, dv, dg of chunk c from its start state and the gradient wrt its end state.
-  void (*chunk_gradients)(const Params& p, int b, int m, int c, void* workspace, const float* H0,
-                          const float* dH_end, const GradSinks& sinks);
 };
 
 }  // namespace flat::cpu

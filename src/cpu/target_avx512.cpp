@@ -6,14 +6,9 @@
 #include "cpu/make_target.h"
 
 namespace flat::cpu {
-namespace {
-
-constexpr MicroKernels kAvx512 = micro_kernels_avx512(every_product<gemm_f32_6x64__avx512>);
-
-}  // namespace
 
 const Target& target_avx512() {
-  static constexpr Target target = make_target<kAvx512, conv_avx512::ConvRowsAvx512<false>>(
+  static constexpr Target target = make_target<micro_kernels__avx512, conv_avx512::ConvRowsAvx512<false>>(
       {.name = "avx512", .products = "chunk products on fp32 FMA", .needs = kCpuAvx512});
   return target;
 }

@@ -5,26 +5,15 @@
 // convolution rounds to bf16 with vcvtne2ps2bf16. Compiled with those flags (CMakeLists.txt) and
 // run only where targets.cpp found the CPU has them.
 #include "cpu/kernels/conv_rows__avx512.h"
-#include "cpu/kernels/gemm_bf16_6x64__avx512bf16.h"
-#include "cpu/kernels/micro_kernels__avx512.h"
+#include "cpu/kernels/micro_kernels__avx512_bf16.h"
 #include "cpu/make_target.h"
 
 namespace flat::cpu {
-namespace {
-
-// Products whose operands are all bf16 values on vdpbf16ps, exactly; every other on fp32 FMA.
-constexpr GemmKernel choose_gemm(const GemmDesc& d) {
-  return d.operands == Operands::bf16_values ? gemm_bf16_6x64__avx512bf16 : gemm_f32_6x64__avx512;
-}
-
-constexpr MicroKernels kAvx512Bf16 = micro_kernels_avx512(choose_gemm);
-
-}  // namespace
 
 const Target& target_avx512_bf16() {
   // Preferred only where vdpbf16ps outruns the FMA units (kCpuBf16DotOutrunsFma, targets.h): elsewhere
   // avx512, whose products are all on fp32 FMA, is as fast.
-  static constexpr Target target = make_target<kAvx512Bf16, conv_avx512::ConvRowsAvx512<true>>(
+  static constexpr Target target = make_target<micro_kernels__avx512_bf16, conv_avx512::ConvRowsAvx512<true>>(
       {.name = "avx512_bf16",
        .products = "products of bf16 inputs on bf16 dot products, the others on fp32 FMA",
        .needs = kCpuAvx512 | kCpuAvx512Bf16,

@@ -3,12 +3,16 @@
 // chunk-start state (and in the backward every chunk-end dH) is written to memory by one pass
 // and read back by the next, which runs over (item, chunk).
 #include <cstring>
+#include <string>
+#include <string_view>
 
 #include "baseline/baselines.h"
+#include "baseline/unfused_stages.h"
 #include "cpu/recurrence.h"
 #include "cpu/buffer.h"
 #include "cpu/parallel.h"
 #include "cpu/rows.h"
+#include "flat/flat.h"
 
 namespace flat::baseline {
 namespace {
@@ -28,7 +32,7 @@ struct StateSequence {
 // Runs body(b, m, item) over every item, each thread with its own workspace.
 template <class Body>
 void over_items(const Params& p, const cpu::Run& run, Body&& body) {
-  const cpu::SequenceKernels& kernels = run.target.sequence;
+  const UnfusedStages& kernels = unfused_stages(run.target);
   const int items = p.N / p.pack;
   cpu::run_ranges(run, cpu::item_count(p), [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), state(cpu::state_bytes(p));
@@ -40,7 +44,7 @@ void over_items(const Params& p, const cpu::Run& run, Body&& body) {
 // Runs body(b, m, c, item, workspace) over every (item, chunk).
 template <class Body>
 void over_chunks(const Params& p, const cpu::Run& run, Body&& body) {
-  const cpu::SequenceKernels& kernels = run.target.sequence;
+  const UnfusedStages& kernels = unfused_stages(run.target);
   const int chunks = cpu::chunk_count(p), items = p.N / p.pack;
   cpu::run_ranges(run, cpu::item_count(p) * chunks, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p));
@@ -60,8 +64,16 @@ void pass_states(const Params& p, const cpu::Run& run, const StateSequence& stat
 
 }  // namespace
 
+const UnfusedStages& unfused_stages(const cpu::Target& target) {
+#define FLAT_CPU_TARGET(isa) \
+  if (std::string_view(target.name) == #isa) return unfused_stages_##isa();
+#include "flat_cpu_targets.inc"
+#undef FLAT_CPU_TARGET
+  throw Error(std::string("flat bench: no unfused baseline for the target '") + target.name + "'");
+}
+
 void unfused_forward(const Params& p, const cpu::Run& run) {
-  const cpu::SequenceKernels& kernels = run.target.sequence;
+  const UnfusedStages& kernels = unfused_stages(run.target);
   const size_t state = cpu::state_bytes(p) / sizeof(float);
   const StateSequence states(p);
   pass_states(p, run, states);
@@ -72,7 +84,7 @@ void unfused_forward(const Params& p, const cpu::Run& run) {
 }
 
 void unfused_backward(const Params& p, const cpu::Run& run) {
-  const cpu::SequenceKernels& kernels = run.target.sequence;
+  const UnfusedStages& kernels = unfused_stages(run.target);
   const size_t state = cpu::state_bytes(p) / sizeof(float);
   const int chunks = cpu::chunk_count(p);
   const StateSequence states(p);

@@ -1,6 +1,6 @@
-// The microkernels the AVX-512 targets share, as their table (src/cpu/targets.h), with the
-// target's choice of product kernel: the fp32 FMA tile for every product, or the bf16 dot-product
-// tile for products of bf16 values where the target has AVX512-BF16.
+// The avx512 target's microkernels, as its table (src/cpu/targets.h): every product on the fp32
+// FMA tile. avx512_bf16 shares the others (avx512_micro_kernels_with, its own choice of product
+// kernel: kernels/micro_kernels__avx512_bf16.h).
 #pragma once
 
 #include "cpu/kernels/diagonal_f32_16xk__avx512.h"
@@ -11,7 +11,7 @@
 namespace flat::cpu {
 namespace {
 
-constexpr MicroKernels micro_kernels_avx512(MicroKernels::ChooseGemm gemm) {
+constexpr MicroKernels avx512_micro_kernels_with(MicroKernels::ChooseGemm gemm) {
   return {.gemm = gemm,
           .transpose = transpose_f32_16x16__avx512,
           .exp = exp_f32_16__avx512,
@@ -19,6 +19,8 @@ constexpr MicroKernels micro_kernels_avx512(MicroKernels::ChooseGemm gemm) {
           .diagonal_scores = diagonal_scores_f32_16xk__avx512,
           .diagonal_gradients = diagonal_gradients_f32_16xk__avx512};
 }
+
+constexpr MicroKernels micro_kernels__avx512 = avx512_micro_kernels_with(every_product<gemm_f32_6x64__avx512>);
 
 }  // namespace
 }  // namespace flat::cpu

@@ -184,5 +184,8 @@ void decay_state(const Chunk& ch, float* H) {
 
 int chunk_count(const Params& p) { return (p.S + p.chunk - 1) / p.chunk; }
 
+// Bytes of workspace one thread's Chunk takes.
+size_t workspace_bytes(const Params& p) { return Chunk(p, nullptr).bytes; }
+
 }  // namespace
 }  // namespace flat::cpu::stages

@@ -1,17 +1,22 @@
-// Single-chunk stages for the unfused baseline (tools/baseline/unfused.cpp), which keeps every
-// chunk-start state in memory, and the table of every stage a target provides.
+// The unfused baseline's single-chunk stages (tools/baseline/unfused.cpp keeps every chunk-start
+// state in memory), on the library's chunk stages and a target's microkernels. Compiled once per
+// CPU target with the target's flags (CMakeLists.txt generates unfused_<target>.cpp: this header
+// and FLAT_UNFUSED_STAGES(<target>)), the way the library compiles its own target units.
 //
-// Everything here has internal linkage (an anonymous namespace): each target's translation unit
-// (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
-// built for one instruction set is picked by the linker for another. For the same reason it uses
-// no standard-library templates but header-only ones that inline.
+// Everything here but the table's accessor has internal linkage (an anonymous namespace), and it
+// uses no standard-library templates but header-only ones that inline, so no out-of-line copy
+// built for one instruction set is picked by the linker for another.
 #pragma once
 
+#include "baseline/unfused_stages.h"
 #include "cpu/stages/backward.h"
-#include "cpu/stages/step.h"
+#include "cpu/table_ops.h"
 
-namespace flat::cpu::stages {
+namespace flat::baseline {
 namespace {
+
+using namespace cpu;
+using namespace cpu::stages;
 
 template <class Ops>
 void chunk_output(const Params& p, int b, int m, int c, void* workspace, const float* H0) {
@@ -57,15 +62,10 @@ void chunk_gradients(const Params& p, int b, int m, int c, void* workspace, cons
 }
 
 
-size_t workspace_bytes(const Params& p) { return Chunk(p, nullptr).bytes; }
-
-// The stages instantiated for a target's primitives Ops (src/cpu/target_<name>.cpp).
+// The stages instantiated for a target's primitives Ops.
 template <class Ops>
-constexpr SequenceKernels make_sequence_kernels() {
+constexpr UnfusedStages make_unfused_stages() {
   return {.workspace_bytes = workspace_bytes,
-          .forward = forward_sequence<Ops>,
-          .step = step_sequence<Ops>,
-          .backward = backward_sequence<Ops>,
           .initial_state_gradient = initial_state_gradient,
           .final_state_gradient = final_state_gradient,
           .chunk_output = chunk_output<Ops>,
@@ -74,4 +74,11 @@ constexpr SequenceKernels make_sequence_kernels() {
 }
 
 }  // namespace
-}  // namespace flat::cpu::stages
+}  // namespace flat::baseline
+
+// The accessor of the target's table, on the target's microkernels (src/cpu/kernels/micro_kernels__<target>.h).
+#define FLAT_UNFUSED_STAGES(target)                                                                  \
+  const flat::baseline::UnfusedStages& flat::baseline::unfused_stages_##target() {                  \
+    static constexpr UnfusedStages stages = make_unfused_stages<cpu::TableOps<cpu::micro_kernels__##target>>(); \
+    return stages;                                                                                   \
+  }
