@@ -33,6 +33,22 @@ Activation parse_activation(std::string_view name) {
   throw Error("flat: unknown activation '" + std::string(name) + "' (expected none, silu or sigmoid)");
 }
 
+std::string_view solve_name(Solve solve) {
+  switch (solve) {
+    case Solve::automatic: return "auto";
+    case Solve::substitution: return "subst";
+    case Solve::blocked: return "blocked";
+    case Solve::doubling: return "doubling";
+  }
+  return "unknown";
+}
+
+Solve parse_solve(std::string_view name) {
+  for (Solve s : {Solve::automatic, Solve::substitution, Solve::blocked, Solve::doubling})
+    if (solve_name(s) == name) return s;
+  throw Error("flat: solve: expected auto, subst, blocked or doubling, got '" + std::string(name) + "'");
+}
+
 Tensor Tensor::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
   if (shape.size() > 4) throw Error("flat: Tensor::contiguous: at most 4 axes, got " + std::to_string(shape.size()));
   Tensor t;

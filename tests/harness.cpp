@@ -26,16 +26,6 @@ void fit_gate_group(Case& c) {
   if (c.K % c.gate_group() != 0) c.G = std::gcd(c.K, 64);
 }
 
-std::string_view solve_name(Solve solve) {
-  switch (solve) {
-    case Solve::automatic: return "auto";
-    case Solve::substitution: return "subst";
-    case Solve::blocked: return "blocked";
-    case Solve::doubling: return "doubling";
-  }
-  return "?";
-}
-
 bool Case::is_delta() const { return info(variant).is_delta(); }
 
 int Case::gate_group() const {

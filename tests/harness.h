@@ -96,8 +96,6 @@ using ErrorsByTarget = std::vector<std::pair<std::string, Errors>>;
 void expect_within_bounds(const Errors& errors, DType dtype);
 void expect_within_bounds(const ErrorsByTarget& errors, DType dtype);
 
-// The solve's name as `flat run --solve` takes it ("auto" for Solve::automatic).
-std::string_view solve_name(Solve solve);
 
 // g's shape for the case's variant; empty without a gate.
 std::vector<int64_t> gate_shape(const Case& c);

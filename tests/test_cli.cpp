@@ -607,7 +607,7 @@ TEST_F(CliErrors, BadOptions) {
   write_problem(Variant::kda);
   const std::vector<std::tuple<std::string, std::vector<std::string>, std::string>> cases{
       {"kda", {"--gate-group", "0"}, "--gate-group"},
-      {"kda", {"--solve", "neumann"}, "--solve: expected subst, blocked or doubling, got 'neumann'"},
+      {"kda", {"--solve", "neumann"}, "solve: expected auto, subst, blocked or doubling, got 'neumann'"},
       {"la", {"--fast"}, "--fast"},
       {"la", {"--dtype", "f16"}, "--dtype"},
       {"la", {"--chunk", "64x"}, "--chunk"},

@@ -141,12 +141,7 @@ BenchOptions parse(const std::vector<std::string>& args) {
     } else if (a == "--plot") {
       o.plot = value();
     } else if (a == "--solve") {
-      const std::string& text = value();
-      const std::pair<const char*, Solve> solves[] = {
-          {"subst", Solve::substitution}, {"blocked", Solve::blocked}, {"doubling", Solve::doubling}};
-      const auto it = std::find_if(std::begin(solves), std::end(solves), [&](const auto& e) { return text == e.first; });
-      if (it == std::end(solves)) throw Error("flat bench: --solve expects subst, blocked or doubling, got '" + text + "'");
-      o.solve = it->second;
+      o.solve = parse_solve(value());
     } else if (a == "--quick-ceilings") {
       o.quick_ceilings = true;
     } else {

@@ -17,14 +17,14 @@ std::string usage() {
   std::string variants;
   for (const flat::VariantInfo& v : flat::all_variants()) variants += (variants.empty() ? "" : ", ") + std::string(v.name);
   return "usage: flat run VARIANT --in DIR --out DIR [--dtype f32|bf16] [--chunk N] [--scale X]\n"
-         "                [--l2norm] [--threads N] [--solve subst|blocked|doubling] [--gate-group G]\n"
+         "                [--l2norm] [--threads N] [--solve auto|subst|blocked|doubling] [--gate-group G]\n"
          "       flat run conv --in DIR --out DIR [--dtype f32|bf16] [--activation silu|none] [--threads N]\n"
          "       flat run norm_gate --in DIR --out DIR [--dtype f32|bf16] [--activation silu|sigmoid|none]\n"
          "                [--gate-first] [--eps X] [--threads N]\n"
          "       flat bench [--shape B,S,N,K,V] [--variant NAME|conv|norm_gate] [--conv-shape B,S,C,W]\n"
          "                  [--norm-shape B,S,N,D] [--serving-shape DECODES,PREFILLS,LONGEST,DRAFT]\n"
          "                  [--threads N] [--dtype f32|bf16] [--chunk N] [--repeats N]\n"
-         "                  [--solve subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
+         "                  [--solve auto|subst|blocked|doubling] [--json FILE] [--plot FILE.svg]\n"
          "VARIANT: " + variants + "\n"
          "run VARIANT and run conv also read optional sequence files from --in (int64 or int32):\n"
          "  cu_seqlens.npy             sequences packed along S of one batch row: states a row each\n"

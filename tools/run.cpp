@@ -35,13 +35,6 @@ struct Config : RunArgs {
   Options options;
 };
 
-Solve parse_solve(const std::string& text) {
-  for (const auto& [name, solve] : {std::pair{"subst", Solve::substitution}, std::pair{"blocked", Solve::blocked},
-                                    std::pair{"doubling", Solve::doubling}})
-    if (text == name) return solve;
-  throw RunError("--solve: expected subst, blocked or doubling, got '" + text + "'");
-}
-
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
   bool has_variant = false;

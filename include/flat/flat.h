@@ -94,6 +94,12 @@ enum class Solve {
   doubling,      // block doubling: each 2b-block inverse from its b-blocks' with matrix products
 };
 
+// "auto", "subst", "blocked", "doubling": the names every front end takes (flat.torch, flat.jax,
+// flat run, flat bench).
+std::string_view solve_name(Solve solve);
+// Throws flat::Error for an unknown name.
+Solve parse_solve(std::string_view name);
+
 // What a call computes, beside its tensors.
 struct Options {
   std::optional<float> scale;  // default K^-1/2

@@ -3,12 +3,12 @@
 import math
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
-from . import VARIANTS
+from . import VARIANTS, _core
 
 GATE = {name: gate for name, gate, _, _ in VARIANTS}
 UPDATE = {name: update for name, _, update, _ in VARIANTS}
 DEFAULT_GATE_GROUP = {name: group for name, _, _, group in VARIANTS}
-SOLVES = ("auto", "subst", "blocked", "doubling")
+SOLVES = tuple(_core.solves())
 
 
 class Shapes(NamedTuple):
@@ -56,8 +56,8 @@ class Call(NamedTuple):
 
 def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool, solve: str, gate_group: Optional[int],
          check_values: bool) -> Call:
-    if solve not in SOLVES:
-        raise ValueError(f"flat: solve: expected one of {', '.join(SOLVES)}, got '{solve}'")
+    if solve not in SOLVES:  # checked here, where a traced call (torch.compile, jax.jit) has no library call yet
+        _core.parse_solve(str(solve))  # raises the library's error
     if scale is not None:
         scale = float(scale)
         if not math.isfinite(scale):

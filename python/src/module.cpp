@@ -318,6 +318,15 @@ NB_MODULE(_core, m) {
       out.emplace_back(v.name, kGates[int(v.gate)], kUpdates[int(v.update)], v.default_gate_group);
     return out;
   });
+  m.def("solves", [] {
+    std::vector<std::string> names;
+    for (Solve s : {Solve::automatic, Solve::substitution, Solve::blocked, Solve::doubling})
+      names.emplace_back(solve_name(s));
+    return names;
+  }, "the solves' names, as the library takes them");
+  m.def(
+      "parse_solve", [](const std::string& name) { parse_solve(name); },
+      "ValueError with the library's message where the library takes no solve of this name");
   m.def("target", [] { return std::string(cpu::default_target().name); }, "the CPU target calls run on");
   m.def("last_openmp_team", &last_openmp_team, "threads of the last call run on the OpenMP runtime (tests)");
 

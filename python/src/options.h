@@ -11,15 +11,6 @@
 
 namespace flat::python {
 
-// "auto", "subst", "blocked" or "doubling"; flat::Error for any other name.
-inline Solve parse_solve(std::string_view name) {
-  if (name == "auto") return Solve::automatic;
-  if (name == "subst") return Solve::substitution;
-  if (name == "blocked") return Solve::blocked;
-  if (name == "doubling") return Solve::doubling;
-  throw Error("flat: solve: expected auto, subst, blocked or doubling, got '" + std::string(name) + "'");
-}
-
 // scale: none for the default K^-1/2 (the library refuses a non-finite one); gate_group 0: the
 // variant's default or g's last axis.
 inline Options options_of(std::optional<float> scale, int64_t chunk, bool l2norm, std::string_view solve,
