@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 
 #include "flat/flat.h"
@@ -91,6 +92,37 @@ struct TokenStates {
   // The pool's row of the state after token t, absent where it is not kept.
   RowView after(int t) const { return rows.empty() ? RowView{} : state_row(pool, rows[size_t(t)]); }
 };
+
+// What a problem's sequence moves (sequence_problem): its token rows (inputs, outputs and their
+// gradients, [B, S, ...]) and its four states: the initial one and the final one, in rows of the
+// state tensors or pools, and their gradients, a row per sequence.
+template <class P>
+struct SequenceRows {
+  std::initializer_list<RowView P::*> tokens;
+  RowView P::*initial;
+  RowView P::*final;
+  RowView P::*final_gradient;
+  RowView P::*initial_gradient;
+};
+
+// Sequence i of a call that splits its rows (P::sequences), as a call of its own, the recurrence's
+// (Params) and the convolution's (ConvParams) alike: one batch row of its tokens, its state rows
+// (absent where an index is -1), the pool rows its tokens' states go to; S = 0 for an empty one.
+template <class P>
+P sequence_problem(const P& p, int64_t i, const SequenceRows<P>& rows) {
+  const SequenceLayout& s = p.sequences;
+  P one = p;
+  one.B = 1;
+  one.S = s.length(i, p.S);
+  one.sequences = {};
+  for (RowView P::*view : rows.tokens) one.*view = (p.*view).from(s.batch(i), s.start(i));
+  one.*rows.initial = state_row(p.*rows.initial, s.read_row(i));
+  one.*rows.final = state_row(p.*rows.final, s.write_row(i));
+  one.*rows.final_gradient = (p.*rows.final_gradient).from(i, 0);
+  one.*rows.initial_gradient = (p.*rows.initial_gradient).from(i, 0);
+  one.token_states = {p.*rows.final, s.token_rows(i, p.S)};
+  return one;
+}
 
 struct Params {
   GateKind gate = GateKind::none;

@@ -36,21 +36,10 @@ class PackedTaps {
   AlignedBuffer buffer_;
 };
 
-// Sequence i of a call that splits its rows (ConvParams::sequences) as a call of its own: one
-// row of its positions, its state rows (absent where an index is -1); S = 0 for an empty one.
+// Sequence i of a call that splits its rows: one row of its positions, its state rows.
 ConvParams sequence_params(const ConvParams& p, int64_t i) {
-  const SequenceLayout& s = p.sequences;
-  ConvParams one = p;
-  one.B = 1;
-  one.S = s.length(i, p.S);
-  one.sequences = {};
-  for (RowView* view : {&one.x, &one.y, &one.dy, &one.dx}) *view = view->from(s.batch(i), s.start(i));
-  one.state0 = state_row(p.state0, s.read_row(i));
-  one.state = state_row(p.state, s.write_row(i));
-  one.dstate = p.dstate.from(i, 0);
-  one.dstate0 = p.dstate0.from(i, 0);
-  one.token_states = {p.state, s.token_rows(i, p.S)};
-  return one;
+  using P = ConvParams;
+  return sequence_problem(p, i, {{&P::x, &P::y, &P::dy, &P::dx}, &P::state0, &P::state, &P::dstate, &P::dstate0});
 }
 
 // The problems of a call: itself when its rows are its sequences, else each sequence.

@@ -105,22 +105,12 @@ namespace {
 // an index is -1), S = 0 for an empty sequence (no chunk: the final state is the initial one,
 // dh0 is dht).
 Params sequence_params(const Params& p, int64_t i) {
-  const SequenceLayout& s = p.sequences;
-  const int64_t b = s.batch(i), t = s.start(i);
-  Params one = p;
-  one.B = 1;
-  one.S = s.length(i, p.S);
-  one.sequences = {};
+  using P = Params;
   // A per-head gate (retnet) has zero batch and token strides and stays where it is.
-  for (RowView* view : {&one.q, &one.k, &one.v, &one.g, &one.beta, &one.b, &one.w, &one.y, &one.dy, &one.dq,
-                        &one.dk, &one.dv, &one.dg, &one.dbeta, &one.db, &one.dw})
-    *view = view->from(b, t);
-  one.h0 = state_row(p.h0, s.read_row(i));
-  one.ht = state_row(p.ht, s.write_row(i));
-  one.dht = p.dht.from(i, 0);
-  one.dh0 = p.dh0.from(i, 0);
-  one.token_states = {p.ht, s.token_rows(i, p.S)};
-  return one;
+  return sequence_problem(p, i,
+                          {{&P::q, &P::k, &P::v, &P::g, &P::beta, &P::b, &P::w, &P::y, &P::dy, &P::dq, &P::dk, &P::dv,
+                            &P::dg, &P::dbeta, &P::db, &P::dw},
+                           &P::h0, &P::ht, &P::dht, &P::dh0});
 }
 
 // The call's work items, (sequence, pack of heads). A call whose rows are its sequences is one
