@@ -94,22 +94,6 @@ void check_head_dim(const std::string& name, const char* axis, int64_t size) {
                    std::to_string(kMaxHeadDim) + ")");
 }
 
-// Rows (i0, i1, i2) of a rank-4 tensor, or the width-1 rows of a lower-rank gate, where the
-// missing leading axes get stride 0.
-RowView rows(const Tensor& t) {
-  RowView r;
-  if (!t.present()) return r;
-  r.base = static_cast<char*>(t.data);
-  r.dtype = t.dtype;
-  int64_t s[3] = {0, 0, 0};
-  const int leading = t.rank == 4 ? 3 : t.rank;  // a rank < 4 gate has width-1 rows
-  for (int d = 0; d < leading; ++d) s[3 - leading + d] = t.stride[size_t(d)];
-  r.stride0 = s[0];
-  r.stride1 = s[1];
-  r.stride2 = s[2];
-  return r;
-}
-
 // The kernels' view of the gate and the update (src/params.h).
 GateKind kernel_gate(Gate gate) {
   switch (gate) {
@@ -238,14 +222,14 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.scale = scale;
   p.chunk = options.chunk;
   p.l2norm_qk = options.l2norm_qk;
-  p.q = rows(q);
-  p.k = rows(k);
-  p.v = rows(v);
-  p.g = rows(g);
-  p.h0 = rows(h0);
-  p.beta = rows(in.beta);
-  p.b = rows(in.b);
-  p.w = rows(in.w);
+  p.q = rows_of(q);
+  p.k = rows_of(k);
+  p.v = rows_of(v);
+  p.g = rows_of(g);
+  p.h0 = rows_of(h0);
+  p.beta = rows_of(in.beta);
+  p.b = rows_of(in.b);
+  p.w = rows_of(in.w);
   p.solve = options.solve == Solve::automatic ? Solve::doubling : options.solve;
   p.sequences = SequenceLayout(in.sequences);
   return p;
@@ -279,8 +263,8 @@ Params describe_forward(Variant variant, const ForwardArgs& a, const Options& op
   if (a.ht.present()) check_state("ht", a.ht, p, a.sequences, validate::writes_pool(a.sequences));
   validate::check_pool_writes(a.sequences, p.B, p.S, {"h0", &a.h0}, {"ht", &a.ht});
   validate::check_no_overlap({{"y", &a.y}, {"ht", &a.ht}}, input_views(a), {{"ht", "h0"}});
-  p.y = rows(a.y);
-  p.ht = rows(a.ht);
+  p.y = rows_of(a.y);
+  p.ht = rows_of(a.ht);
   return p;
 }
 
@@ -307,16 +291,16 @@ Params describe_backward(Variant variant, const BackwardArgs& a, const Options& 
   validate::check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dg", &a.dg}, {"dh0", &a.dh0},
                               {"dbeta", &a.dbeta}, {"db", &a.db}, {"dw", &a.dw}},
                              inputs, {{"dh0", "dht"}});
-  p.dy = rows(a.dy);
-  p.dht = rows(a.dht);
-  p.dq = rows(a.dq);
-  p.dk = rows(a.dk);
-  p.dv = rows(a.dv);
-  p.dg = rows(a.dg);
-  p.dh0 = rows(a.dh0);
-  p.dbeta = rows(a.dbeta);
-  p.db = rows(a.db);
-  p.dw = rows(a.dw);
+  p.dy = rows_of(a.dy);
+  p.dht = rows_of(a.dht);
+  p.dq = rows_of(a.dq);
+  p.dk = rows_of(a.dk);
+  p.dv = rows_of(a.dv);
+  p.dg = rows_of(a.dg);
+  p.dh0 = rows_of(a.dh0);
+  p.dbeta = rows_of(a.dbeta);
+  p.db = rows_of(a.db);
+  p.dw = rows_of(a.dw);
   return p;
 }
 

@@ -29,18 +29,6 @@ void check_f32(const std::string& name, const Tensor& t, const std::vector<Axis>
   check_dtype(name, t, DType::f32, why);
 }
 
-// A [B, S, C] or [B, C, W-1] tensor as rows addressed by its first two indices.
-RowView rows3(const Tensor& t) {
-  RowView r;
-  if (!t.present()) return r;
-  r.base = static_cast<char*>(t.data);
-  r.dtype = t.dtype;
-  r.stride0 = t.stride[0];
-  r.stride1 = t.stride[1];
-  r.stride2 = 1;
-  return r;
-}
-
 // The state tensors: [B, C, W-1] fp32 when W > 1 (one row per sequence, or a pool the indices
 // address: flat::Sequences); with W = 1 there is no state to pass.
 void check_state(const std::string& name, const Tensor& t, const ConvParams& p, const Sequences& s, bool pool = false) {
@@ -70,8 +58,8 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options, boo
     fail("options.activation", "the convolution takes none or silu, got " + std::string(activation_name(options.activation)));
 
   p.activation = options.activation;
-  p.x = rows3(in.x);
-  p.state0 = rows3(in.state0);
+  p.x = rows_of(in.x);
+  p.state0 = rows_of(in.state0);
   p.weight = static_cast<const float*>(in.weight.data);
   p.weight_stride = in.weight.stride[0];
   p.bias = static_cast<const float*>(in.bias.data);
@@ -95,8 +83,8 @@ ConvParams describe_conv_forward(const ConvArgs& a, const ConvOptions& options) 
   if (a.state.present()) check_state("state", a.state, p, a.sequences, validate::writes_pool(a.sequences));
   validate::check_pool_writes(a.sequences, p.B, p.S, {"state0", &a.state0}, {"state", &a.state});
   validate::check_no_overlap({{"y", &a.y}, {"state", &a.state}}, input_views(a), {{"state", "state0"}});
-  p.y = rows3(a.y);
-  p.state = rows3(a.state);
+  p.y = rows_of(a.y);
+  p.state = rows_of(a.state);
   return p;
 }
 
@@ -117,13 +105,13 @@ ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& 
   inputs.insert(inputs.end(), {{"dy", &a.dy}, {"dstate", &a.dstate}});
   validate::check_no_overlap(
       {{"dx", &a.dx}, {"dweight", &a.dweight}, {"dbias", &a.dbias}, {"dstate0", &a.dstate0}}, inputs);
-  p.dy = rows3(a.dy);
-  p.dstate = rows3(a.dstate);
-  p.dx = rows3(a.dx);
+  p.dy = rows_of(a.dy);
+  p.dstate = rows_of(a.dstate);
+  p.dx = rows_of(a.dx);
   p.dweight = static_cast<float*>(a.dweight.data);
   p.dweight_stride = a.dweight.stride[0];
   p.dbias = static_cast<float*>(a.dbias.data);
-  p.dstate0 = rows3(a.dstate0);
+  p.dstate0 = rows_of(a.dstate0);
   return p;
 }
 

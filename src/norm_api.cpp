@@ -18,18 +18,6 @@ using validate::check_dtype;
 using validate::check_tensor;
 using validate::fail;
 
-// A [B, S, N, D] tensor as rows (b, s, n).
-RowView rows4(const Tensor& t) {
-  RowView r;
-  if (!t.present()) return r;
-  r.base = static_cast<char*>(t.data);
-  r.dtype = t.dtype;
-  r.stride0 = t.stride[0];
-  r.stride1 = t.stride[1];
-  r.stride2 = t.stride[2];
-  return r;
-}
-
 void check_rows(const std::string& name, const Tensor& t, const NormGateParams& p) {
   check_tensor(name, t, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"D", p.D}});
 }
@@ -69,8 +57,8 @@ NormGateParams describe_inputs(const NormGateInputs& in, const NormGateOptions& 
   p.activation = a;
   p.norm_before_gate = options.norm_before_gate;
   p.eps = options.eps;
-  p.x = rows4(in.x);
-  p.g = rows4(in.g);
+  p.x = rows_of(in.x);
+  p.g = rows_of(in.g);
   p.weight = static_cast<const float*>(in.weight.data);
   return p;
 }
@@ -85,7 +73,7 @@ NormGateParams describe_norm_gate_forward(const NormGateArgs& a, const NormGateO
   NormGateParams p = describe_inputs(a, options);
   check_rows("y", a.y, p);
   validate::check_no_overlap({{"y", &a.y}}, input_views(a));
-  p.y = rows4(a.y);
+  p.y = rows_of(a.y);
   return p;
 }
 
@@ -104,9 +92,9 @@ NormGateParams describe_norm_gate_backward(const NormGateBackwardArgs& a, const 
   std::vector<validate::Named> inputs = input_views(a);
   inputs.push_back({"dy", &a.dy});
   validate::check_no_overlap({{"dx", &a.dx}, {"dg", &a.dg}, {"dweight", &a.dweight}}, inputs);
-  p.dy = rows4(a.dy);
-  p.dx = rows4(a.dx);
-  p.dg = rows4(a.dg);
+  p.dy = rows_of(a.dy);
+  p.dx = rows_of(a.dx);
+  p.dg = rows_of(a.dg);
   p.dweight = static_cast<float*>(a.dweight.data);
   return p;
 }

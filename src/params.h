@@ -40,6 +40,23 @@ struct RowView {
   }
 };
 
+// A validated tensor's rows: (i0, i1, i2) along its first three axes (of [B, S, N, D] rows, of
+// [B, S, C] elements, of [B, C, W-1] or [B, N, K, V] states), or the width-1 rows of a gate of rank
+// below 4, whose missing leading axes get stride 0; absent for no tensor.
+inline RowView rows_of(const Tensor& t) {
+  RowView r;
+  if (!t.present()) return r;
+  r.base = static_cast<char*>(t.data);
+  r.dtype = t.dtype;
+  int64_t s[3] = {0, 0, 0};
+  const int leading = t.rank == 4 ? 3 : t.rank;
+  for (int d = 0; d < leading; ++d) s[3 - leading + d] = t.stride[size_t(d)];
+  r.stride0 = s[0];
+  r.stride1 = s[1];
+  r.stride2 = s[2];
+  return r;
+}
+
 // A call's sequences (flat::Sequences, validated) as the drivers walk them, the recurrence's and
 // the convolution's alike. Sequence i is batch row batch(i), tokens [start(i), start(i) +
 // length(i)): tokens of row 0 between cu_seqlens, or without them the whole row i. Its initial
