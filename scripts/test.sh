@@ -2,7 +2,8 @@
 # Builds and runs the whole test suite, every test on every CPU target this machine runs (in one
 # process; the worker threads also under TSan; the installed package through a find_package
 # consumer), optimised, then under ASan + UBSan; then builds the Python wheel, installs it into the
-# environment of setup.sh and runs the Python tests (tests/python).
+# environment of setup.sh and runs the Python tests (tests/python) against the float64 oracles'
+# module built beside it (not part of the wheel).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh"
@@ -25,5 +26,5 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   ctest --test-dir "$root/build-sanitize" --output-on-failure -j "$jobs"
 
 echo "== Python wheel and tests"
-python="$(bash "$root/scripts/python.sh")"
+python="$(bash "$root/scripts/python.sh" -C cmake.define.FLAT_ORACLE=ON)"
 (cd "$root/tests/python" && "$python" -m pytest -q -p no:cacheprovider)

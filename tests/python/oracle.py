@@ -1,11 +1,32 @@
-"""Random problems for every variant and the library's float64 oracle on them (flat._core's
-reference_*), in numpy, for the framework tests. Inputs are rounded to the call's dtype first, so
-the kernels and the oracle see the same values."""
+"""Random problems for every variant and the library's float64 oracle on them, in numpy, for the
+framework tests. Inputs are rounded to the call's dtype first, so the kernels and the oracle see
+the same values.
+
+The oracles are the extension flat_oracle (python/src/oracle_module.cpp), which the wheel does not
+ship: scripts/test.sh builds it beside the wheel (scripts/python.sh -C cmake.define.FLAT_ORACLE=ON),
+in build-python/<wheel tag>/, where `reference` below finds it."""
+
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from flat import VARIANTS
-from flat import _core
+
+
+def _oracle_module():
+    built = sorted((Path(__file__).resolve().parents[2] / "build-python").glob("*/flat_oracle*.so"))
+    if built:
+        sys.path.insert(0, str(built[-1].parent))
+    try:
+        import flat_oracle
+    except ImportError as e:
+        raise ImportError("flat_oracle, the tests' float64 oracles, is not built: run scripts/test.sh, or "
+                          "scripts/python.sh -C cmake.define.FLAT_ORACLE=ON") from e
+    return flat_oracle
+
+
+reference = _oracle_module()
 
 GATE = {name: gate for name, gate, _, _ in VARIANTS}
 UPDATE = {name: update for name, _, update, _ in VARIANTS}
@@ -82,8 +103,8 @@ class Problem:
         """The oracle: (y, ht), then (dq, dk, dv, dg, dbeta, db, dw, dh0) for dy and dht."""
         sizes = [self.B, self.S, self.Nq, self.Nk, self.Nv, self.Ng, self.Nb, self.Nw, self.K, self.V]
         args = (self.variant, sizes, self.G, self.scale, l2norm, *self.inputs())
-        y, ht = _core.reference_forward(*args)
-        grads = _core.reference_backward(*args, self.dy, self.dht)
+        y, ht = reference.reference_forward(*args)
+        grads = reference.reference_backward(*args, self.dy, self.dht)
         return (y, ht), grads
 
 

@@ -8,7 +8,7 @@ import torch
 
 import flat.torch as ft
 from flat import _core
-from oracle import BOUNDS, NAMES, Problem, expect_close
+from oracle import BOUNDS, NAMES, Problem, expect_close, reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -122,7 +122,7 @@ def test_conv_matches_the_oracle():
     state0, dy, dstate = rng.standard_normal((B, C, W - 1)), rng.standard_normal((B, T, C)), rng.standard_normal(
         (B, C, W - 1))
     xs = [np.asarray(a, np.float32).astype(np.float64) for a in (x, weight, bias, state0, dy, dstate)]
-    want = _core.reference_conv(B, T, C, W, "silu", *xs)
+    want = reference.reference_conv(B, T, C, W, "silu", *xs)
     tx, tw, tb, ts = (torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in xs[:4])
     y, state = ft.conv(tx, tw, tb, initial_state=ts, output_final_state=True, activation="silu")
     torch.autograd.backward([y, state], [torch.tensor(xs[4], dtype=torch.float32), torch.tensor(xs[5], dtype=torch.float32)])
@@ -142,7 +142,7 @@ def test_rms_norm_gated_matches_the_oracle(activation, norm_before_gate, gate):
         rng.standard_normal((B, T, H, D)), 2 * rng.standard_normal((B, T, H, D)), 1 + rng.standard_normal(D),
         rng.standard_normal((B, T, H, D))))
     rows = B * T * H
-    want = _core.reference_norm_gate(rows, H, D, activation, norm_before_gate, 1e-5, x.reshape(rows, D),
+    want = reference.reference_norm_gate(rows, H, D, activation, norm_before_gate, 1e-5, x.reshape(rows, D),
                                      z.reshape(rows, D) if gate else None, weight, dy.reshape(rows, D))
     tx, tw = (torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (x, weight))
     projection = torch.zeros(B, T, 3 * H * D)
