@@ -1,9 +1,9 @@
 // What each variant is made of, in one table: its gate, its state update, the tensors it takes
 // and their shapes. The API's validation, `flat run`, `flat bench` (whose shapes and model of the
 // work live in tools/bench_model.h), the float64 oracle and the tests all read it here, and none
-// of them switches on a variant. Adding a variant whose math exists (a gate and an update the kernels have) takes its
-// name in flat::Variant and a row of kVariants (src/variants.cpp); docs/variants.md states the
-// math of each.
+// of them switches on a variant. Adding a variant whose math exists (a gate and an update the
+// kernels have) takes its name in flat::Variant and a row of kVariants (src/variants.cpp);
+// docs/variants.md states the math of each.
 #pragma once
 
 #include <cstdint>

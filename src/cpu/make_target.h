@@ -15,7 +15,6 @@
 namespace flat::cpu {
 namespace {
 
-
 // The chunk stages instantiated for a target's primitives Ops.
 template <class Ops>
 constexpr SequenceKernels make_sequence_kernels() {
@@ -25,11 +24,6 @@ constexpr SequenceKernels make_sequence_kernels() {
           .backward = stages::backward_sequence<Ops>};
 }
 
-// A target from its microkernels and its row primitives (the convolution's, which the output norm
-// shares). constexpr, and each target's table a constexpr static: built at compile time, so that
-// no code compiled with a target's flags runs before targets.cpp has found the CPU runs them (a
-// table built at run time was copied with AVX-512 stores, and the first look at the list of
-// targets died of an illegal instruction on a CPU without AVX-512).
 // What a target's unit says of itself.
 struct TargetInfo {
   const char* name;
@@ -38,6 +32,11 @@ struct TargetInfo {
   CpuFeatures preferred_with = 0;
 };
 
+// A target from its microkernels and its row primitives (the convolution's, which the output norm
+// shares). constexpr, and each target's table a constexpr static: built at compile time, so that
+// no code compiled with a target's flags runs before targets.cpp has found the CPU runs them (a
+// table built at run time was copied with AVX-512 stores, and the first look at the list of
+// targets died of an illegal instruction on a CPU without AVX-512).
 template <const MicroKernels& M, class ConvRows>
 constexpr Target make_target(const TargetInfo& info) {
   return {.name = info.name,
