@@ -61,7 +61,6 @@ void chunk_gradients(const Params& p, int b, int m, int c, void* workspace, cons
   gradients<Ops>(p, item, t0, ch, H0, dH_end, sinks);
 }
 
-
 // The stages instantiated for a target's primitives Ops.
 template <class Ops>
 constexpr UnfusedStages make_unfused_stages() {
@@ -76,7 +75,8 @@ constexpr UnfusedStages make_unfused_stages() {
 }  // namespace
 }  // namespace flat::baseline
 
-// The accessor of the target's table, on the target's microkernels (src/cpu/kernels/micro_kernels__<target>.h).
+// The accessor of the target's table, on the target's microkernels
+// (src/cpu/kernels/micro_kernels__<target>.h).
 #define FLAT_UNFUSED_STAGES(target)                                                                  \
   const flat::baseline::UnfusedStages& flat::baseline::unfused_stages_##target() {                  \
     static constexpr UnfusedStages stages = make_unfused_stages<cpu::TableOps<cpu::micro_kernels__##target>>(); \
