@@ -610,7 +610,7 @@ TEST_F(CliErrors, BadOptions) {
       {"kda", {"--solve", "neumann"}, "solve: expected auto, subst, blocked or doubling, got 'neumann'"},
       {"la", {"--fast"}, "--fast"},
       {"la", {"--dtype", "f16"}, "--dtype"},
-      {"la", {"--chunk", "64x"}, "--chunk"},
+      {"la", {"--chunk", "64x"}, "chunk: expected an integer, got '64x'"},
       {"la", {"--threads"}, "--threads"},
       {"kda", {"--chunk", "20"}, "chunk"},  // refused by the library, not the parser
   };
@@ -726,7 +726,7 @@ TEST_F(CliErrors, BadSequenceFiles) {
 TEST_F(CliErrors, NumbersOutOfRange) {
   std::vector<std::string> command = args();
   command.insert(command.end(), {"--scale", "1e40"});
-  expect_rejected(command, "--scale: 1e40 is out of range (a number from -3.40282e+38 to 3.40282e+38)");
+  expect_rejected(command, "scale: '1e40' is out of range (a number from -3.40282e+38 to 3.40282e+38)");
   command = args();
   command.insert(command.end(), {"--threads", "99999999999"});
   expect_rejected(command, "--threads: 99999999999 is out of range (an integer from");

@@ -150,7 +150,7 @@ TEST(ConvCli, BadInputsNamedAndNothingWritten) {
       {"activation",
        {{"x.npy", x}, {"weight.npy", w}},
        {"--activation", "relu"},
-       "--activation: expected silu or none, got 'relu'"},
+       "activation: expected silu or none, got 'relu'"},
       {"dtype", {{"x.npy", x}, {"weight.npy", w}}, {"--dtype", "f16"}, "--dtype: expected f32 or bf16"},
       {"option", {{"x.npy", x}, {"weight.npy", w}}, {"--chunk", "64"}, "unknown option '--chunk' for conv"},
       {"threads", {{"x.npy", x}, {"weight.npy", w}}, {"--threads", "-2"}, "context.threads"},

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "flat/flat.h"
+#include "flat/call.h"
 #include "npy.h"
 #include "params.h"
 #include "variants.h"
@@ -30,30 +30,30 @@ namespace {
 namespace fs = std::filesystem;
 
 // dtype: of q, k, v, beta, b, w, dy and of y and their gradients; gates and states stay fp32.
+// The options are the library's, by its names (flat/call.h), parsed by its parser.
 struct Config : RunArgs {
   Variant variant = Variant::la;
+  NamedOptions named_options;
   Options options;
 };
+
+// The command line's options and the library's names for them (--l2norm a flag, the others take
+// a value).
+constexpr std::pair<std::string_view, std::string_view> kOptionNames[] = {
+    {"--chunk", "chunk"}, {"--scale", "scale"}, {"--l2norm", "l2norm_qk"}, {"--solve", "solve"},
+    {"--gate-group", "gate_group"}};
 
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
   bool has_variant = false;
-  const auto option = [&](const std::string& arg, const OptionValue& value) {
-    if (arg == "--chunk") {
-      config.options.chunk = parse_number<int>(arg, value());
-    } else if (arg == "--scale") {
-      config.options.scale = parse_number<float>(arg, value());
-    } else if (arg == "--l2norm") {
-      config.options.l2norm_qk = true;
-    } else if (arg == "--solve") {
-      config.options.solve = parse_solve(value());
-    } else if (arg == "--gate-group") {
-      config.options.gate_group = parse_number<int>(arg, value());
-      if (config.options.gate_group < 1) throw RunError(arg + ": expected a positive integer");
-    } else {
-      return false;
+  const auto option = [&](const std::string& arg, const OptionText& value) {
+    for (const auto& [flag, name] : kOptionNames) {
+      if (arg != flag) continue;
+      config.named_options.emplace_back(std::string(name), arg == "--l2norm" ? flat::OptionValue(true)
+                                                                             : flat::OptionValue(value()));
+      return true;
     }
-    return true;
+    return false;
   };
   const auto positional = [&](const std::string& arg) {
     if (has_variant) throw RunError("unexpected argument '" + arg + "'");
@@ -66,6 +66,10 @@ Config parse_args(const std::vector<std::string>& args) {
     for (const VariantInfo& v : all_variants()) names += (names.empty() ? "" : ", ") + std::string(v.name);
     throw RunError("missing VARIANT (" + names + ")");
   }
+  config.options = recurrence_options(config.named_options);
+  // A group of channels has at least one; the library's 0 (the default) is not given as a size.
+  for (const auto& [name, value] : config.named_options)
+    if (name == "gate_group" && config.options.gate_group < 1) throw RunError("--gate-group: expected a positive integer");
   return config;
 }
 
@@ -160,19 +164,13 @@ std::vector<Output> compute(const Config& config) {
                         wb = buffer(std::move(strengths.w), dtype);
   Buffer y({B, S, N, V}, dtype), ht = sequences.final_states(h0b, state_row);
 
-  ForwardArgs forward_args;
-  forward_args.q = qb.view();
-  forward_args.k = kb.view();
-  forward_args.v = vb.view();
-  forward_args.g = view(gb);
-  forward_args.h0 = view(h0b);
-  forward_args.beta = view(betab);
-  forward_args.b = view(bb);
-  forward_args.w = view(wb);
-  forward_args.y = y.view();
-  forward_args.ht = ht.view();
-  forward_args.sequences = sequences.forward();
-  forward(config.variant, forward_args, config.options, config.context);
+  const std::vector<std::pair<std::string, Tensor>> inputs{{"q", qb.view()},         {"k", kb.view()},
+                                                            {"v", vb.view()},         {"g", view(gb)},
+                                                            {"h0", view(h0b)},        {"beta", view(betab)},
+                                                            {"b", view(bb)},          {"w", view(wb)}};
+  NamedCall forward_call{Operation::forward, config.variant, inputs, sequences.forward(), config.named_options};
+  forward_call.tensors.insert(forward_call.tensors.end(), {{"y", y.view()}, {"ht", ht.view()}});
+  call(forward_call, config.context);
 
   std::vector<Output> outputs;
   outputs.push_back({"y.npy", std::move(y)});
@@ -187,19 +185,12 @@ std::vector<Output> compute(const Config& config) {
   std::optional<Buffer> dh0;
   if (h0b) dh0.emplace(sequences.per_sequence(state_row), DType::f32);
 
-  BackwardArgs backward_args{forward_args};
-  backward_args.sequences = sequences.backward();
-  backward_args.dy = view(dyb);
-  backward_args.dht = view(dhtb);
-  backward_args.dq = dq.view();
-  backward_args.dk = dk.view();
-  backward_args.dv = dv.view();
-  backward_args.dg = view(dg);
-  backward_args.dh0 = view(dh0);
-  backward_args.dbeta = view(dbeta);
-  backward_args.db = view(db);
-  backward_args.dw = view(dw);
-  backward(config.variant, backward_args, config.options, config.context);
+  NamedCall backward_call{Operation::backward, config.variant, inputs, sequences.backward(), config.named_options};
+  backward_call.tensors.insert(backward_call.tensors.end(),
+                               {{"dy", view(dyb)}, {"dht", view(dhtb)}, {"dq", dq.view()}, {"dk", dk.view()},
+                                {"dv", dv.view()}, {"dg", view(dg)}, {"dh0", view(dh0)}, {"dbeta", view(dbeta)},
+                                {"db", view(db)}, {"dw", view(dw)}});
+  call(backward_call, config.context);
 
   outputs.push_back({"dq.npy", std::move(dq)});
   outputs.push_back({"dk.npy", std::move(dk)});

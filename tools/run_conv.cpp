@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "flat/flat.h"
+#include "flat/call.h"
 #include "npy.h"
 #include "run_io.h"
 
@@ -25,21 +25,18 @@ namespace fs = std::filesystem;
 
 constexpr int kMaxTaps = 8;
 
-// dtype: of x, y, dy, dx; weights, bias and states stay fp32.
+// dtype: of x, y, dy, dx; weights, bias and states stay fp32. The options by the library's names
+// (flat/call.h), parsed by it.
 struct Config : RunArgs {
-  ConvOptions options;
+  NamedOptions options;
 };
 
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
   bool has_conv = false;
-  const auto option = [&](const std::string& arg, const OptionValue& value) {
-    if (arg == "--activation") {
-      // The convolution has no sigmoid (include/flat/flat.h).
-      config.options.activation = parse_activation_option(value(), {Activation::silu, Activation::none});
-    } else {
-      throw RunError("unknown option '" + arg + "' for conv");
-    }
+  const auto option = [&](const std::string& arg, const OptionText& value) {
+    if (arg != "--activation") throw RunError("unknown option '" + arg + "' for conv");
+    config.options.emplace_back("activation", value());
     return true;
   };
   const auto positional = [&](const std::string& arg) {
@@ -47,6 +44,7 @@ Config parse_args(const std::vector<std::string>& args) {
     has_conv = true;
   };
   static_cast<RunArgs&>(config) = parse_run_args(args, option, positional);
+  conv_options(config.options);
   return config;
 }
 
@@ -82,15 +80,11 @@ std::vector<Output> compute(const Config& config) {
   std::optional<Buffer> state;
   if (W > 1) state.emplace(sequences.final_states(s0, state_row));
 
-  ConvArgs forward_args;
-  forward_args.x = xb.view();
-  forward_args.weight = wb.view();
-  forward_args.bias = view(bb);
-  forward_args.state0 = view(s0);
-  forward_args.y = y.view();
-  forward_args.state = view(state);
-  forward_args.sequences = sequences.forward();
-  conv_forward(forward_args, config.options, config.context);
+  const std::vector<std::pair<std::string, Tensor>> inputs{
+      {"x", xb.view()}, {"weight", wb.view()}, {"bias", view(bb)}, {"state0", view(s0)}};
+  NamedCall forward_call{Operation::conv_forward, {}, inputs, sequences.forward(), config.options};
+  forward_call.tensors.insert(forward_call.tensors.end(), {{"y", y.view()}, {"state", view(state)}});
+  call(forward_call, config.context);
 
   std::vector<Output> outputs;
   outputs.push_back({"y.npy", std::move(y)});
@@ -103,15 +97,11 @@ std::vector<Output> compute(const Config& config) {
   if (bb) dbias.emplace(std::vector<int64_t>{C}, DType::f32);
   if (s0) dstate0.emplace(sequences.per_sequence(state_row), DType::f32);  // a row per sequence, also from a pool
 
-  ConvBackwardArgs backward_args(forward_args);
-  backward_args.sequences = sequences.backward();
-  backward_args.dy = view(dyb);
-  backward_args.dstate = view(dsb);
-  backward_args.dx = dx.view();
-  backward_args.dweight = dweight.view();
-  backward_args.dbias = view(dbias);
-  backward_args.dstate0 = view(dstate0);
-  conv_backward(backward_args, config.options, config.context);
+  NamedCall backward_call{Operation::conv_backward, {}, inputs, sequences.backward(), config.options};
+  backward_call.tensors.insert(backward_call.tensors.end(),
+                               {{"dy", view(dyb)}, {"dstate", view(dsb)}, {"dx", dx.view()},
+                                {"dweight", dweight.view()}, {"dbias", view(dbias)}, {"dstate0", view(dstate0)}});
+  call(backward_call, config.context);
 
   outputs.push_back({"dx.npy", std::move(dx)});
   outputs.push_back({"dweight.npy", std::move(dweight)});

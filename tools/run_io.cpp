@@ -57,21 +57,11 @@ T parse_number(const std::string& option, const std::string& text) {
   return value;
 }
 template int parse_number<int>(const std::string&, const std::string&);
-template float parse_number<float>(const std::string&, const std::string&);
 
 DType parse_dtype(const std::string& text) {
   for (DType dtype : {DType::f32, DType::bf16})
     if (dtype_name(dtype) == text) return dtype;
   throw RunError("--dtype: expected f32 or bf16, got '" + text + "'");
-}
-
-Activation parse_activation_option(const std::string& text, const std::vector<Activation>& allowed) {
-  std::string names;
-  for (size_t i = 0; i < allowed.size(); ++i) {
-    if (activation_name(allowed[i]) == text) return allowed[i];
-    names += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + std::string(activation_name(allowed[i]));
-  }
-  throw RunError("--activation: expected " + names + ", got '" + text + "'");
 }
 
 std::string run_variant(const std::vector<std::string>& args) {
@@ -86,13 +76,13 @@ std::string run_variant(const std::vector<std::string>& args) {
 }
 
 RunArgs parse_run_args(const std::vector<std::string>& args,
-                       const std::function<bool(const std::string& name, const OptionValue& value)>& option,
+                       const std::function<bool(const std::string& name, const OptionText& value)>& option,
                        const std::function<void(const std::string& text)>& positional) {
   RunArgs run;
   bool has_in = false, has_out = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    const OptionValue value = [&]() -> const std::string& {
+    const OptionText value = [&]() -> const std::string& {
       if (i + 1 == args.size()) throw RunError(arg + ": missing value");
       return args[++i];
     };

@@ -23,17 +23,13 @@ class RunError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An option's value as an integer or a number; RunError naming the option otherwise.
+// An option's value as an integer (--threads); RunError naming the option otherwise.
 template <class T>
 T parse_number(const std::string& option, const std::string& text);
 extern template int parse_number<int>(const std::string&, const std::string&);
-extern template float parse_number<float>(const std::string&, const std::string&);
 
 // --dtype's value: f32 or bf16.
 DType parse_dtype(const std::string& text);
-
-// --activation's value, one of `allowed` (a command takes the activations its kernel has).
-Activation parse_activation_option(const std::string& text, const std::vector<Activation>& allowed);
 
 // The VARIANT of a `flat run` command line (everything after `run`): its first argument that is
 // neither an option nor an option's value, or empty when there is none. `flat run` picks the
@@ -51,9 +47,9 @@ struct RunArgs {
 // `option(name, value)`, which takes its value by calling value() and returns false for an option
 // it does not know; any other argument goes to `positional`, which throws if it is not wanted.
 // Throws RunError for a missing --in or --out and for directories that do not fit.
-using OptionValue = std::function<const std::string&()>;
+using OptionText = std::function<const std::string&()>;
 RunArgs parse_run_args(const std::vector<std::string>& args,
-                       const std::function<bool(const std::string& name, const OptionValue& value)>& option,
+                       const std::function<bool(const std::string& name, const OptionText& value)>& option,
                        const std::function<void(const std::string& text)>& positional);
 
 // One expected axis of an input file: its name, and its size where it is already known.

@@ -4,7 +4,6 @@
 // run leaves nothing behind.
 #include "run_norm.h"
 
-#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -13,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "flat/flat.h"
+#include "flat/call.h"
 #include "npy.h"
 #include "run_io.h"
 
@@ -22,9 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// dtype: of x, g, y, dy, dx, dg; weight and dweight stay fp32.
+// dtype: of x, g, y, dy, dx, dg; weight and dweight stay fp32. The options by the library's names
+// (flat/call.h), parsed by it.
 struct Config : RunArgs {
-  NormGateOptions options;
+  NamedOptions options;
   // The options that only mean something with a gate, as given, so that a run without g.npy
   // can say they were ignored rather than silently drop them.
   std::optional<std::string> gate_option;
@@ -33,21 +33,15 @@ struct Config : RunArgs {
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
   bool has_norm_gate = false;
-  const auto option = [&](const std::string& arg, const OptionValue& value) {
+  const auto option = [&](const std::string& arg, const OptionText& value) {
     if (arg == "--activation") {
-      config.options.activation =
-          parse_activation_option(value(), {Activation::silu, Activation::sigmoid, Activation::none});
+      config.options.emplace_back("activation", value());
       config.gate_option = arg;
     } else if (arg == "--gate-first") {
-      config.options.norm_before_gate = false;
+      config.options.emplace_back("norm_before_gate", false);
       config.gate_option = arg;
     } else if (arg == "--eps") {
-      const std::string& text = value();
-      const float eps = parse_number<float>(arg, text);
-      // from_chars reads "inf" and "nan" too; the kernel divides by sqrt(mean + eps).
-      if (!std::isfinite(eps) || eps <= 0.0f)
-        throw RunError(arg + ": expected a finite number > 0, got '" + text + "'");
-      config.options.eps = eps;
+      config.options.emplace_back("eps", value());
     } else {
       throw RunError("unknown option '" + arg + "' for norm_gate");
     }
@@ -58,6 +52,7 @@ Config parse_args(const std::vector<std::string>& args) {
     has_norm_gate = true;
   };
   static_cast<RunArgs&>(config) = parse_run_args(args, option, positional);
+  norm_gate_options(config.options);
   return config;
 }
 
@@ -77,12 +72,10 @@ std::vector<Output> compute(const Config& config) {
   std::optional<Buffer> gb = buffer(std::move(g), dtype);
   Buffer y(xb.shape, dtype);
 
-  NormGateArgs forward_args;
-  forward_args.x = xb.view();
-  forward_args.g = view(gb);
-  forward_args.weight = wb.view();
-  forward_args.y = y.view();
-  norm_gate_forward(forward_args, config.options, config.context);
+  const std::vector<std::pair<std::string, Tensor>> inputs{{"x", xb.view()}, {"g", view(gb)}, {"weight", wb.view()}};
+  NamedCall forward_call{Operation::norm_gate_forward, {}, inputs, {}, config.options};
+  forward_call.tensors.emplace_back("y", y.view());
+  call(forward_call, config.context);
 
   std::vector<Output> outputs;
   outputs.push_back({"y.npy", std::move(y)});
@@ -93,12 +86,10 @@ std::vector<Output> compute(const Config& config) {
   Buffer dx(xb.shape, dtype), dweight(wb.shape, DType::f32);
   std::optional<Buffer> dg = gradient_of(gb);
 
-  NormGateBackwardArgs backward_args(forward_args);
-  backward_args.dy = dyb.view();
-  backward_args.dx = dx.view();
-  backward_args.dg = view(dg);
-  backward_args.dweight = dweight.view();
-  norm_gate_backward(backward_args, config.options, config.context);
+  NamedCall backward_call{Operation::norm_gate_backward, {}, inputs, {}, config.options};
+  backward_call.tensors.insert(backward_call.tensors.end(), {{"dy", dyb.view()}, {"dx", dx.view()}, {"dg", view(dg)},
+                                                             {"dweight", dweight.view()}});
+  call(backward_call, config.context);
 
   outputs.push_back({"dx.npy", std::move(dx)});
   if (dg) outputs.push_back({"dg.npy", std::move(*dg)});

@@ -1,6 +1,5 @@
 """What the framework bindings share: the variants' inputs and the shapes of their outputs."""
 
-import math
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 from . import VARIANTS, _core
@@ -8,7 +7,6 @@ from . import VARIANTS, _core
 GATE = {name: gate for name, gate, _, _ in VARIANTS}
 UPDATE = {name: update for name, _, update, _ in VARIANTS}
 DEFAULT_GATE_GROUP = {name: group for name, _, _, group in VARIANTS}
-SOLVES = tuple(_core.solves())
 
 
 class Shapes(NamedTuple):
@@ -44,11 +42,11 @@ def shapes(variant: str, q, v, g, beta, b, w) -> Shapes:
 
 
 class Call(NamedTuple):
-    """A call's options, as the library takes them (flat::Options)."""
+    """A call's options by the library's names (flat/call.h; flat::Options)."""
 
     scale: Optional[float]  # None: K^-1/2
     chunk: int
-    l2norm: bool
+    l2norm_qk: bool
     solve: str
     gate_group: int  # 0: the variant's default, or g's last axis
     check_values: bool
@@ -56,13 +54,15 @@ class Call(NamedTuple):
 
 def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool, solve: str, gate_group: Optional[int],
          check_values: bool) -> Call:
-    if solve not in SOLVES:  # checked here, where a traced call (torch.compile, jax.jit) has no library call yet
-        _core.parse_solve(str(solve))  # raises the library's error
-    if scale is not None:
-        scale = float(scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"flat: scale: expected a finite number, or None for K^-1/2, got {scale}")
-    return Call(scale, int(chunk_size), bool(use_qk_l2norm_in_kernel), solve, int(gate_group or 0), bool(check_values))
+    """FLA's keyword arguments as the library's options."""
+    return Call(None if scale is None else float(scale), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
+                int(gate_group or 0), bool(check_values))
+
+
+def check(c: Call) -> None:
+    """The library's parse of the options, for a traced call (jax.jit, torch.compile's fake kernels)
+    that has no library call yet; raises its error."""
+    _core.check_options("forward", c._asdict())
 
 
 class Sequences(NamedTuple):

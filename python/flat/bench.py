@@ -254,17 +254,16 @@ def main(argv=None):
 
     def library_forward(fresh):
         y = torch.empty(B, T, H, V, dtype=dtype) if fresh else keep.setdefault("y", torch.empty(B, T, H, V, dtype=dtype))
-        _core.forward("gla", view("q", q), view("k", k), view("v", v), view("g", g), None, None, None, None,
-                      view("y", y), None, ([], [], [], []), None, 64, False, "auto", 0, True, threads,
-                      "openmp")
+        _core.call("forward", "gla", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
+                                          y=view("y", y)), ([], [], [], []), dict(chunk=64), threads, "openmp")
 
     def library_backward(fresh):
         grads = [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, g)] if fresh else keep.setdefault(
             "grads", [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, g)])
         dq, dk, dv, dg = (view(n, t) for n, t in zip(("dq", "dk", "dv", "dg"), grads))
-        _core.backward("gla", view("q", q), view("k", k), view("v", v), view("g", g), None, None, None, None,
-                       view("dy", dy), None, dq, dk, dv, dg, None, None, None, None, ([], [], [], []), None, 64,
-                       False, "auto", 0, False, threads, "openmp")
+        _core.call("backward", "gla", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
+                                           dy=view("dy", dy), dq=dq, dk=dk, dv=dv, dg=dg), ([], [], [], []),
+                   dict(chunk=64, check_values=False), threads, "openmp")
 
     op_forward = lambda: torch.ops.flat.forward("gla", q, k, v, g, None, None, None, None, None, None,  # noqa: E731
                                                 None, 64, False, "auto", 0, True, False)

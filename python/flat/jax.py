@@ -32,6 +32,25 @@ for _name, _capsule in _TARGETS:
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
+def _attribute(value):
+    """An option as an FFI attribute of its kind (flat/call.h's OptionValue)."""
+    if isinstance(value, bool):
+        return np.bool_(value)
+    if isinstance(value, int):
+        return np.int64(value)
+    if isinstance(value, float):
+        return np.float64(value)
+    return value
+
+
+def _call(operation: str, results, *operands, aliases=None, **options):
+    """flat::call through the one FFI handler: operands in the order of _core.tensor_slots(operation)
+    (then flat::Sequences' four arrays), the options by the library's names (None: the default)."""
+    attributes = {name: _attribute(value) for name, value in options.items() if value is not None}
+    return jax.ffi.ffi_call("flat_call", results, vmap_method="sequential", input_output_aliases=aliases or {})(
+        *operands, operation=operation, **attributes)
+
+
 def _absent():
     """A tensor the call does not have: an array of no elements."""
     return jnp.zeros((0,), jnp.float32)
@@ -113,13 +132,7 @@ def _result(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _attributes(variant: str, c: _args.Call):
-    return dict(variant=variant, scale=np.float32(0.0 if c.scale is None else c.scale),
-                default_scale=np.int64(c.scale is None), chunk=np.int64(c.chunk), l2norm=np.int64(c.l2norm),
-                solve=c.solve, gate_group=np.int64(c.gate_group), check_values=np.int64(c.check_values))
-
-
-# The index of h0 among flat_forward's operands (q, k, v, g, beta, b, w, h0) and of ht among its
+# The index of h0 among the forward's operands (q, k, v, g, beta, b, w, h0) and of ht among its
 # results (y, ht): a pool updated in place is both.
 _H0, _HT = 7, 1
 
@@ -128,9 +141,8 @@ def _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, re
     s = _args.shapes(variant, q, v, g, beta, b, w)
     results = (_result((s.B, s.S, s.N, s.V), v.dtype),
                _result((_args.sequence_count(s.B, cu_seqlens), s.N, s.K, s.V) if final_state else (0,), jnp.float32))
-    return jax.ffi.ffi_call("flat_forward", results, vmap_method="sequential")(
-        q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
-        **_attributes(variant, c))
+    return _call("forward", results, q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens),
+                 _ints(reads), _ints(None), _ints(None), variant=variant, **c._asdict())
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -153,9 +165,9 @@ def _recurrence_backward(variant, c, final_state, saved, cotangents):
 
     results = tuple(like(x) for x in (q, k, v, g, beta, b, w)) + (
         _result(_state_rows(_args.sequence_count(s.B, cu_seqlens), h0, reads), jnp.float32),)
-    grads = jax.ffi.ffi_call("flat_backward", results, vmap_method="sequential")(
-        q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens), _ints(reads), dy,
-        dht if final_state else _absent(), **_attributes(variant, c._replace(check_values=False)))
+    grads = _call("backward", results, q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), dy,
+                  dht if final_state else _absent(), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
+                  variant=variant, **c._replace(check_values=False)._asdict())
     inputs = (q, k, v, g, beta, b, w)
     dh0 = None if h0 is None else _pool_gradient(h0, grads[-1], reads)
     return tuple(None if x is None else grad for x, grad in zip(inputs, grads)) + (dh0, None, None)
@@ -169,10 +181,9 @@ def _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, cu_seqlens, reads
     """The recurrence with h0 and ht one pool [P, N, K, V], updated in place where the caller donates it."""
     s = _args.shapes(variant, q, v, g, beta, b, w)
     results = (_result((s.B, s.S, s.N, s.V), v.dtype), _result(pool.shape, pool.dtype))
-    return jax.ffi.ffi_call("flat_forward", results, vmap_method="sequential", input_output_aliases={_H0: _HT})(
-        q, k, v, *(_given(x) for x in (g, beta, b, w)), pool, _ints(cu_seqlens),
-        _pool_reads(_args.sequence_count(s.B, cu_seqlens), reads), _ints(writes), _ints(tokens),
-        **_attributes(variant, c))
+    return _call("forward", results, q, k, v, *(_given(x) for x in (g, beta, b, w)), pool, _ints(cu_seqlens),
+                 _pool_reads(_args.sequence_count(s.B, cu_seqlens), reads), _ints(writes), _ints(tokens),
+                 aliases={_H0: _HT}, variant=variant, **c._asdict())
 
 
 _pool_recurrence.defvjp(_no_gradient, _no_gradient)
@@ -181,6 +192,7 @@ _pool_recurrence.defvjp(_no_gradient, _no_gradient)
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_state, output_final_state,
          chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values, sequences):
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
+    _args.check(c)
     sequences = _sequences(sequences, initial_state)
     if sequences.writes_pool:
         return _pool_recurrence(variant, c, q, k, v, g, beta, b, w, initial_state, *sequences)
@@ -234,9 +246,8 @@ def _conv_results(x, weight, rows, final_state):
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _conv(activation, final_state, x, weight, bias, state0, cu_seqlens, reads):
     results = _conv_results(x, weight, _args.sequence_count(x.shape[0], cu_seqlens), final_state)
-    return jax.ffi.ffi_call("flat_conv_forward", results, vmap_method="sequential")(
-        x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
-        activation=activation)
+    return _call("conv_forward", results, x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads),
+                 _ints(None), _ints(None), activation=activation)
 
 
 def _conv_forward(activation, final_state, x, weight, bias, state0, cu_seqlens, reads):
@@ -251,16 +262,16 @@ def _conv_backward(activation, final_state, saved, cotangents):
     results = (_result(x.shape, x.dtype), _result(weight.shape, jnp.float32),
                _result(bias.shape if bias is not None else (0,), jnp.float32),
                _result(_state_rows(_args.sequence_count(x.shape[0], cu_seqlens), state0, reads), jnp.float32))
-    dx, dweight, dbias, dstate0 = jax.ffi.ffi_call("flat_conv_backward", results, vmap_method="sequential")(
-        x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads), dy,
-        dstate if final_state and W > 1 else _absent(), activation=activation)
+    dx, dweight, dbias, dstate0 = _call("conv_backward", results, x, weight, _given(bias), _given(state0), dy,
+                                        dstate if final_state and W > 1 else _absent(), _ints(cu_seqlens),
+                                        _ints(reads), _ints(None), _ints(None), activation=activation)
     return (dx, dweight, (dbias if bias is not None else None),
             (_pool_gradient(state0, dstate0, reads) if state0 is not None else None), None, None)
 
 
 _conv.defvjp(_conv_forward, _conv_backward)
 
-# The index of state0 among flat_conv_forward's operands (x, weight, bias, state0) and of state
+# The index of state0 among the convolution's operands (x, weight, bias, state0) and of state
 # among its results (y, state).
 _STATE0, _STATE = 3, 1
 
@@ -270,11 +281,9 @@ def _pool_conv(activation, x, weight, bias, pool, cu_seqlens, reads, writes, tok
     """The convolution with state0 and state one pool [P, C, W-1], updated in place where the caller
     donates it."""
     results = (_result(x.shape, x.dtype), _result(pool.shape, pool.dtype))
-    return jax.ffi.ffi_call("flat_conv_forward", results, vmap_method="sequential",
-                            input_output_aliases={_STATE0: _STATE})(
-        x, weight, _given(bias), pool, _ints(cu_seqlens),
-        _pool_reads(_args.sequence_count(x.shape[0], cu_seqlens), reads), _ints(writes), _ints(tokens),
-        activation=activation)
+    return _call("conv_forward", results, x, weight, _given(bias), pool, _ints(cu_seqlens),
+                 _pool_reads(_args.sequence_count(x.shape[0], cu_seqlens), reads), _ints(writes), _ints(tokens),
+                 aliases={_STATE0: _STATE}, activation=activation)
 
 
 _pool_conv.defvjp(_no_gradient, _no_gradient)
@@ -298,14 +307,10 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
 # ---- The output norm and gate ----------------------------------------------------------------
 
 
-def _norm_attributes(activation, norm_before_gate, eps):
-    return dict(activation=activation, norm_before_gate=np.int64(norm_before_gate), eps=np.float32(eps))
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _norm_gate(activation, norm_before_gate, eps, x, g, weight):
-    return jax.ffi.ffi_call("flat_norm_gate_forward", _result(x.shape, x.dtype), vmap_method="sequential")(
-        x, _given(g), weight, **_norm_attributes(activation, norm_before_gate, eps))
+    return _call("norm_gate_forward", _result(x.shape, x.dtype), x, _given(g), weight, activation=activation,
+                 norm_before_gate=norm_before_gate, eps=eps)
 
 
 def _norm_gate_forward(activation, norm_before_gate, eps, x, g, weight):
@@ -316,8 +321,8 @@ def _norm_gate_backward(activation, norm_before_gate, eps, saved, dy):
     x, g, weight = saved
     results = (_result(x.shape, x.dtype), _result(g.shape if g is not None else (0,), g.dtype if g is not None
                                                   else jnp.float32), _result(weight.shape, jnp.float32))
-    dx, dg, dweight = jax.ffi.ffi_call("flat_norm_gate_backward", results, vmap_method="sequential")(
-        x, _given(g), weight, dy, **_norm_attributes(activation, norm_before_gate, eps))
+    dx, dg, dweight = _call("norm_gate_backward", results, x, _given(g), weight, dy, activation=activation,
+                            norm_before_gate=norm_before_gate, eps=eps)
     return dx, (dg if g is not None else None), dweight
 
 

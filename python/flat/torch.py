@@ -71,6 +71,15 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
+_NO_SEQUENCES = ([], [], [], [])
+
+
+def _call(operation: str, tensors: dict, sequences=_NO_SEQUENCES, variant: str = "", **options) -> None:
+    """flat::call on PyTorch's intra-op threads: the tensors' views by the library's names (None:
+    absent), the options by theirs (flat/call.h)."""
+    _core.call(operation, variant, tensors, sequences, options, _threads(), "openmp")
+
+
 def _direct(*tensors: Optional[Tensor]) -> bool:
     """Whether a forward may run its custom op's implementation directly instead of through the
     dispatcher: in eager mode (not traced by torch.compile or torch.jit.trace, no dispatch or function mode, no
@@ -163,9 +172,11 @@ def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, sc
                   check_values) -> None:
     if _trace is not None:
         _trace.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
-    _core.forward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
-                  _view("b", b), _view("w", w), _view("initial_state", h0), _view("o", y), _view("final_state", ht),
-                  sequences, scale, chunk, l2norm, solve, gate_group, check_values, _threads(), "openmp")
+    _call("forward", dict(q=_view("q", q), k=_view("k", k), v=_view("v", v), g=_view("g", g), beta=_view("beta", beta),
+                          b=_view("b", b), w=_view("w", w), h0=_view("initial_state", h0), y=_view("o", y),
+                          ht=_view("final_state", ht)),
+          sequences, variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve, gate_group=gate_group,
+          check_values=check_values)
 
 
 def _forward_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
@@ -187,6 +198,7 @@ _forward = torch.library.custom_op("flat::forward", _forward_impl, mutates_args=
 @_forward.register_fake
 def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, scale, chunk, l2norm, solve, gate_group,
       check_values, final_state):
+    _args.check(_args.Call(scale, chunk, l2norm, solve, gate_group, check_values))
     s = _args.shapes(variant, q, v, g, beta, b, w)
     ht = (q.new_empty((_args.sequence_count(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state
           else q.new_empty(0, dtype=torch.float32))
@@ -215,6 +227,7 @@ _forward_pool = torch.library.custom_op("flat::forward_pool", _forward_pool_impl
 @_forward_pool.register_fake
 def _(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, initial_state_indices, final_state_indices,
       token_state_indices, scale, chunk, l2norm, solve, gate_group, check_values):
+    _args.check(_args.Call(scale, chunk, l2norm, solve, gate_group, check_values))
     s = _args.shapes(variant, q, v, g, beta, b, w)
     return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype)
 
@@ -228,13 +241,15 @@ def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor]
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
     dq, dk, dv, dg, dbeta, db, dw = (_like(t) for t in (q, k, v, g, beta, b, w))
     dh0 = _state_rows(_args.sequence_count(q.shape[0], cu_seqlens), h0, initial_state_indices)
-    _core.backward(variant, _view("q", q), _view("k", k), _view("v", v), _view("g", g), _view("beta", beta),
-                   _view("b", b), _view("w", w), _view("initial_state", h0), _view("do", dy),
-                   _view("dht", dht), _view("dq", dq), _view("dk", dk), _view("dv", dv),
-                   _view("dg", dg) if g is not None else None, _view("dbeta", dbeta) if beta is not None else None,
-                   _view("db", db) if b is not None else None, _view("dw", dw) if w is not None else None,
-                   _view("dh0", dh0) if h0 is not None else None, _lists(cu_seqlens, initial_state_indices), scale,
-                   chunk, l2norm, solve, gate_group, False, _threads(), "openmp")
+    _call("backward", dict(q=_view("q", q), k=_view("k", k), v=_view("v", v), g=_view("g", g),
+                           beta=_view("beta", beta), b=_view("b", b), w=_view("w", w), h0=_view("initial_state", h0),
+                           dy=_view("do", dy), dht=_view("dht", dht), dq=_view("dq", dq), dk=_view("dk", dk),
+                           dv=_view("dv", dv), dg=_view("dg", dg) if g is not None else None,
+                           dbeta=_view("dbeta", dbeta) if beta is not None else None,
+                           db=_view("db", db) if b is not None else None, dw=_view("dw", dw) if w is not None else None,
+                           dh0=_view("dh0", dh0) if h0 is not None else None),
+          _lists(cu_seqlens, initial_state_indices), variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve,
+          gate_group=gate_group, check_values=False)
     return dq, dk, dv, dg, dbeta, db, dw, _pool_gradient(h0, dh0, initial_state_indices)
 
 
@@ -274,12 +289,12 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
     direct = _direct(q, k, v, g, beta, b, w, initial_state)
     if _check_sequences(sequences, initial_state, (q, k, v, g, beta, b, w)):
         o = (_forward_pool_impl if direct else _forward_pool)(
-            variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm, c.solve,
+            variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm_qk, c.solve,
             c.gate_group, c.check_values)
         return o, initial_state
     o, final_state = (_forward_impl if direct else _forward)(
         variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens, sequences.initial_state_indices, c.scale,
-        c.chunk, c.l2norm, c.solve, c.gate_group, c.check_values, output_final_state)
+        c.chunk, c.l2norm_qk, c.solve, c.gate_group, c.check_values, output_final_state)
     return o, (final_state if output_final_state else None)
 
 
@@ -316,8 +331,9 @@ def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_
 
 
 def _call_conv(x, weight, bias, state0, y, state, sequences, activation) -> None:
-    _core.conv_forward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
-                       _view("y", y), _view("final_state", state), sequences, activation, _threads(), "openmp")
+    _call("conv_forward", dict(x=_view("x", x), weight=_view("weight", weight), bias=_view("bias", bias),
+                               state0=_view("initial_state", state0), y=_view("y", y), state=_view("final_state", state)),
+          sequences, activation=activation)
 
 
 def _conv_forward_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
@@ -370,11 +386,12 @@ def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Op
     x, weight, bias, state0, dy, dstate = _dense(x, weight, bias, state0, dy, dstate)
     dx, dweight, dbias = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias)
     dstate0 = _state_rows(_args.sequence_count(x.shape[0], cu_seqlens), state0, initial_state_indices)
-    _core.conv_backward(_view("x", x), _view("weight", weight), _view("bias", bias), _view("initial_state", state0),
-                        _view("dy", dy), _view("dstate", dstate), _view("dx", dx),
-                        _view("dweight", dweight), _view("dbias", dbias) if bias is not None else None,
-                        _view("dstate0", dstate0) if state0 is not None else None,
-                        _lists(cu_seqlens, initial_state_indices), activation, _threads(), "openmp")
+    _call("conv_backward", dict(x=_view("x", x), weight=_view("weight", weight), bias=_view("bias", bias),
+                                state0=_view("initial_state", state0), dy=_view("dy", dy), dstate=_view("dstate", dstate),
+                                dx=_view("dx", dx), dweight=_view("dweight", dweight),
+                                dbias=_view("dbias", dbias) if bias is not None else None,
+                                dstate0=_view("dstate0", dstate0) if state0 is not None else None),
+          _lists(cu_seqlens, initial_state_indices), activation=activation)
     return dx, dweight, dbias, _pool_gradient(state0, dstate0, initial_state_indices)
 
 
@@ -431,8 +448,8 @@ def _norm_gate_forward(x: Tensor, g: Optional[Tensor], weight: Tensor, activatio
                        eps: float) -> Tensor:
     x, g, weight = _dense(x, g, weight)
     y = torch.empty(x.shape, dtype=x.dtype)
-    _core.norm_gate_forward(_view("x", x), _view("g", g), _view("weight", weight), _view("y", y), activation,
-                            norm_before_gate, eps, _threads(), "openmp")
+    _call("norm_gate_forward", dict(x=_view("x", x), g=_view("g", g), weight=_view("weight", weight), y=_view("y", y)),
+          activation=activation, norm_before_gate=norm_before_gate, eps=eps)
     return y
 
 
@@ -446,9 +463,10 @@ def _norm_gate_backward(x: Tensor, g: Optional[Tensor], weight: Tensor, dy: Tens
                         norm_before_gate: bool, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     x, g, weight, dy = _dense(x, g, weight, dy)
     dx, dg, dweight = torch.empty(x.shape, dtype=x.dtype), _like(g), _like(weight)
-    _core.norm_gate_backward(_view("x", x), _view("g", g), _view("weight", weight), _view("dy", dy), _view("dx", dx),
-                             _view("dg", dg) if g is not None else None, _view("dweight", dweight), activation,
-                             norm_before_gate, eps, _threads(), "openmp")
+    _call("norm_gate_backward", dict(x=_view("x", x), g=_view("g", g), weight=_view("weight", weight), dy=_view("dy", dy),
+                                     dx=_view("dx", dx), dg=_view("dg", dg) if g is not None else None,
+                                     dweight=_view("dweight", dweight)),
+          activation=activation, norm_before_gate=norm_before_gate, eps=eps)
     return dx, dg, dweight
 
 

@@ -1,13 +1,14 @@
-// flat._core: the library's entry points for Python, on tensors passed as views (data pointer,
-// dtype, shape, strides), so PyTorch's tensors and their strided slices are read and written in
-// place. The GIL is released while a kernel runs. flat::Error arrives as ValueError (nanobind maps
-// std::invalid_argument), with the library's message.
+// flat._core: the library's calls by name for Python (flat/call.h), on tensors passed as views
+// (data pointer, dtype, shape, strides), so PyTorch's tensors and their strided slices are read
+// and written in place. The GIL is released while a kernel runs. flat::Error arrives as ValueError
+// (nanobind maps std::invalid_argument), with the library's message.
 //
-// Also: the variants' table, the solves' names, the CPU target a call runs on, and the JAX FFI
-// handlers (jax_ffi.cpp) as capsules. The float64 oracles are a module of their own for the tests
+// Also: the variants' table, the CPU target a call runs on, and the JAX FFI handler (jax_ffi.cpp)
+// as a capsule. The float64 oracles are a module of their own for the tests
 // (oracle_module.cpp), not shipped.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -15,14 +16,14 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "cpu/targets.h"
-#include "flat/flat.h"
+#include "flat/call.h"
 #include "host_threads.h"
 #include "jax_ffi.h"
-#include "options.h"
 #include "variants.h"
 
 namespace nb = nanobind;
@@ -69,159 +70,58 @@ ExecutionContext context_of(int threads, const std::string& pool) {
   return context;
 }
 
-struct Call {
-  Options options;
-  ExecutionContext context;
-};
-
-Call call_of(std::optional<float> scale, int chunk, bool l2norm, const std::string& solve, int gate_group,
-             bool check_values, int threads, const std::string& pool) {
-  return {options_of(scale, chunk, l2norm, solve, gate_group, check_values), context_of(threads, pool)};
-}
-
-using Opt = std::optional<View>;
+using Ints = std::vector<int64_t>;
 
 // flat::Sequences as Python passes them: cu_seqlens, initial_state_indices, final_state_indices,
 // token_state_indices, each a list of integers, empty where not given.
-using Ints = std::vector<int64_t>;
 using SequenceLists = std::tuple<Ints, Ints, Ints, Ints>;
 
-// A view of the lists, which must outlive the call.
-Sequences sequences_of(const SequenceLists& lists) {
-  const auto& [cu_seqlens, reads, writes, tokens] = lists;
-  return {cu_seqlens, reads, writes, tokens};
+// Python's option values: a bool, an int, a float or a str; None leaves the option at its default.
+NamedOptions options_of(const nb::dict& options) {
+  NamedOptions named;
+  for (const auto& [key, value] : options) {
+    const std::string name = nb::cast<std::string>(key);
+    if (value.is_none()) continue;
+    if (nb::isinstance<nb::bool_>(value)) named.emplace_back(name, nb::cast<bool>(value));
+    else if (nb::isinstance<nb::int_>(value)) named.emplace_back(name, nb::cast<int64_t>(value));
+    else if (nb::isinstance<nb::float_>(value)) named.emplace_back(name, nb::cast<double>(value));
+    else if (nb::isinstance<nb::str>(value)) named.emplace_back(name, nb::cast<std::string>(value));
+    else
+      throw Error("flat: " + name + ": expected a bool, an int, a float or a str, got " +
+                  nb::cast<std::string>(nb::str(value.type().attr("__name__"))));
+  }
+  return named;
 }
 
-void forward(const std::string& variant, const View& q, const View& k, const View& v, const Opt& g, const Opt& beta,
-             const Opt& b, const Opt& w, const Opt& h0, const View& y, const Opt& ht,
-             const SequenceLists& sequences, std::optional<float> scale, int chunk, bool l2norm,
-             const std::string& solve, int gate_group, bool check_values, int threads, const std::string& pool) {
-  ForwardArgs args;
-  args.sequences = sequences_of(sequences);
-  args.q = tensor_of(q);
-  args.k = tensor_of(k);
-  args.v = tensor_of(v);
-  args.g = tensor_of(g);
-  args.beta = tensor_of(beta);
-  args.b = tensor_of(b);
-  args.w = tensor_of(w);
-  args.h0 = tensor_of(h0);
-  args.y = tensor_of(y);
-  args.ht = tensor_of(ht);
-  const Variant which = parse_variant(variant);
-  const Call call = call_of(scale, chunk, l2norm, solve, gate_group, check_values, threads, pool);
-  nb::gil_scoped_release unlocked;
-  flat::forward(which, args, call.options, call.context);
+// Parses the options as the operation takes them (flat/call.h), throwing its error.
+void check_options(const std::string& operation, const nb::dict& options) {
+  const NamedOptions named = options_of(options);
+  switch (parse_operation(operation)) {
+    case Operation::forward:
+    case Operation::backward: recurrence_options(named); break;
+    case Operation::conv_forward:
+    case Operation::conv_backward: conv_options(named); break;
+    case Operation::norm_gate_forward:
+    case Operation::norm_gate_backward: norm_gate_options(named); break;
+  }
 }
 
-void backward(const std::string& variant, const View& q, const View& k, const View& v, const Opt& g, const Opt& beta,
-              const Opt& b, const Opt& w, const Opt& h0, const View& dy, const Opt& dht, const View& dq,
-              const View& dk, const View& dv, const Opt& dg, const Opt& dbeta, const Opt& db, const Opt& dw,
-              const Opt& dh0, const SequenceLists& sequences, std::optional<float> scale, int chunk, bool l2norm,
-              const std::string& solve, int gate_group, bool check_values, int threads, const std::string& pool) {
-  BackwardArgs args;
-  args.sequences = sequences_of(sequences);
-  args.q = tensor_of(q);
-  args.k = tensor_of(k);
-  args.v = tensor_of(v);
-  args.g = tensor_of(g);
-  args.beta = tensor_of(beta);
-  args.b = tensor_of(b);
-  args.w = tensor_of(w);
-  args.h0 = tensor_of(h0);
-  args.dy = tensor_of(dy);
-  args.dht = tensor_of(dht);
-  args.dq = tensor_of(dq);
-  args.dk = tensor_of(dk);
-  args.dv = tensor_of(dv);
-  args.dg = tensor_of(dg);
-  args.dbeta = tensor_of(dbeta);
-  args.db = tensor_of(db);
-  args.dw = tensor_of(dw);
-  args.dh0 = tensor_of(dh0);
-  const Variant which = parse_variant(variant);
-  const Call call = call_of(scale, chunk, l2norm, solve, gate_group, check_values, threads, pool);
-  nb::gil_scoped_release unlocked;
-  flat::backward(which, args, call.options, call.context);
-}
-
-void conv_forward(const View& x, const View& weight, const Opt& bias, const Opt& state0, const View& y,
-                  const Opt& state, const SequenceLists& sequences, const std::string& activation, int threads,
-                  const std::string& pool) {
-  ConvArgs args;
-  args.sequences = sequences_of(sequences);
-  args.x = tensor_of(x);
-  args.weight = tensor_of(weight);
-  args.bias = tensor_of(bias);
-  args.state0 = tensor_of(state0);
-  args.y = tensor_of(y);
-  args.state = tensor_of(state);
-  ConvOptions options;
-  options.activation = parse_activation(activation);
+// One call of the library by name (flat::call): tensors by their names in the operation's Args
+// (None: absent), the options by theirs.
+void call(const std::string& operation, const std::string& variant, const std::map<std::string, std::optional<View>>& tensors,
+          const SequenceLists& sequences, const nb::dict& options, int threads, const std::string& pool) {
+  NamedCall named;
+  named.operation = parse_operation(operation);
+  if (named.operation == Operation::forward || named.operation == Operation::backward)
+    named.variant = parse_variant(variant);
+  for (const auto& [name, view] : tensors)
+    if (view) named.tensors.emplace_back(name, tensor_of(view));
+  const auto& [cu_seqlens, reads, writes, tokens] = sequences;
+  named.sequences = {cu_seqlens, reads, writes, tokens};
+  named.options = options_of(options);
   const ExecutionContext context = context_of(threads, pool);
   nb::gil_scoped_release unlocked;
-  flat::conv_forward(args, options, context);
-}
-
-void conv_backward(const View& x, const View& weight, const Opt& bias, const Opt& state0, const View& dy,
-                   const Opt& dstate, const View& dx, const View& dweight, const Opt& dbias, const Opt& dstate0,
-                   const SequenceLists& sequences, const std::string& activation, int threads,
-                   const std::string& pool) {
-  ConvBackwardArgs args;
-  args.sequences = sequences_of(sequences);
-  args.x = tensor_of(x);
-  args.weight = tensor_of(weight);
-  args.bias = tensor_of(bias);
-  args.state0 = tensor_of(state0);
-  args.dy = tensor_of(dy);
-  args.dstate = tensor_of(dstate);
-  args.dx = tensor_of(dx);
-  args.dweight = tensor_of(dweight);
-  args.dbias = tensor_of(dbias);
-  args.dstate0 = tensor_of(dstate0);
-  ConvOptions options;
-  options.activation = parse_activation(activation);
-  const ExecutionContext context = context_of(threads, pool);
-  nb::gil_scoped_release unlocked;
-  flat::conv_backward(args, options, context);
-}
-
-NormGateOptions norm_gate_options(const std::string& activation, bool norm_before_gate, float eps) {
-  NormGateOptions options;
-  options.activation = parse_activation(activation);
-  options.norm_before_gate = norm_before_gate;
-  options.eps = eps;
-  return options;
-}
-
-void norm_gate_forward(const View& x, const Opt& g, const View& weight, const View& y, const std::string& activation,
-                       bool norm_before_gate, float eps, int threads, const std::string& pool) {
-  NormGateArgs args;
-  args.x = tensor_of(x);
-  args.g = tensor_of(g);
-  args.weight = tensor_of(weight);
-  args.y = tensor_of(y);
-  const NormGateOptions options = norm_gate_options(activation, norm_before_gate, eps);
-  const ExecutionContext context = context_of(threads, pool);
-  nb::gil_scoped_release unlocked;
-  flat::norm_gate_forward(args, options, context);
-}
-
-void norm_gate_backward(const View& x, const Opt& g, const View& weight, const View& dy, const View& dx,
-                        const Opt& dg, const View& dweight, const std::string& activation, bool norm_before_gate,
-                        float eps, int threads, const std::string& pool) {
-  NormGateBackwardArgs args;
-  args.x = tensor_of(x);
-  args.g = tensor_of(g);
-  args.weight = tensor_of(weight);
-  args.dy = tensor_of(dy);
-  args.dx = tensor_of(dx);
-  args.dg = tensor_of(dg);
-  args.dweight = tensor_of(dweight);
-  const NormGateOptions options = norm_gate_options(activation, norm_before_gate, eps);
-  const ExecutionContext context = context_of(threads, pool);
-  nb::gil_scoped_release unlocked;
-  flat::norm_gate_backward(args, options, context);
+  flat::call(named, context);
 }
 
 }  // namespace
@@ -232,30 +132,19 @@ NB_MODULE(_core, m) {
   using namespace flat::python;
   m.doc() = "flat's kernels on tensor views; use flat.torch or flat.jax";
 
-  m.def("forward", &python::forward, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g").none(),
-        nb::arg("beta").none(), nb::arg("b").none(), nb::arg("w").none(), nb::arg("h0").none(), nb::arg("y"),
-        nb::arg("ht").none(), nb::arg("sequences"), nb::arg("scale").none(), nb::arg("chunk"), nb::arg("l2norm"),
-        nb::arg("solve"), nb::arg("gate_group"), nb::arg("check_values"), nb::arg("threads"), nb::arg("pool"));
-  m.def("backward", &python::backward, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("g").none(), nb::arg("beta").none(), nb::arg("b").none(), nb::arg("w").none(), nb::arg("h0").none(),
-        nb::arg("dy"), nb::arg("dht").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dg").none(),
-        nb::arg("dbeta").none(), nb::arg("db").none(), nb::arg("dw").none(), nb::arg("dh0").none(),
-        nb::arg("sequences"), nb::arg("scale").none(), nb::arg("chunk"), nb::arg("l2norm"), nb::arg("solve"),
-        nb::arg("gate_group"), nb::arg("check_values"), nb::arg("threads"), nb::arg("pool"));
-  m.def("conv_forward", &python::conv_forward, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-        nb::arg("state0").none(), nb::arg("y"), nb::arg("state").none(), nb::arg("sequences"), nb::arg("activation"),
-        nb::arg("threads"), nb::arg("pool"));
-  m.def("conv_backward", &python::conv_backward, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-        nb::arg("state0").none(), nb::arg("dy"), nb::arg("dstate").none(), nb::arg("dx"), nb::arg("dweight"),
-        nb::arg("dbias").none(), nb::arg("dstate0").none(), nb::arg("sequences"), nb::arg("activation"),
-        nb::arg("threads"), nb::arg("pool"));
-
-  m.def("norm_gate_forward", &python::norm_gate_forward, nb::arg("x"), nb::arg("g").none(), nb::arg("weight"),
-        nb::arg("y"), nb::arg("activation"), nb::arg("norm_before_gate"), nb::arg("eps"), nb::arg("threads"),
-        nb::arg("pool"));
-  m.def("norm_gate_backward", &python::norm_gate_backward, nb::arg("x"), nb::arg("g").none(), nb::arg("weight"),
-        nb::arg("dy"), nb::arg("dx"), nb::arg("dg").none(), nb::arg("dweight"), nb::arg("activation"),
-        nb::arg("norm_before_gate"), nb::arg("eps"), nb::arg("threads"), nb::arg("pool"));
+  m.def("call", &python::call, nb::arg("operation"), nb::arg("variant"), nb::arg("tensors"), nb::arg("sequences"),
+        nb::arg("options"), nb::arg("threads"), nb::arg("pool"),
+        "Runs one operation (flat::call): tensors and options by the library's names (flat/call.h)");
+  m.def("check_options", &python::check_options, nb::arg("operation"), nb::arg("options"),
+        "ValueError with the library's message where the operation takes no such options");
+  m.def(
+      "tensor_slots",
+      [](const std::string& operation) {
+        std::vector<std::pair<std::string, bool>> out;
+        for (const TensorSlot& slot : tensor_slots(parse_operation(operation))) out.emplace_back(slot.name, slot.output);
+        return out;
+      },
+      nb::arg("operation"), "The operation's tensors as (name, written) in the order positional front ends pass them");
   // The variants' table: name -> (gate, update, default gate group).
   m.def("variants", [] {
     std::vector<std::tuple<std::string, std::string, std::string, int>> out;
@@ -265,15 +154,6 @@ NB_MODULE(_core, m) {
       out.emplace_back(v.name, kGates[int(v.gate)], kUpdates[int(v.update)], v.default_gate_group);
     return out;
   });
-  m.def("solves", [] {
-    std::vector<std::string> names;
-    for (Solve s : {Solve::automatic, Solve::substitution, Solve::blocked, Solve::doubling})
-      names.emplace_back(solve_name(s));
-    return names;
-  }, "the solves' names, as the library takes them");
-  m.def(
-      "parse_solve", [](const std::string& name) { parse_solve(name); },
-      "ValueError with the library's message where the library takes no solve of this name");
   m.def("target", [] { return std::string(cpu::default_target().name); }, "the CPU target calls run on");
   m.def("last_openmp_team", &last_openmp_team, "threads of the last call run on the OpenMP runtime (tests)");
 

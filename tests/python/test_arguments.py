@@ -115,7 +115,7 @@ def test_conv_and_norm_empty_batch(B, T):
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
 def test_a_scale_that_is_not_finite_is_refused(scale):
     inputs = recurrence_inputs("la", 1, 4)
-    message = re.escape(f"flat: scale: expected a finite number, or None for K^-1/2, got {float(scale)}")
+    message = re.escape(f"flat: scale: expected a finite number, or none for K^-1/2, got {float(scale)}")
     with pytest.raises(ValueError, match=message):
         ft.la(**{n: torch.tensor(x) for n, x in inputs.items()}, scale=scale)
     _, jnp, fj = jax_modules()
@@ -142,7 +142,7 @@ def test_an_initial_state_of_the_wrong_rank_is_refused():
     with pytest.raises(ValueError, match=re.escape("flat: h0: expected rank 4 [B=1, N=2, K=16, V=8], got rank 1 [1]")):
         ft.la(**inputs, initial_state=torch.tensor([3.0]))
     _, jnp, fj = jax_modules()
-    with pytest.raises(Exception, match=re.escape("flat: initial_state: expected an array of rank 1 to 4, got rank 0")):
+    with pytest.raises(Exception, match=re.escape("flat: h0: expected an array of rank 1 to 4, got rank 0")):
         fj.la(**{n: jnp.asarray(x.numpy()) for n, x in inputs.items()}, initial_state=jnp.float32(3.0))[0]\
             .block_until_ready()
 
@@ -204,19 +204,18 @@ def test_unknown_solve_names_are_refused_by_both_bindings():
     q = jnp.zeros((1, 4, H, K))
     none = jnp.zeros((0,), jnp.float32)
     ints = jnp.zeros((0,), jnp.int32)
-    call = jax.ffi.ffi_call("flat_forward", (jax.ShapeDtypeStruct((1, 4, H, K), jnp.float32),
-                                             jax.ShapeDtypeStruct((0,), jnp.float32)))
+    call = jax.ffi.ffi_call("flat_call", (jax.ShapeDtypeStruct((1, 4, H, K), jnp.float32),
+                                          jax.ShapeDtypeStruct((0,), jnp.float32)))
     with pytest.raises(Exception, match=message):
-        call(q, q, q, none, jnp.full((1, 4, H), 0.5), none, none, none, ints, ints, ints, ints, variant="deltanet",
-             scale=np.float32(0), default_scale=np.int64(1), chunk=np.int64(16), l2norm=np.int64(0), solve="neumann",
-             gate_group=np.int64(0), check_values=np.int64(1))[0].block_until_ready()
+        call(q, q, q, none, jnp.full((1, 4, H), 0.5), none, none, none, ints, ints, ints, ints, operation="forward",
+             variant="deltanet", chunk=np.int64(16), solve="neumann")[0].block_until_ready()
     x = torch.zeros(1, 4, H, K)
     view = (x.data_ptr(), "f32", tuple(x.shape), tuple(x.stride()))
     beta = torch.full((1, 4, H), 0.5)
     with pytest.raises(ValueError, match=message):
-        _core.forward("deltanet", view, view, view, None, (beta.data_ptr(), "f32", (1, 4, H), beta.stride()), None,
-                      None, None, view, None, ([], [], [], []), None, 16, False, "neumann", 0, True, 1, "flat")
-
+        _core.call("forward", "deltanet", dict(q=view, k=view, v=view, beta=(beta.data_ptr(), "f32", (1, 4, H),
+                                                                           beta.stride()), y=view),
+                   ([], [], [], []), dict(chunk=16, solve="neumann"), 1, "flat")
 
 # ---- accepted_state_indices ---------------------------------------------------------------------
 

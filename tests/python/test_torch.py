@@ -61,9 +61,9 @@ def test_results_are_the_librarys_bitwise():
     h0 = inputs["initial_state"].detach()
     y = torch.empty_like(o)
     view = ft._view
-    _core.forward("kda", view("q", q), view("k", k), view("v", v), view("g", g), view("beta", beta), None, None,
-                  view("h0", h0), view("y", y), None, ([], [], [], []), None, 64, False, "auto", 0, True,
-                  torch.get_num_threads(), "openmp")
+    _core.call("forward", "kda", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
+                                      beta=view("beta", beta), h0=view("h0", h0), y=view("y", y)), ([], [], [], []),
+               {}, torch.get_num_threads(), "openmp")
     assert torch.equal(o.detach(), y)
 
 
