@@ -121,8 +121,28 @@ void check_absent(const std::string& name, const Tensor& t, Variant variant, con
                    shape_string(t));
 }
 
-// Validates the inputs shared by forward and backward and fills the problem description;
-// final_states: the call writes final states (a forward, which may take final_state_indices).
+// A state [B, N, K, V] after the inputs: one row per sequence, or a pool where indices address it.
+void check_state(const std::string& name, const Tensor& t, const Params& p, const Sequences& s, bool pool = false) {
+  check_tensor(name, t, {validate::state_axis(s, p.B, pool), {"N", p.N}, {"K", p.K}, {"V", p.V}});
+  check_dtype(name, t, DType::f32, " (states are fp32)");
+}
+
+void check_gradient(const std::string& name, const Tensor& grad, const std::string& input_name,
+                    const Tensor& input) {
+  std::vector<Axis> axes;
+  static const char* kAxisNames[4] = {"d0", "d1", "d2", "d3"};
+  for (int d = 0; d < input.rank; ++d) axes.push_back({kAxisNames[d], input.shape[size_t(d)]});
+  check_tensor(name, grad, axes);
+  check_dtype(name, grad, input.dtype, " (the dtype of " + input_name + ")");
+}
+
+std::vector<validate::Named> input_views(const Inputs& in) {
+  return {{"q", &in.q},       {"k", &in.k}, {"v", &in.v}, {"g", &in.g},
+          {"h0", &in.h0},     {"beta", &in.beta}, {"b", &in.b}, {"w", &in.w}};
+}
+
+}  // namespace
+
 Params describe_inputs(Variant variant, const Inputs& in, const Options& options, bool final_states) {
   const Tensor &q = in.q, &k = in.k, &v = in.v, &g = in.g, &h0 = in.h0;
   Params p;
@@ -234,28 +254,6 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.sequences = SequenceLayout(in.sequences);
   return p;
 }
-
-// A state [B, N, K, V] after the inputs: one row per sequence, or a pool where indices address it.
-void check_state(const std::string& name, const Tensor& t, const Params& p, const Sequences& s, bool pool = false) {
-  check_tensor(name, t, {validate::state_axis(s, p.B, pool), {"N", p.N}, {"K", p.K}, {"V", p.V}});
-  check_dtype(name, t, DType::f32, " (states are fp32)");
-}
-
-void check_gradient(const std::string& name, const Tensor& grad, const std::string& input_name,
-                    const Tensor& input) {
-  std::vector<Axis> axes;
-  static const char* kAxisNames[4] = {"d0", "d1", "d2", "d3"};
-  for (int d = 0; d < input.rank; ++d) axes.push_back({kAxisNames[d], input.shape[size_t(d)]});
-  check_tensor(name, grad, axes);
-  check_dtype(name, grad, input.dtype, " (the dtype of " + input_name + ")");
-}
-
-std::vector<validate::Named> input_views(const Inputs& in) {
-  return {{"q", &in.q},       {"k", &in.k}, {"v", &in.v}, {"g", &in.g},
-          {"h0", &in.h0},     {"beta", &in.beta}, {"b", &in.b}, {"w", &in.w}};
-}
-
-}  // namespace
 
 Params describe_forward(Variant variant, const ForwardArgs& a, const Options& options) {
   Params p = describe_inputs(variant, a, options, true);

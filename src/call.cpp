@@ -3,10 +3,14 @@
 #include "flat/call.h"
 
 #include <charconv>
+#include <cstddef>
 #include <cmath>
 #include <limits>
 #include <sstream>
 #include <type_traits>
+
+#include "conv_params.h"
+#include "params.h"
 
 namespace flat {
 namespace {
@@ -268,6 +272,17 @@ std::span<const std::string_view> field_names(std::span<const OptionField<Struct
   return names;
 }
 
+// A tensor of this dtype and shape with no data: an output's description.
+Tensor shaped(DType dtype, std::initializer_list<int64_t> shape) { return Tensor::contiguous(nullptr, dtype, shape); }
+
+Tensor shaped_like(const Tensor& t) {
+  return Tensor::contiguous(nullptr, t.dtype, std::span<const int64_t>(t.shape.data(), size_t(t.rank)));
+}
+
+// Any address for a tensor the description reads no element of (validation wants one where a
+// tensor has elements).
+void* const kNoData = reinterpret_cast<void*>(alignof(std::max_align_t));
+
 }  // namespace
 
 std::string_view operation_name(Operation operation) { return kOperationNames[int(operation)]; }
@@ -338,6 +353,101 @@ void call(const NamedCall& c, const ExecutionContext& context) {
           args_from(std::span<const TensorField<NormGateBackwardArgs>>(kNormGateBackwardTensors), c),
           norm_gate_options(c.options), context);
   }
+}
+
+}  // namespace flat
+
+namespace flat {
+
+std::vector<std::pair<std::string_view, Tensor>> output_shapes(Operation operation, Variant variant,
+                                                               const std::vector<std::pair<std::string, Tensor>>& inputs,
+                                                               const SequenceSizes& sizes, const NamedOptions& options) {
+  NamedCall c{operation, variant, inputs, {}, options};
+  for (auto& [name, tensor] : c.tensors) {
+    if (tensor.present() && tensor.data == nullptr) tensor.data = kNoData;
+    // Only inputs: an output given here is refused as a name the description does not take.
+    for (const TensorSlot& slot : tensor_slots(operation))
+      if (slot.name == name && slot.output)
+        throw Error("flat: " + name + ": output_shapes takes the inputs, got the output " + name);
+  }
+  // Sequences of these sizes that any call of them may have: all empty but the last.
+  const Tensor* first = nullptr;
+  for (const auto& [name, tensor] : c.tensors)
+    if (name == "q" || name == "x") first = &tensor;
+  const int64_t S = first && first->rank >= 2 ? first->shape[1] : 0;
+  const int64_t B = first && first->rank >= 1 ? first->shape[0] : 0;
+  std::vector<int64_t> offsets, rows;
+  if (sizes.cu_seqlens > 0) {
+    offsets.assign(size_t(sizes.cu_seqlens), 0);
+    offsets.back() = S;
+  }
+  if (sizes.initial_state_indices) rows.assign(size_t(sizes.cu_seqlens > 0 ? sizes.cu_seqlens - 1 : B), -1);
+  c.sequences = {offsets, rows, {}, {}};
+
+  std::vector<std::pair<std::string_view, Tensor>> out;
+  const auto like = [&out](std::string_view name, const Tensor& input) {
+    if (input.present()) out.emplace_back(name, shaped_like(input));
+  };
+  switch (operation) {
+    case Operation::forward:
+    case Operation::backward: {
+      const Inputs in = operation == Operation::forward
+                            ? Inputs(args_from(std::span<const TensorField<ForwardArgs>>(kForwardTensors), c))
+                            : Inputs(args_from(std::span<const TensorField<BackwardArgs>>(kBackwardTensors), c));
+      const Params p = describe_inputs(variant, in, recurrence_options(options), operation == Operation::forward);
+      const int64_t count = p.sequences.count(p.B);
+      const Tensor state = shaped(DType::f32, {count, p.N, p.K, p.V});
+      if (operation == Operation::forward) {
+        out.emplace_back("y", shaped(in.v.dtype, {p.B, p.S, p.N, p.V}));
+        out.emplace_back("ht", state);
+        return out;
+      }
+      for (const auto& [name, input] : {std::pair{"dq", &in.q}, std::pair{"dk", &in.k}, std::pair{"dv", &in.v},
+                                        std::pair{"dg", &in.g}, std::pair{"dbeta", &in.beta}, std::pair{"db", &in.b},
+                                        std::pair{"dw", &in.w}})
+        like(name, *input);
+      if (in.h0.present()) out.emplace_back("dh0", state);
+      return out;
+    }
+    case Operation::conv_forward:
+    case Operation::conv_backward: {
+      const ConvInputs in =
+          operation == Operation::conv_forward
+              ? ConvInputs(args_from(std::span<const TensorField<ConvArgs>>(kConvForwardTensors), c))
+              : ConvInputs(args_from(std::span<const TensorField<ConvBackwardArgs>>(kConvBackwardTensors), c));
+      const ConvParams p = describe_conv_inputs(in, conv_options(options), operation == Operation::conv_forward);
+      const int64_t count = p.sequences.count(p.B);
+      const bool has_state = p.W > 1;
+      if (operation == Operation::conv_forward) {
+        like("y", in.x);
+        if (has_state) out.emplace_back("state", shaped(DType::f32, {count, p.C, p.W - 1}));
+        return out;
+      }
+      like("dx", in.x);
+      like("dweight", in.weight);
+      like("dbias", in.bias);
+      if (in.state0.present()) out.emplace_back("dstate0", shaped(DType::f32, {count, p.C, p.W - 1}));
+      return out;
+    }
+    case Operation::norm_gate_forward:
+    case Operation::norm_gate_backward: {
+      norm_gate_options(options);
+      const NormGateInputs in =
+          operation == Operation::norm_gate_forward
+              ? NormGateInputs(args_from(std::span<const TensorField<NormGateArgs>>(kNormGateForwardTensors), c))
+              : NormGateInputs(
+                    args_from(std::span<const TensorField<NormGateBackwardArgs>>(kNormGateBackwardTensors), c));
+      if (operation == Operation::norm_gate_forward) {
+        like("y", in.x);
+        return out;
+      }
+      like("dx", in.x);
+      like("dg", in.g);
+      like("dweight", in.weight);
+      return out;
+    }
+  }
+  return out;
 }
 
 }  // namespace flat

@@ -36,8 +36,17 @@ void check_state(const std::string& name, const Tensor& t, const ConvParams& p, 
   check_f32(name, t, {validate::state_axis(s, p.B, pool), {"C", p.C}, {"W-1", p.W - 1}}, " (states are fp32)");
 }
 
-// final_states: the call writes final states (a forward, which may take final_state_indices).
-ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options, bool final_states) {
+void check_sequence(const std::string& name, const Tensor& t, const ConvParams& p) {
+  check_tensor(name, t, {{"B", p.B}, {"S", p.S}, {"C", p.C}});
+}
+
+std::vector<validate::Named> input_views(const ConvInputs& in) {
+  return {{"x", &in.x}, {"weight", &in.weight}, {"bias", &in.bias}, {"state0", &in.state0}};
+}
+
+}  // namespace
+
+ConvParams describe_conv_inputs(const ConvInputs& in, const ConvOptions& options, bool final_states) {
   ConvParams p;
   check_tensor("x", in.x, {{"B", validate::kAnyOrEmpty}, {"S", validate::kAnyOrEmpty}, {"C", -1}});
   p.B = int(in.x.shape[0]);
@@ -67,18 +76,8 @@ ConvParams describe_inputs(const ConvInputs& in, const ConvOptions& options, boo
   return p;
 }
 
-void check_sequence(const std::string& name, const Tensor& t, const ConvParams& p) {
-  check_tensor(name, t, {{"B", p.B}, {"S", p.S}, {"C", p.C}});
-}
-
-std::vector<validate::Named> input_views(const ConvInputs& in) {
-  return {{"x", &in.x}, {"weight", &in.weight}, {"bias", &in.bias}, {"state0", &in.state0}};
-}
-
-}  // namespace
-
 ConvParams describe_conv_forward(const ConvArgs& a, const ConvOptions& options) {
-  ConvParams p = describe_inputs(a, options, true);
+  ConvParams p = describe_conv_inputs(a, options, true);
   check_sequence("y", a.y, p);
   if (a.state.present()) check_state("state", a.state, p, a.sequences, validate::writes_pool(a.sequences));
   validate::check_pool_writes(a.sequences, p.B, p.S, {"state0", &a.state0}, {"state", &a.state});
@@ -89,7 +88,7 @@ ConvParams describe_conv_forward(const ConvArgs& a, const ConvOptions& options) 
 }
 
 ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& options) {
-  ConvParams p = describe_inputs(a, options, false);
+  ConvParams p = describe_conv_inputs(a, options, false);
   check_sequence("dy", a.dy, p);
   if (a.dstate.present()) check_state("dstate", a.dstate, p, a.sequences);
   check_sequence("dx", a.dx, p);

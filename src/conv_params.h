@@ -35,5 +35,8 @@ struct ConvParams {
 // describe the problem; for internal callers such as the tests and the benchmark.
 ConvParams describe_conv_forward(const ConvArgs& args, const ConvOptions& options);
 ConvParams describe_conv_backward(const ConvBackwardArgs& args, const ConvOptions& options);
+// The same for the inputs shared by both passes alone (flat::output_shapes); final_states: the
+// call writes final states (a forward, which may take final_state_indices).
+ConvParams describe_conv_inputs(const ConvInputs& inputs, const ConvOptions& options, bool final_states);
 
 }  // namespace flat

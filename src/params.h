@@ -175,5 +175,9 @@ struct Params {
 // benchmark's baselines, which run other implementations on the same arguments.
 Params describe_forward(Variant variant, const ForwardArgs& args, const Options& options);
 Params describe_backward(Variant variant, const BackwardArgs& args, const Options& options);
+// The same for the inputs shared by forward and backward alone (what their outputs' shapes follow
+// from: flat::output_shapes). final_states: the call writes final states (a forward, which may
+// take final_state_indices). Data pointers are checked to be there, not read.
+Params describe_inputs(Variant variant, const Inputs& inputs, const Options& options, bool final_states);
 
 }  // namespace flat

@@ -207,6 +207,80 @@ TEST(NamedCall, TheNormTakesNoSequences) {
   EXPECT_TRUE(all_nan(y));
 }
 
+// A tensor with a shape and dtype and no data, as a traced front end describes its inputs.
+Tensor described(DType dtype, std::initializer_list<int64_t> shape) { return Tensor::contiguous(nullptr, dtype, shape); }
+
+std::string shape_of(const std::vector<std::pair<std::string_view, Tensor>>& outputs, std::string_view name) {
+  for (const auto& [n, t] : outputs) {
+    if (n != name) continue;
+    std::string out = std::string(dtype_name(t.dtype)) + "[";
+    for (int d = 0; d < t.rank; ++d) out += (d ? "," : "") + std::to_string(t.shape[size_t(d)]);
+    EXPECT_EQ(t.data, nullptr);
+    return out + "]";
+  }
+  return "absent";
+}
+
+TEST(OutputShapes, TheRecurrencesFollowTheHeadCountsAndTheSequences) {
+  const std::vector<std::pair<std::string, Tensor>> inputs{
+      {"q", described(DType::bf16, {1, 9, 1, 16})},  {"k", described(DType::bf16, {1, 9, 2, 16})},
+      {"v", described(DType::f32, {1, 9, 4, 8})},    {"g", described(DType::f32, {1, 9, 2})},
+      {"beta", described(DType::bf16, {1, 9, 4})},   {"h0", described(DType::f32, {3, 4, 16, 8})}};
+  // Three sequences of the packed batch, h0 a row per sequence.
+  auto out = output_shapes(Operation::forward, Variant::gated_deltanet, inputs, {4, false}, {});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(shape_of(out, "y"), "f32[1,9,4,8]");
+  EXPECT_EQ(shape_of(out, "ht"), "f32[3,4,16,8]");
+  out = output_shapes(Operation::backward, Variant::gated_deltanet, inputs, {4, false}, {});
+  EXPECT_EQ(shape_of(out, "dq"), "bf16[1,9,1,16]");
+  EXPECT_EQ(shape_of(out, "dg"), "f32[1,9,2]");
+  EXPECT_EQ(shape_of(out, "dbeta"), "bf16[1,9,4]");
+  EXPECT_EQ(shape_of(out, "db"), "absent");
+  EXPECT_EQ(shape_of(out, "dh0"), "f32[3,4,16,8]");
+  // A pool of 7 rows read through initial_state_indices: the states stay a row per sequence.
+  std::vector<std::pair<std::string, Tensor>> pooled = inputs;
+  pooled.back().second = described(DType::f32, {7, 4, 16, 8});
+  EXPECT_EQ(shape_of(output_shapes(Operation::forward, Variant::gated_deltanet, pooled, {4, true}, {}), "ht"),
+            "f32[3,4,16,8]");
+  // The call's own errors: a pool without its indices, head counts that do not divide, an option.
+  EXPECT_THROW(output_shapes(Operation::forward, Variant::gated_deltanet, pooled, {4, false}, {}), Error);
+  std::vector<std::pair<std::string, Tensor>> uneven = inputs;
+  uneven[1].second = described(DType::bf16, {1, 9, 3, 16});
+  try {
+    output_shapes(Operation::forward, Variant::gated_deltanet, uneven, {4, false}, {});
+    ADD_FAILURE() << "Nk = 3 taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit Nk = 3 of k"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(output_shapes(Operation::forward, Variant::gated_deltanet, inputs, {4, false}, {{"chunk", int64_t(8)}}),
+               Error);
+  // Outputs are not inputs.
+  std::vector<std::pair<std::string, Tensor>> with_output = inputs;
+  with_output.emplace_back("y", described(DType::f32, {1, 9, 4, 8}));
+  EXPECT_THROW(output_shapes(Operation::forward, Variant::gated_deltanet, with_output, {4, false}, {}), Error);
+}
+
+TEST(OutputShapes, TheConvolutionKeepsAStateOnlyWithMoreThanOneTap) {
+  for (const int64_t taps : {int64_t(1), int64_t(4)}) {
+    std::vector<std::pair<std::string, Tensor>> inputs{{"x", described(DType::bf16, {2, 5, 6})},
+                                                       {"weight", described(DType::f32, {6, taps})}};
+    if (taps > 1) inputs.emplace_back("state0", described(DType::f32, {2, 6, taps - 1}));
+    const auto forward = output_shapes(Operation::conv_forward, Variant::la, inputs, {}, {});
+    EXPECT_EQ(shape_of(forward, "y"), "bf16[2,5,6]");
+    EXPECT_EQ(shape_of(forward, "state"), taps > 1 ? "f32[2,6,3]" : "absent");
+    const auto backward = output_shapes(Operation::conv_backward, Variant::la, inputs, {}, {});
+    EXPECT_EQ(shape_of(backward, "dweight"), "f32[6," + std::to_string(taps) + "]");
+    EXPECT_EQ(shape_of(backward, "dbias"), "absent");
+    EXPECT_EQ(shape_of(backward, "dstate0"), taps > 1 ? "f32[2,6,3]" : "absent");
+  }
+  const auto norm = output_shapes(Operation::norm_gate_backward, Variant::la,
+                                  {{"x", described(DType::bf16, {1, 2, 3, 4})}, {"weight", described(DType::f32, {4})}},
+                                  {}, {{"eps", 1e-6}});
+  EXPECT_EQ(shape_of(norm, "dx"), "bf16[1,2,3,4]");
+  EXPECT_EQ(shape_of(norm, "dg"), "absent");
+  EXPECT_EQ(shape_of(norm, "dweight"), "f32[4]");
+}
+
 TEST(NamedCall, SlotsAndNamesDescribeEveryOperation) {
   for (const Operation op : {Operation::forward, Operation::backward, Operation::conv_forward, Operation::conv_backward,
                              Operation::norm_gate_forward, Operation::norm_gate_backward}) {

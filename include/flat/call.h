@@ -69,6 +69,26 @@ struct NamedCall {
   NamedOptions options;
 };
 
+// What the shapes of a call's outputs depend on in flat::Sequences: the arrays' sizes, not their
+// values (a traced front end has those only).
+struct SequenceSizes {
+  int64_t cu_seqlens = 0;              // its size, num_seqs + 1; 0: not given (num_seqs = B)
+  bool initial_state_indices = false;  // given: the initial state is a pool [P, ...]
+};
+
+// The outputs a front end allocates for a call, in tensor_slots' order, from its input tensors'
+// shapes and dtypes (`inputs` by name as in NamedCall, outputs refused; data pointers may be
+// null, none is read): each output's name and a Tensor with its shape and dtype and a null data
+// pointer. The recurrence's and the convolution's inputs are validated as the call validates them
+// (the same errors; the norm's outputs are its inputs' shapes, its inputs checked by the call). An
+// output of an absent input is left out (dg without g, dh0 without h0, state with W = 1); an
+// optional output is there (ht, state). Dtypes: y the recurrence's v's, the convolution's and the
+// norm's x's; a gradient its input's; states fp32.
+std::vector<std::pair<std::string_view, Tensor>> output_shapes(Operation operation, Variant variant,
+                                                               const std::vector<std::pair<std::string, Tensor>>& inputs,
+                                                               const SequenceSizes& sequences,
+                                                               const NamedOptions& options);
+
 // Runs the call: an unknown tensor or option name, a name given twice, or an option's value of the
 // wrong kind throws flat::Error naming it, before anything is written; then flat.h's entry point
 // validates the rest as usual.

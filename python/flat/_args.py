@@ -1,44 +1,13 @@
-"""What the framework bindings share: the variants' inputs and the shapes of their outputs."""
+"""What the framework bindings share: the options by the library's names, the sequence arrays' checks, the
+activations' names."""
 
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
-from . import VARIANTS, _core
+from . import VARIANTS
 
 GATE = {name: gate for name, gate, _, _ in VARIANTS}
 UPDATE = {name: update for name, _, update, _ in VARIANTS}
 DEFAULT_GATE_GROUP = {name: group for name, _, _, group in VARIANTS}
-
-
-class Shapes(NamedTuple):
-    B: int
-    S: int
-    N: int
-    K: int
-    V: int
-
-
-def _rank(name: str, shape: Sequence[int], rank: int, axes: str) -> None:
-    if len(shape) != rank:
-        raise ValueError(f"flat: {name}: expected rank {rank} [{axes}], got rank {len(shape)} {list(shape)}")
-
-
-def shapes(variant: str, q, v, g, beta, b, w) -> Shapes:
-    """B, S, N (the largest head count), K, V of a call, from its inputs' shapes (anything with
-    .shape); the library checks the rest and names what does not fit."""
-    if variant not in GATE:
-        raise ValueError(f"flat: unknown variant '{variant}' (expected one of {', '.join(GATE)})")
-    _rank("q", q.shape, 4, "B, S, Nq, K")
-    _rank("v", v.shape, 4, "B, S, Nv, V")
-    heads = [q.shape[2], v.shape[2]]
-    if g is not None and len(g.shape) >= 3:
-        heads.append(g.shape[2])
-    if g is not None and GATE[variant] == "per_sequence" and len(g.shape) == 1:
-        heads.append(g.shape[0])
-    for x in (beta, b, w):
-        if x is not None and len(x.shape) >= 3:
-            heads.append(x.shape[2])
-    B, S, _, K = q.shape
-    return Shapes(int(B), int(S), int(max(heads)), int(K), int(v.shape[3]))
 
 
 class Call(NamedTuple):
@@ -57,12 +26,6 @@ def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool,
     """FLA's keyword arguments as the library's options."""
     return Call(None if scale is None else float(scale), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
                 int(gate_group or 0), bool(check_values))
-
-
-def check(c: Call) -> None:
-    """The library's parse of the options, for a traced call (jax.jit, torch.compile's fake kernels)
-    that has no library call yet; raises its error."""
-    _core.check_options("forward", c._asdict())
 
 
 class Sequences(NamedTuple):

@@ -108,17 +108,9 @@ def _pool_reads(count: int, reads):
     return jnp.full((count,), -1, jnp.int32) if reads is None else reads
 
 
-def _state_rows(count: int, state, reads):
-    """The shape of a call's initial state's gradient as the library writes it: the state's, or with
-    initial_state_indices one row per sequence (the state a pool); (0,) without a state."""
-    if state is None:
-        return (0,)
-    return state.shape if reads is None else (count,) + tuple(state.shape[1:])
-
-
 def _pool_gradient(state, grads, reads):
-    """The gradient of an initial state from the library's (_state_rows): with initial_state_indices,
-    the pool's, each sequence's row added to the row it read (none for -1)."""
+    """The gradient of an initial state from the library's (a row per sequence): with
+    initial_state_indices, the pool's, each sequence's row added to the row it read (none for -1)."""
     if reads is None:
         return grads
     return jnp.zeros_like(state).at[jnp.where(reads >= 0, reads, state.shape[0])].add(grads, mode="drop")
@@ -132,15 +124,49 @@ def _result(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
+_DTYPE_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16"}
+_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+
+
+def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens, pool: bool, **options) -> dict:
+    """The outputs the library writes for a call, {name: ShapeDtypeStruct} (flat::output_shapes),
+    from its inputs by the library's names, each (user's name, array or None); pool: the initial
+    state is a pool read through initial_state_indices. Shapes only: works on traced arrays."""
+    described = {}
+    for name, (user_name, x) in inputs.items():
+        if x is None:
+            continue
+        if not 1 <= x.ndim <= 4:
+            raise ValueError(f"flat: {user_name}: expected an array of rank 1 to 4, got rank {x.ndim}")
+        if jnp.dtype(x.dtype) not in _DTYPE_NAMES:
+            raise ValueError(f"flat: {user_name}: expected dtype float32 or bfloat16, got {x.dtype}")
+        described[name] = (_DTYPE_NAMES[jnp.dtype(x.dtype)], tuple(int(d) for d in x.shape))
+    shapes = _core.output_shapes(operation, variant, described, 0 if cu_seqlens is None else int(cu_seqlens.shape[0]),
+                                 pool, options)
+    return {name: _result(tuple(shape), _DTYPES[dtype]) for name, dtype, shape in shapes}
+
+
+def _results(outputs: dict, names) -> tuple:
+    """The handler's results in tensor_slots' order: an output the call does not write as (0,)."""
+    return tuple(outputs.get(name, _result((0,), jnp.float32)) for name in names)
+
+
+def _recurrence_inputs(q, k, v, g, beta, b, w, h0) -> dict:
+    return dict(q=("q", q), k=("k", k), v=("v", v), g=("g", g), beta=("beta", beta), b=("b", b), w=("w", w),
+                h0=("initial_state", h0))
+
+
 # The index of h0 among the forward's operands (q, k, v, g, beta, b, w, h0) and of ht among its
 # results (y, ht): a pool updated in place is both.
 _H0, _HT = 7, 1
 
 
 def _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads):
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-    results = (_result((s.B, s.S, s.N, s.V), v.dtype),
-               _result((_args.sequence_count(s.B, cu_seqlens), s.N, s.K, s.V) if final_state else (0,), jnp.float32))
+    outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, h0), cu_seqlens,
+                       reads is not None, **c._asdict())
+    if not final_state:
+        del outputs["ht"]
+    results = _results(outputs, ("y", "ht"))
     return _call("forward", results, q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), _ints(cu_seqlens),
                  _ints(reads), _ints(None), _ints(None), variant=variant, **c._asdict())
 
@@ -158,13 +184,9 @@ def _recurrence_forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_
 def _recurrence_backward(variant, c, final_state, saved, cotangents):
     q, k, v, g, beta, b, w, h0, cu_seqlens, reads = saved
     dy, dht = cotangents
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-
-    def like(x):
-        return _result((0,) if x is None else x.shape, jnp.float32 if x is None else x.dtype)
-
-    results = tuple(like(x) for x in (q, k, v, g, beta, b, w)) + (
-        _result(_state_rows(_args.sequence_count(s.B, cu_seqlens), h0, reads), jnp.float32),)
+    outputs = _outputs("backward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, h0), cu_seqlens,
+                       reads is not None, **c._asdict())
+    results = _results(outputs, ("dq", "dk", "dv", "dg", "dbeta", "db", "dw", "dh0"))
     grads = _call("backward", results, q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), dy,
                   dht if final_state else _absent(), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
                   variant=variant, **c._replace(check_values=False)._asdict())
@@ -179,10 +201,11 @@ _recurrence.defvjp(_recurrence_forward, _recurrence_backward)
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, cu_seqlens, reads, writes, tokens):
     """The recurrence with h0 and ht one pool [P, N, K, V], updated in place where the caller donates it."""
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-    results = (_result((s.B, s.S, s.N, s.V), v.dtype), _result(pool.shape, pool.dtype))
+    outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, pool), cu_seqlens, True,
+                       **c._asdict())
+    results = (outputs["y"], _result(pool.shape, pool.dtype))
     return _call("forward", results, q, k, v, *(_given(x) for x in (g, beta, b, w)), pool, _ints(cu_seqlens),
-                 _pool_reads(_args.sequence_count(s.B, cu_seqlens), reads), _ints(writes), _ints(tokens),
+                 _pool_reads(_args.sequence_count(q.shape[0], cu_seqlens), reads), _ints(writes), _ints(tokens),
                  aliases={_H0: _HT}, variant=variant, **c._asdict())
 
 
@@ -192,7 +215,6 @@ _pool_recurrence.defvjp(_no_gradient, _no_gradient)
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_state, output_final_state,
          chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values, sequences):
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
-    _args.check(c)
     sequences = _sequences(sequences, initial_state)
     if sequences.writes_pool:
         return _pool_recurrence(variant, c, q, k, v, g, beta, b, w, initial_state, *sequences)
@@ -238,14 +260,17 @@ def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
 # ---- The short convolution -------------------------------------------------------------------
 
 
-def _conv_results(x, weight, rows, final_state):
-    C, W = weight.shape[0], weight.shape[1]
-    return (_result(x.shape, x.dtype), _result((rows, C, W - 1) if final_state and W > 1 else (0,), jnp.float32))
+def _conv_outputs(operation, activation, x, weight, bias, state0, cu_seqlens, pool: bool) -> dict:
+    inputs = dict(x=("x", x), weight=("weight", weight), bias=("bias", bias), state0=("initial_state", state0))
+    return _outputs(operation, "", inputs, cu_seqlens, pool, activation=activation)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _conv(activation, final_state, x, weight, bias, state0, cu_seqlens, reads):
-    results = _conv_results(x, weight, _args.sequence_count(x.shape[0], cu_seqlens), final_state)
+    outputs = _conv_outputs("conv_forward", activation, x, weight, bias, state0, cu_seqlens, reads is not None)
+    if not final_state:
+        outputs.pop("state", None)
+    results = _results(outputs, ("y", "state"))
     return _call("conv_forward", results, x, weight, _given(bias), _given(state0), _ints(cu_seqlens), _ints(reads),
                  _ints(None), _ints(None), activation=activation)
 
@@ -259,9 +284,8 @@ def _conv_backward(activation, final_state, saved, cotangents):
     x, weight, bias, state0, cu_seqlens, reads = saved
     dy, dstate = cotangents
     W = weight.shape[1]
-    results = (_result(x.shape, x.dtype), _result(weight.shape, jnp.float32),
-               _result(bias.shape if bias is not None else (0,), jnp.float32),
-               _result(_state_rows(_args.sequence_count(x.shape[0], cu_seqlens), state0, reads), jnp.float32))
+    outputs = _conv_outputs("conv_backward", activation, x, weight, bias, state0, cu_seqlens, reads is not None)
+    results = _results(outputs, ("dx", "dweight", "dbias", "dstate0"))
     dx, dweight, dbias, dstate0 = _call("conv_backward", results, x, weight, _given(bias), _given(state0), dy,
                                         dstate if final_state and W > 1 else _absent(), _ints(cu_seqlens),
                                         _ints(reads), _ints(None), _ints(None), activation=activation)
@@ -280,7 +304,8 @@ _STATE0, _STATE = 3, 1
 def _pool_conv(activation, x, weight, bias, pool, cu_seqlens, reads, writes, tokens):
     """The convolution with state0 and state one pool [P, C, W-1], updated in place where the caller
     donates it."""
-    results = (_result(x.shape, x.dtype), _result(pool.shape, pool.dtype))
+    outputs = _conv_outputs("conv_forward", activation, x, weight, bias, pool, cu_seqlens, True)
+    results = (outputs["y"], _result(pool.shape, pool.dtype))
     return _call("conv_forward", results, x, weight, _given(bias), pool, _ints(cu_seqlens),
                  _pool_reads(_args.sequence_count(x.shape[0], cu_seqlens), reads), _ints(writes), _ints(tokens),
                  aliases={_STATE0: _STATE}, activation=activation)
@@ -309,7 +334,9 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _norm_gate(activation, norm_before_gate, eps, x, g, weight):
-    return _call("norm_gate_forward", _result(x.shape, x.dtype), x, _given(g), weight, activation=activation,
+    outputs = _outputs("norm_gate_forward", "", dict(x=("x", x), g=("g", g), weight=("weight", weight)), None, False,
+                       activation=activation, norm_before_gate=norm_before_gate, eps=eps)
+    return _call("norm_gate_forward", outputs["y"], x, _given(g), weight, activation=activation,
                  norm_before_gate=norm_before_gate, eps=eps)
 
 
@@ -319,8 +346,9 @@ def _norm_gate_forward(activation, norm_before_gate, eps, x, g, weight):
 
 def _norm_gate_backward(activation, norm_before_gate, eps, saved, dy):
     x, g, weight = saved
-    results = (_result(x.shape, x.dtype), _result(g.shape if g is not None else (0,), g.dtype if g is not None
-                                                  else jnp.float32), _result(weight.shape, jnp.float32))
+    outputs = _outputs("norm_gate_backward", "", dict(x=("x", x), g=("g", g), weight=("weight", weight)), None, False,
+                       activation=activation, norm_before_gate=norm_before_gate, eps=eps)
+    results = _results(outputs, ("dx", "dg", "dweight"))
     dx, dg, dweight = _call("norm_gate_backward", results, x, _given(g), weight, dy, activation=activation,
                             norm_before_gate=norm_before_gate, eps=eps)
     return dx, (dg if g is not None else None), dweight

@@ -29,6 +29,7 @@ this module shares by being imported after torch). A bad argument raises ``Value
 library's message; nothing is written then.
 """
 
+import functools
 from typing import List, Optional, Tuple
 
 import torch
@@ -44,20 +45,61 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _trace: Optional[List[Tuple[int, int, int]]] = None
 
 
-def _view(name: str, t: Optional[Tensor]):
-    """The library's view of a tensor: (data pointer, dtype, shape, strides). The tensor must
-    outlive the call that reads the view (see _dense)."""
-    if t is None:
-        return None
+def _dtype(name: str, t: Tensor) -> str:
+    """The library's name of t's dtype, once t is known to be a tensor the library can take."""
     if not 1 <= t.dim() <= 4:
         raise ValueError(f"flat: {name}: expected a tensor of rank 1 to 4, got rank {t.dim()} {list(t.shape)}")
     if t.device.type != "cpu":
         raise ValueError(f"flat: {name}: expected a tensor on the CPU, got one on {t.device}")
     if t.dtype not in _DTYPES:
         raise ValueError(f"flat: {name}: expected dtype float32 or bfloat16, got {t.dtype}")
+    return _DTYPES[t.dtype]
+
+
+def _view(name: str, t: Optional[Tensor]):
+    """The library's view of a tensor: (data pointer, dtype, shape, strides). The tensor must
+    outlive the call that reads the view (see _dense)."""
+    if t is None:
+        return None
     # As PyTorch has it: the library takes any stride on an axis of one element (which it never
     # reads), e.g. the last one of the transpose of a [.., 1, K] state.
-    return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), t.stride())
+    return (t.data_ptr(), _dtype(name, t), tuple(t.shape), t.stride())
+
+
+_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens: Optional[Tensor], pool: bool, **options) -> dict:
+    """The outputs the library writes for a call, {name: (shape, dtype)} (flat::output_shapes), from
+    its inputs by the library's names, each (user's name, tensor or None); pool: the initial state
+    is a pool read through initial_state_indices. Works on fake tensors (torch.compile)."""
+    described = []
+    for name, (user_name, t) in inputs.items():
+        if t is not None:
+            if t.dtype not in _DTYPES or not 1 <= t.dim() <= 4:
+                _dtype(user_name, t)  # raises
+            described.append((name, t.dtype, t.shape))
+    key = (operation, variant, tuple(described), 0 if cu_seqlens is None else int(cu_seqlens.shape[0]), pool,
+           tuple(options.items()))
+    try:
+        return _described_outputs(*key)
+    except TypeError:  # symbolic shapes (torch.compile's dynamic ones) are not hashable
+        return _described_outputs.__wrapped__(*key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _described_outputs(operation: str, variant: str, described: tuple, cu_seqlens: int, pool: bool,
+                       options: tuple) -> dict:
+    """_outputs' answer, kept per description: a decode step asks the same question each token.
+    Refusals are not kept (lru_cache keeps what returns)."""
+    inputs = {name: (_DTYPES[dtype], [int(d) for d in shape]) for name, dtype, shape in described}
+    shapes = _core.output_shapes(operation, variant, inputs, cu_seqlens, pool, dict(options))
+    return {name: (tuple(shape), _TORCH_DTYPES[dtype]) for name, dtype, shape in shapes}
+
+
+def _empty(described) -> Tensor:
+    shape, dtype = described
+    return torch.empty(shape, dtype=dtype)
 
 
 def _dense(*tensors: Optional[Tensor]):
@@ -163,9 +205,13 @@ def _pool_gradient(state: Optional[Tensor], grads: Tensor, reads: Optional[Tenso
 # ---- The recurrences -------------------------------------------------------------------------
 
 
-def _recurrence_output(variant, q, v, g, beta, b, w) -> Tuple[Tensor, _args.Shapes]:
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-    return torch.empty((s.B, s.S, s.N, s.V), dtype=v.dtype), s
+def _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, pool: bool, scale, chunk, l2norm, solve,
+                        gate_group, check_values) -> dict:
+    """y's and ht's (shape, dtype) as the library describes them."""
+    inputs = dict(q=("q", q), k=("k", k), v=("v", v), g=("g", g), beta=("beta", beta), b=("b", b), w=("w", w),
+                  h0=("initial_state", h0))
+    return _outputs("forward", variant, inputs, cu_seqlens, pool, scale=scale, chunk=chunk, l2norm_qk=l2norm,
+                    solve=solve, gate_group=gate_group, check_values=check_values)
 
 
 def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, scale, chunk, l2norm, solve, gate_group,
@@ -184,9 +230,9 @@ def _forward_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Ten
                   initial_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
                   gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
-    y, s = _recurrence_output(variant, q, v, g, beta, b, w)
-    rows = _args.sequence_count(s.B, cu_seqlens)
-    ht = torch.empty((rows, s.N, s.K, s.V), dtype=torch.float32) if final_state else None
+    outputs = _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None,
+                                  scale, chunk, l2norm, solve, gate_group, check_values)
+    y, ht = _empty(outputs["y"]), _empty(outputs["ht"]) if final_state else None
     _call_forward(variant, q, k, v, g, beta, b, w, h0, y, ht, _lists(cu_seqlens, initial_state_indices), scale, chunk,
                   l2norm, solve, gate_group, check_values)
     return y, _none() if ht is None else ht
@@ -198,11 +244,9 @@ _forward = torch.library.custom_op("flat::forward", _forward_impl, mutates_args=
 @_forward.register_fake
 def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, scale, chunk, l2norm, solve, gate_group,
       check_values, final_state):
-    _args.check(_args.Call(scale, chunk, l2norm, solve, gate_group, check_values))
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-    ht = (q.new_empty((_args.sequence_count(s.B, cu_seqlens), s.N, s.K, s.V), dtype=torch.float32) if final_state
-          else q.new_empty(0, dtype=torch.float32))
-    return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype), ht
+    outputs = _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None,
+                                  scale, chunk, l2norm, solve, gate_group, check_values)
+    return _empty(outputs["y"]), _empty(outputs["ht"]) if final_state else q.new_empty(0, dtype=torch.float32)
 
 
 def _forward_pool_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
@@ -213,8 +257,9 @@ def _forward_pool_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optiona
     """The recurrence with h0 and ht one pool [P, N, K, V], read and written in place (never copied:
     the library refuses a pool whose last axis is not contiguous)."""
     q, k, v, g, beta, b, w = _dense(q, k, v, g, beta, b, w)
-    y, s = _recurrence_output(variant, q, v, g, beta, b, w)
-    sequences = _pool_lists(_args.sequence_count(s.B, cu_seqlens), cu_seqlens, initial_state_indices,
+    y = _empty(_recurrence_outputs(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True, scale, chunk, l2norm,
+                                   solve, gate_group, check_values)["y"])
+    sequences = _pool_lists(_args.sequence_count(q.shape[0], cu_seqlens), cu_seqlens, initial_state_indices,
                             final_state_indices, token_state_indices)
     _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, scale, chunk, l2norm, solve, gate_group,
                   check_values)
@@ -227,9 +272,8 @@ _forward_pool = torch.library.custom_op("flat::forward_pool", _forward_pool_impl
 @_forward_pool.register_fake
 def _(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, initial_state_indices, final_state_indices,
       token_state_indices, scale, chunk, l2norm, solve, gate_group, check_values):
-    _args.check(_args.Call(scale, chunk, l2norm, solve, gate_group, check_values))
-    s = _args.shapes(variant, q, v, g, beta, b, w)
-    return q.new_empty((s.B, s.S, s.N, s.V), dtype=v.dtype)
+    return _empty(_recurrence_outputs(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True, scale, chunk, l2norm,
+                                      solve, gate_group, check_values)["y"])
 
 
 @torch.library.custom_op("flat::backward", mutates_args=())
@@ -330,6 +374,12 @@ def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_
 # ---- The short convolution -------------------------------------------------------------------
 
 
+def _conv_outputs(x, weight, bias, state0, cu_seqlens, pool: bool, activation) -> dict:
+    """y's and state's (shape, dtype) as the library describes them (state only with W > 1)."""
+    inputs = dict(x=("x", x), weight=("weight", weight), bias=("bias", bias), state0=("initial_state", state0))
+    return _outputs("conv_forward", "", inputs, cu_seqlens, pool, activation=activation)
+
+
 def _call_conv(x, weight, bias, state0, y, state, sequences, activation) -> None:
     _call("conv_forward", dict(x=_view("x", x), weight=_view("weight", weight), bias=_view("bias", bias),
                                state0=_view("initial_state", state0), y=_view("y", y), state=_view("final_state", state)),
@@ -340,9 +390,9 @@ def _conv_forward_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0
                        cu_seqlens: Optional[Tensor], initial_state_indices: Optional[Tensor], activation: str,
                        final_state: bool) -> Tuple[Tensor, Tensor]:
     x, weight, bias, state0 = _dense(x, weight, bias, state0)
-    y = torch.empty(x.shape, dtype=x.dtype)
-    rows, C, W = _args.sequence_count(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
-    state = torch.empty((rows, C, W - 1), dtype=torch.float32) if final_state and W > 1 else None
+    outputs = _conv_outputs(x, weight, bias, state0, cu_seqlens, initial_state_indices is not None, activation)
+    y = _empty(outputs["y"])
+    state = _empty(outputs["state"]) if final_state and "state" in outputs else None
     _call_conv(x, weight, bias, state0, y, state, _lists(cu_seqlens, initial_state_indices), activation)
     return y, _none() if state is None else state
 
@@ -352,9 +402,9 @@ _conv_forward = torch.library.custom_op("flat::conv_forward", _conv_forward_impl
 
 @_conv_forward.register_fake
 def _(x, weight, bias, state0, cu_seqlens, initial_state_indices, activation, final_state):
-    rows, C, W = _args.sequence_count(x.shape[0], cu_seqlens), weight.shape[0], weight.shape[1]
-    state = x.new_empty((rows, C, W - 1) if final_state and W > 1 else (0,), dtype=torch.float32)
-    return x.new_empty(x.shape), state
+    outputs = _conv_outputs(x, weight, bias, state0, cu_seqlens, initial_state_indices is not None, activation)
+    state = _empty(outputs["state"]) if final_state and "state" in outputs else x.new_empty(0, dtype=torch.float32)
+    return _empty(outputs["y"]), state
 
 
 def _conv_forward_pool_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], pool: Tensor,

@@ -93,19 +93,6 @@ NamedOptions options_of(const nb::dict& options) {
   return named;
 }
 
-// Parses the options as the operation takes them (flat/call.h), throwing its error.
-void check_options(const std::string& operation, const nb::dict& options) {
-  const NamedOptions named = options_of(options);
-  switch (parse_operation(operation)) {
-    case Operation::forward:
-    case Operation::backward: recurrence_options(named); break;
-    case Operation::conv_forward:
-    case Operation::conv_backward: conv_options(named); break;
-    case Operation::norm_gate_forward:
-    case Operation::norm_gate_backward: norm_gate_options(named); break;
-  }
-}
-
 // One call of the library by name (flat::call): tensors by their names in the operation's Args
 // (None: absent), the options by theirs.
 void call(const std::string& operation, const std::string& variant, const std::map<std::string, std::optional<View>>& tensors,
@@ -124,6 +111,30 @@ void call(const std::string& operation, const std::string& variant, const std::m
   flat::call(named, context);
 }
 
+// A call's outputs as the library describes them (flat::output_shapes): (name, dtype, shape) for
+// each, from the inputs' (dtype, shape) by name.
+using Described = std::tuple<std::string, std::vector<int64_t>>;
+
+std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> output_shapes(
+    const std::string& operation, const std::string& variant, const std::map<std::string, Described>& inputs,
+    int64_t cu_seqlens, bool initial_state_indices, const nb::dict& options) {
+  const Operation op = parse_operation(operation);
+  const Variant which = op == Operation::forward || op == Operation::backward ? parse_variant(variant) : Variant::la;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, described] : inputs) {
+    const auto& [dtype, shape] = described;
+    if (shape.empty() || shape.size() > 4)
+      throw Error("flat: " + name + ": expected rank 1 to 4, got rank " + std::to_string(shape.size()));
+    tensors.emplace_back(name, Tensor::contiguous(nullptr, dtype_of(dtype), shape));
+  }
+  std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> out;
+  for (const auto& [name, t] : flat::output_shapes(op, which, tensors, {cu_seqlens, initial_state_indices},
+                                                   options_of(options)))
+    out.emplace_back(std::string(name), std::string(dtype_name(t.dtype)),
+                     std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank));
+  return out;
+}
+
 }  // namespace
 }  // namespace flat::python
 
@@ -135,8 +146,10 @@ NB_MODULE(_core, m) {
   m.def("call", &python::call, nb::arg("operation"), nb::arg("variant"), nb::arg("tensors"), nb::arg("sequences"),
         nb::arg("options"), nb::arg("threads"), nb::arg("pool"),
         "Runs one operation (flat::call): tensors and options by the library's names (flat/call.h)");
-  m.def("check_options", &python::check_options, nb::arg("operation"), nb::arg("options"),
-        "ValueError with the library's message where the operation takes no such options");
+  m.def("output_shapes", &python::output_shapes, nb::arg("operation"), nb::arg("variant"), nb::arg("inputs"),
+        nb::arg("cu_seqlens"), nb::arg("initial_state_indices"), nb::arg("options"),
+        "The outputs a call writes, (name, dtype, shape) each, from its inputs' (dtype, shape) by name and the "
+        "sizes of its sequence arrays (flat::output_shapes)");
   m.def(
       "tensor_slots",
       [](const std::string& operation) {

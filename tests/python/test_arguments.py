@@ -142,7 +142,7 @@ def test_an_initial_state_of_the_wrong_rank_is_refused():
     with pytest.raises(ValueError, match=re.escape("flat: h0: expected rank 4 [B=1, N=2, K=16, V=8], got rank 1 [1]")):
         ft.la(**inputs, initial_state=torch.tensor([3.0]))
     _, jnp, fj = jax_modules()
-    with pytest.raises(Exception, match=re.escape("flat: h0: expected an array of rank 1 to 4, got rank 0")):
+    with pytest.raises(Exception, match=re.escape("flat: initial_state: expected an array of rank 1 to 4, got rank 0")):
         fj.la(**{n: jnp.asarray(x.numpy()) for n, x in inputs.items()}, initial_state=jnp.float32(3.0))[0]\
             .block_until_ready()
 
