@@ -3,8 +3,8 @@
 #include "flat/call.h"
 
 #include <charconv>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <sstream>
 #include <type_traits>
@@ -82,7 +82,7 @@ float number_of(std::string_view name, const OptionValue& value, const char* unl
   return float(*x);
 }
 
-const std::string& name_of(std::string_view name, const OptionValue& value) {
+const std::string& string_of(std::string_view name, const OptionValue& value) {
   const std::string* s = std::get_if<std::string>(&value);
   if (!s) refuse_kind(name, "a name", value);
   return *s;
@@ -117,7 +117,7 @@ constexpr OptionField<Options> kRecurrenceOptions[] = {
      }},
     {"chunk", [](Options& o, std::string_view n, const OptionValue& v) { o.chunk = integer_of(n, v); }},
     {"l2norm_qk", [](Options& o, std::string_view n, const OptionValue& v) { o.l2norm_qk = flag_of(n, v); }},
-    {"solve", [](Options& o, std::string_view n, const OptionValue& v) { o.solve = parse_solve(name_of(n, v)); }},
+    {"solve", [](Options& o, std::string_view n, const OptionValue& v) { o.solve = parse_solve(string_of(n, v)); }},
     {"gate_group", [](Options& o, std::string_view n, const OptionValue& v) { o.gate_group = integer_of(n, v); }},
     {"check_values", [](Options& o, std::string_view n, const OptionValue& v) { o.check_values = flag_of(n, v); }},
 };
@@ -142,14 +142,19 @@ constexpr OptionField<NormGateOptions> kNormGateOptions[] = {
      }},
 };
 
+template <class Struct>
+std::string_view name_of(const OptionField<Struct>& field) {
+  return field.name;
+}
+
 template <class Item>
 std::string names_of(std::span<const Item> items) {
   std::string names;
-  for (const Item& item : items) names += (names.empty() ? "" : ", ") + std::string(item.name);
+  for (const Item& item : items) names += (names.empty() ? "" : ", ") + std::string(name_of(item));
   return names;
 }
 
-// Each name given at most once, and known.
+// The item of this name, each name given at most once (`seen`: the names so far), and known.
 template <class Item>
 const Item& find(std::span<const Item> items, std::string_view kind, std::string_view name,
                  std::vector<std::string_view>& seen) {
@@ -157,7 +162,7 @@ const Item& find(std::span<const Item> items, std::string_view kind, std::string
     if (s == name) throw Error("flat: " + std::string(name) + ": " + std::string(kind) + " given twice");
   seen.push_back(name);
   for (const Item& item : items)
-    if (item.name == name) return item;
+    if (name_of(item) == name) return item;
   throw Error("flat: unknown " + std::string(kind) + " '" + std::string(name) + "' (expected " +
               names_of(items) + ")");
 }
@@ -221,6 +226,11 @@ constexpr TensorField<NormGateBackwardArgs> kNormGateBackwardTensors[] = {
     {{"dweight", true}, &NormGateBackwardArgs::dweight},
 };
 
+template <class Args>
+std::string_view name_of(const TensorField<Args>& field) {
+  return field.slot.name;
+}
+
 // The slots of a table, for tensor_slots().
 template <class Args, size_t n>
 std::span<const TensorSlot> slots_of(const TensorField<Args> (&fields)[n]) {
@@ -232,21 +242,11 @@ std::span<const TensorSlot> slots_of(const TensorField<Args> (&fields)[n]) {
   return slots;
 }
 
-struct SlotName {
-  std::string_view name;
-};
-
 template <class Args>
 Args args_from(std::span<const TensorField<Args>> fields, const NamedCall& call) {
   Args args;
-  std::vector<SlotName> names;
-  for (const TensorField<Args>& field : fields) names.push_back({field.slot.name});
   std::vector<std::string_view> seen;
-  for (const auto& [name, tensor] : call.tensors) {
-    find(std::span<const SlotName>(names), "tensor", name, seen);
-    for (const TensorField<Args>& field : fields)
-      if (field.slot.name == name) args.*field.member = tensor;
-  }
+  for (const auto& [name, tensor] : call.tensors) args.*find(fields, "tensor", name, seen).member = tensor;
   if constexpr (requires { args.sequences; }) {
     args.sequences = call.sequences;
   } else {
@@ -355,9 +355,6 @@ void call(const NamedCall& c, const ExecutionContext& context) {
   }
 }
 
-}  // namespace flat
-
-namespace flat {
 
 std::vector<std::pair<std::string_view, Tensor>> output_shapes(Operation operation, Variant variant,
                                                                const std::vector<std::pair<std::string, Tensor>>& inputs,
