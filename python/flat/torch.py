@@ -145,10 +145,6 @@ def _none() -> Tensor:
     return torch.empty(0, dtype=torch.float32)
 
 
-def _like(t: Optional[Tensor]) -> Tensor:
-    return _none() if t is None else torch.empty(t.shape, dtype=t.dtype)
-
-
 def _problem(t) -> Optional[str]:
     """What keeps t from being an array of flat::Sequences (a 1-D int32 or int64 CPU tensor), or None."""
     if not isinstance(t, Tensor):
@@ -185,17 +181,9 @@ def _pool_lists(count: int, cu_seqlens: Optional[Tensor], reads: Optional[Tensor
     return cu, reads or [-1] * count, writes, tokens
 
 
-def _state_rows(count: int, state: Optional[Tensor], reads: Optional[Tensor]) -> Tensor:
-    """The gradient of a call's initial state as the library writes it: like the state, or with
-    initial_state_indices, one row per sequence [count, ...] (the state a pool)."""
-    if state is None or reads is None:
-        return _like(state)
-    return torch.empty((count,) + tuple(state.shape[1:]), dtype=state.dtype)
-
-
 def _pool_gradient(state: Optional[Tensor], grads: Tensor, reads: Optional[Tensor]) -> Tensor:
-    """The gradient of an initial state from the library's (_state_rows): with initial_state_indices,
-    the pool's, each sequence's row added to the row it read (none for -1)."""
+    """The gradient of an initial state from the library's (a row per sequence): with
+    initial_state_indices, the pool's, each sequence's row added to the row it read (none for -1)."""
     if state is None or reads is None:
         return grads
     read = reads >= 0
@@ -206,11 +194,12 @@ def _pool_gradient(state: Optional[Tensor], grads: Tensor, reads: Optional[Tenso
 
 
 def _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, pool: bool, scale, chunk, l2norm, solve,
-                        gate_group, check_values) -> dict:
-    """y's and ht's (shape, dtype) as the library describes them."""
+                        gate_group, check_values, operation: str = "forward") -> dict:
+    """The forward's y and ht, or the backward's gradients, (shape, dtype) as the library describes
+    them."""
     inputs = dict(q=("q", q), k=("k", k), v=("v", v), g=("g", g), beta=("beta", beta), b=("b", b), w=("w", w),
                   h0=("initial_state", h0))
-    return _outputs("forward", variant, inputs, cu_seqlens, pool, scale=scale, chunk=chunk, l2norm_qk=l2norm,
+    return _outputs(operation, variant, inputs, cu_seqlens, pool, scale=scale, chunk=chunk, l2norm_qk=l2norm,
                     solve=solve, gate_group=gate_group, check_values=check_values)
 
 
@@ -283,17 +272,16 @@ def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor]
               chunk: int, l2norm: bool, solve: str,
               gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
-    dq, dk, dv, dg, dbeta, db, dw = (_like(t) for t in (q, k, v, g, beta, b, w))
-    dh0 = _state_rows(_args.sequence_count(q.shape[0], cu_seqlens), h0, initial_state_indices)
+    grads = {name: _empty(described) for name, described in _recurrence_outputs(
+        variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None, scale, chunk, l2norm, solve,
+        gate_group, False, "backward").items()}
     _call("backward", dict(q=_view("q", q), k=_view("k", k), v=_view("v", v), g=_view("g", g),
                            beta=_view("beta", beta), b=_view("b", b), w=_view("w", w), h0=_view("initial_state", h0),
-                           dy=_view("do", dy), dht=_view("dht", dht), dq=_view("dq", dq), dk=_view("dk", dk),
-                           dv=_view("dv", dv), dg=_view("dg", dg) if g is not None else None,
-                           dbeta=_view("dbeta", dbeta) if beta is not None else None,
-                           db=_view("db", db) if b is not None else None, dw=_view("dw", dw) if w is not None else None,
-                           dh0=_view("dh0", dh0) if h0 is not None else None),
+                           dy=_view("do", dy), dht=_view("dht", dht), **{name: _view(name, t) for name, t in grads.items()}),
           _lists(cu_seqlens, initial_state_indices), variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve,
           gate_group=gate_group, check_values=False)
+    dq, dk, dv, dg, dbeta, db, dw, dh0 = (grads.get(name, _none())
+                                          for name in ("dq", "dk", "dv", "dg", "dbeta", "db", "dw", "dh0"))
     return dq, dk, dv, dg, dbeta, db, dw, _pool_gradient(h0, dh0, initial_state_indices)
 
 
@@ -374,10 +362,11 @@ def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_
 # ---- The short convolution -------------------------------------------------------------------
 
 
-def _conv_outputs(x, weight, bias, state0, cu_seqlens, pool: bool, activation) -> dict:
-    """y's and state's (shape, dtype) as the library describes them (state only with W > 1)."""
+def _conv_outputs(x, weight, bias, state0, cu_seqlens, pool: bool, activation, operation: str = "conv_forward") -> dict:
+    """The forward's y and state (only with W > 1), or the backward's gradients, (shape, dtype) as
+    the library describes them."""
     inputs = dict(x=("x", x), weight=("weight", weight), bias=("bias", bias), state0=("initial_state", state0))
-    return _outputs("conv_forward", "", inputs, cu_seqlens, pool, activation=activation)
+    return _outputs(operation, "", inputs, cu_seqlens, pool, activation=activation)
 
 
 def _call_conv(x, weight, bias, state0, y, state, sequences, activation) -> None:
@@ -434,14 +423,13 @@ def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Op
                    cu_seqlens: Optional[Tensor], initial_state_indices: Optional[Tensor], dy: Tensor,
                    dstate: Optional[Tensor], activation: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     x, weight, bias, state0, dy, dstate = _dense(x, weight, bias, state0, dy, dstate)
-    dx, dweight, dbias = torch.empty(x.shape, dtype=x.dtype), _like(weight), _like(bias)
-    dstate0 = _state_rows(_args.sequence_count(x.shape[0], cu_seqlens), state0, initial_state_indices)
+    grads = {name: _empty(described) for name, described in _conv_outputs(
+        x, weight, bias, state0, cu_seqlens, initial_state_indices is not None, activation, "conv_backward").items()}
     _call("conv_backward", dict(x=_view("x", x), weight=_view("weight", weight), bias=_view("bias", bias),
                                 state0=_view("initial_state", state0), dy=_view("dy", dy), dstate=_view("dstate", dstate),
-                                dx=_view("dx", dx), dweight=_view("dweight", dweight),
-                                dbias=_view("dbias", dbias) if bias is not None else None,
-                                dstate0=_view("dstate0", dstate0) if state0 is not None else None),
+                                **{name: _view(name, t) for name, t in grads.items()}),
           _lists(cu_seqlens, initial_state_indices), activation=activation)
+    dx, dweight, dbias, dstate0 = (grads.get(name, _none()) for name in ("dx", "dweight", "dbias", "dstate0"))
     return dx, dweight, dbias, _pool_gradient(state0, dstate0, initial_state_indices)
 
 
@@ -512,12 +500,13 @@ def _(x, g, weight, activation, norm_before_gate, eps):
 def _norm_gate_backward(x: Tensor, g: Optional[Tensor], weight: Tensor, dy: Tensor, activation: str,
                         norm_before_gate: bool, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     x, g, weight, dy = _dense(x, g, weight, dy)
-    dx, dg, dweight = torch.empty(x.shape, dtype=x.dtype), _like(g), _like(weight)
+    options = dict(activation=activation, norm_before_gate=norm_before_gate, eps=eps)
+    inputs = dict(x=("x", x), g=("g", g), weight=("weight", weight))
+    grads = {name: _empty(described) for name, described in _outputs("norm_gate_backward", "", inputs, None, False,
+                                                                      **options).items()}
     _call("norm_gate_backward", dict(x=_view("x", x), g=_view("g", g), weight=_view("weight", weight), dy=_view("dy", dy),
-                                     dx=_view("dx", dx), dg=_view("dg", dg) if g is not None else None,
-                                     dweight=_view("dweight", dweight)),
-          activation=activation, norm_before_gate=norm_before_gate, eps=eps)
-    return dx, dg, dweight
+                                     **{name: _view(name, t) for name, t in grads.items()}), **options)
+    return grads["dx"], grads.get("dg", _none()), grads["dweight"]
 
 
 @_norm_gate_backward.register_fake
