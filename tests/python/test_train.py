@@ -2,6 +2,7 @@
 seed, the outputs of a run (JSON log, plot, checkpoint), bf16 without NaN, and MQAR learnt to the
 accuracy docs/training.md records for the delta rule."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flat.train import cli
+from flat.train import cli, corpus
 from flat.train.model import MIXERS, LanguageModel, mixer_config, state_floats
 from flat.train.tasks import IGNORE, MQAR, CharLM
 
@@ -35,7 +36,56 @@ def test_mqar_batches_query_every_key_once():
 def test_charlm_targets_are_the_next_characters():
     task = CharLM(seq_len=50)
     tokens, targets = task.batch(np.random.default_rng(1), 4, held_out=True)
-    assert torch.equal(tokens[:, 1:], targets[:, :-1]) and int(tokens.max()) < 128
+    assert torch.equal(tokens[:, 1:], targets[:, :-1]) and int(tokens.max()) < 128 and task.vocab_size == 128
+    assert 0.3 < task.floor_bpc < 1.5
+
+
+def test_the_generated_text_is_parsed_back_to_the_bits_that_wrote_it():
+    """The floor's claim: every choice is readable from the text, so the text's probability (its
+    parse) is the product of the probabilities the sampler drew it with."""
+    text, bits = corpus.generate(20_000, seed=3)
+    assert len(text) >= 20_000 and text == corpus.generate(20_000, seed=3)[0]
+    assert text != corpus.generate(20_000, seed=4)[0]
+    assert corpus.information(text, corpus.Lexicon()) == pytest.approx(sum(b for _, b in bits), rel=1e-12)
+    offsets = [o for o, _ in bits]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    assert all(not text[o].isspace() or text[o:o + 2] == "\n\n" for o in offsets)
+
+
+def test_the_generated_text_keeps_its_grammar():
+    """Agreement across the adjective and the pronoun's reference, read off the text."""
+    lexicon = corpus.Lexicon()
+    text, _ = corpus.generate(20_000)
+    plural_nouns = {n + "s" for n in lexicon.nouns}
+    for paragraph in text.split("\n\n"):
+        words = corpus.tokens_of(paragraph)
+        topic_plural = words[0] in corpus.PLURAL
+        for i, word in enumerate(words):
+            if word in corpus.SINGULAR + corpus.PLURAL:
+                noun = words[i + 2] if words[i + 1] in lexicon.adjectives else words[i + 1]
+                assert (noun in plural_nouns) == (word in corpus.PLURAL), (word, noun)
+            if word in ("it", "they"):
+                assert (word == "they") == topic_plural
+
+
+def test_a_text_the_language_cannot_write_is_refused():
+    with pytest.raises(ValueError, match="'cat' cannot come here"):
+        corpus.information("The cat sleeps.", corpus.Lexicon())
+
+
+def test_charlm_trains_on_a_given_text(tmp_path):
+    plain = tmp_path / "book.txt"
+    plain.write_bytes("Ĉu vi parolas? ".encode() * 200)
+    packed = tmp_path / "book.txt.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    for path in (plain, packed):
+        task = CharLM(seq_len=20, text=str(path))
+        assert task.vocab_size == 256 and task.floor_bpc is None
+        assert len(task.train) + len(task.held_out) == len(plain.read_bytes())
+        tokens, targets = task.batch(np.random.default_rng(0), 3)
+        assert torch.equal(tokens[:, 1:], targets[:, :-1])
+    with pytest.raises(ValueError, match="--text: expected a text file, got '.*nowhere.txt' \\(no such file\\)"):
+        CharLM(seq_len=20, text=str(tmp_path / "nowhere.txt"))
 
 
 @pytest.mark.parametrize("variant", MIXERS)
@@ -50,6 +100,7 @@ def test_every_variant_has_the_same_state(variant):
     (["--variants", "gla", "--state-size", "1000"], "not a whole number"),
     (["--variants", "gla", "--pairs", "50"], "needs a sequence of at least"),
     (["--variants", "gla", "--lr", "-1"], "--lr: expected a positive number"),
+    (["--variants", "gla", "--text", "book.txt"], "--text: only for --task charlm, got --task mqar"),
 ])
 def test_bad_hyperparameters_stop_before_any_step(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
@@ -138,3 +189,24 @@ def test_the_command_runs_as_a_module_and_as_the_console_script(tmp_path):
         done = subprocess.run(command + argv, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert "held-out bpc" in done.stdout and done.stdout.splitlines()[-1].startswith("la ")
+
+
+@pytest.mark.parametrize("flag", ["--pairs", "--vocab-size"])
+def test_charlm_refuses_mqar_only_flags(flag, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["--task", "charlm", "--variants", "la", flag, "8", "--no-progress"])
+    assert exit.value.code == 2 and f"{flag}: only for --task mqar" in capsys.readouterr().err
+
+
+def test_charlm_scores_training_and_held_out_windows_alike(tmp_path):
+    """charlm's log: held-out and training bpc at every evaluation (the same number of windows,
+    scored the same way) and the generated text's floor."""
+    log = tmp_path / "log.json"
+    result = cli.main(["--task", "charlm", "--variants", "gla", "--steps", "4", "--eval-every", "2", "--seq-len", "32",
+                       "--batch-size", "4", "--checkpoint-dir", "", "--no-progress", "--json", str(log)])
+    curves = result["gla"]["curves"]
+    assert curves["step"] == [2, 4] and len(curves["training_bpc"]) == len(curves["bpc"]) == 2
+    assert all(0 < b < 8 for b in curves["training_bpc"] + curves["bpc"])
+    assert result["gla"]["training_bpc"] == curves["training_bpc"][-1]
+    data = json.loads(log.read_text())
+    assert data["floor_bpc"] == pytest.approx(CharLM(32).floor_bpc) and data["settings"]["vocab_size"] == 128

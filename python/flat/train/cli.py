@@ -26,7 +26,7 @@ from .tasks import IGNORE, MQAR, CharLM
 # Defaults sized for a 2-core CPU: a variant trains in a minute or two.
 DEFAULTS = {
     "mqar": dict(steps=1500, seq_len=128, pairs=32, vocab_size=128, batch_size=64, lr=3e-3),
-    "charlm": dict(steps=600, seq_len=128, pairs=None, vocab_size=128, batch_size=32, lr=3e-3),
+    "charlm": dict(steps=600, seq_len=128, pairs=None, vocab_size=None, batch_size=32, lr=3e-3),
 }
 HELD_OUT = {"mqar": 1024, "charlm": 64}  # held-out sequences
 
@@ -41,6 +41,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, help="tokens per sequence (mqar 128, charlm 128)")
     p.add_argument("--pairs", type=int, help="MQAR key-value pairs per sequence (32)")
     p.add_argument("--vocab-size", type=int, help="MQAR vocabulary, blank + keys + values (128)")
+    p.add_argument("--text", help="charlm: train on this text file (.gz and .dz read too) instead of the "
+                                  "generated toy English; its last 10%% is held out")
     p.add_argument("--batch-size", type=int, help="sequences per step (mqar 64, charlm 32)")
     p.add_argument("--lr", type=float, help="peak learning rate of AdamW (3e-3)")
     p.add_argument("--hidden-size", type=int, default=64)
@@ -59,6 +61,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--plot", help="write a PNG of the loss and metric curves per variant here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a line per evaluation instead)")
     args = p.parse_args(argv)
+    for name in ("pairs", "vocab_size"):
+        if args.task == "charlm" and getattr(args, name) is not None:
+            p.error(f"--{name.replace('_', '-')}: only for --task mqar (charlm's vocabulary is the text's bytes)")
     for name, value in DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -75,6 +80,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--lr: expected a positive number, got {args.lr}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads: expected at least 1, got {args.threads}")
+    if args.text is not None and args.task != "charlm":
+        p.error(f"--text: only for --task charlm, got --task {args.task}")
     if args.plot and not args.plot.endswith(".png"):
         p.error(f"--plot: expected a .png file name, got {args.plot}")
     return args
@@ -83,7 +90,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def make_task(args):
     if args.task == "mqar":
         return MQAR(args.seq_len, args.pairs, args.vocab_size)
-    return CharLM(args.seq_len)
+    return CharLM(args.seq_len, args.text)
 
 
 def build(args, task, variant: str) -> LanguageModel:
@@ -129,12 +136,15 @@ def evaluate(args, model, held_out) -> Dict[str, float]:
     return {"loss": loss, "bpc": loss / math.log(2)}
 
 
-def held_out_batches(args, task):
+def evaluation_sets(args, task):
+    """The fixed batches a model is scored on: held-out sequences, and for charlm as many windows
+    of the training text (scored the same way, so that the two bpc tell fit from generalisation)."""
     rng = np.random.default_rng(args.seed + 1_000_003)  # never the training stream
     count, size = HELD_OUT[args.task], 64 if args.task == "mqar" else 16
     if args.task == "mqar":
-        return [task.batch(rng, size) for _ in range(count // size)]
-    return [task.batch(rng, size, held_out=True) for _ in range(count // size)]
+        return {"held_out": [task.batch(rng, size) for _ in range(count // size)]}
+    return {"held_out": [task.batch(rng, size, held_out=True) for _ in range(count // size)],
+            "training": [task.batch(rng, size) for _ in range(count // size)]}
 
 
 class Progress:
@@ -163,7 +173,7 @@ class Progress:
             self.bar.close()
 
 
-def train_one(args, task, model: LanguageModel, held_out) -> dict:
+def train_one(args, task, model: LanguageModel, scoring) -> dict:
     variant = model.variant
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -172,6 +182,8 @@ def train_one(args, task, model: LanguageModel, held_out) -> dict:
     rng = np.random.default_rng(args.seed)
     metric = "accuracy" if args.task == "mqar" else "bpc"
     curves = {"step": [], "loss": [], "held_out_loss": [], metric: []}
+    if "training" in scoring:
+        curves["training_bpc"] = []
     progress = Progress(args, variant)
     tokens_seen, start = 0, time.perf_counter()
     for step in range(args.steps):
@@ -192,7 +204,9 @@ def train_one(args, task, model: LanguageModel, held_out) -> dict:
         postfix = {"loss": f"{loss.item():.3f}", "acc": f"{correct / max(count, 1):.3f}",
                    "tok/s": f"{tokens_seen / elapsed:,.0f}"}
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            result = evaluate(args, model, held_out)
+            result = evaluate(args, model, scoring["held_out"])
+            if "training" in scoring:
+                curves["training_bpc"].append(evaluate(args, model, scoring["training"])["bpc"])
             curves["step"].append(step + 1)
             curves["loss"].append(loss.item())
             curves["held_out_loss"].append(result["loss"])
@@ -202,10 +216,12 @@ def train_one(args, task, model: LanguageModel, held_out) -> dict:
         progress.step(postfix)
     progress.close()
     seconds = time.perf_counter() - start
-    speed = {}
+    extra = {}
     if metric == "accuracy":  # how fast it learns, where the final accuracies all saturate
-        speed["steps_to_90"] = next((s for s, a in zip(curves["step"], curves["accuracy"]) if a >= 0.9), None)
-    return {**speed, metric: curves[metric][-1], "held_out_loss": curves["held_out_loss"][-1], "curves": curves,
+        extra["steps_to_90"] = next((s for s, a in zip(curves["step"], curves["accuracy"]) if a >= 0.9), None)
+    else:  # as many windows of the text it trained on, scored the same way
+        extra["training_bpc"] = curves["training_bpc"][-1]
+    return {**extra, metric: curves[metric][-1], "held_out_loss": curves["held_out_loss"][-1], "curves": curves,
             "seconds": seconds, "tokens_per_second": tokens_seen / seconds,
             "parameters": sum(p.numel() for p in model.parameters()), "state_floats": state_floats(model)}
 
@@ -222,7 +238,7 @@ def save_checkpoint(args, variant: str, model: LanguageModel) -> Optional[str]:
     return str(path)
 
 
-def plot(args, results: Dict[str, dict]) -> None:
+def plot(args, results: Dict[str, dict], floor: Optional[float]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -231,7 +247,11 @@ def plot(args, results: Dict[str, dict]) -> None:
     for variant, r in results.items():
         c = r["curves"]
         left.plot(c["step"], c["held_out_loss"], label=variant)
-        right.plot(c["step"], c[metric], label=variant)
+        line, = right.plot(c["step"], c[metric], label=variant)
+        if "training_bpc" in c:
+            right.plot(c["step"], c["training_bpc"], color=line.get_color(), linestyle=":", linewidth=1)
+    if floor is not None:
+        right.axhline(floor, color="black", linestyle="--", linewidth=1, label="the text's information")
     left.set(xlabel="step", ylabel="held-out loss", yscale="log", title=f"{args.task}: loss")
     right.set(xlabel="step", ylabel=f"held-out {metric}", title=f"{args.task}: {metric}")
     right.legend(fontsize=8)
@@ -243,8 +263,8 @@ def plot(args, results: Dict[str, dict]) -> None:
 
 
 def settings(args) -> dict:
-    keys = ("task", "steps", "seq_len", "pairs", "vocab_size", "batch_size", "lr", "hidden_size", "layers", "heads",
-            "state_size", "dtype", "seed", "threads", "eval_every")
+    keys = ("task", "text", "steps", "seq_len", "pairs", "vocab_size", "batch_size", "lr", "hidden_size", "layers",
+            "heads", "state_size", "dtype", "seed", "threads", "eval_every")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -256,28 +276,40 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, dict]:
     torch.use_deterministic_algorithms(True)
     try:
         task = make_task(args)
+        args.vocab_size = task.vocab_size
         models = {v: build(args, task, v) for v in args.variants}  # every size checked before any step
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
-    held_out = held_out_batches(args, task)
+    scoring = evaluation_sets(args, task)
     results = {}
     for variant, model in models.items():
-        results[variant] = train_one(args, task, model, held_out)
+        results[variant] = train_one(args, task, model, scoring)
         results[variant]["checkpoint"] = save_checkpoint(args, variant, model)
     metric = "accuracy" if args.task == "mqar" else "bpc"
     reach = metric == "accuracy"
-    print(f"{'variant':16} {'held-out ' + metric:>18}" + (f" {'90% at step':>12}" if reach else "") +
-          f" {'state':>7} {'params':>8} {'tok/s':>9} {'time':>7}")
+    floor = getattr(task, "floor_bpc", None)
+    if floor is not None:
+        print(f"the generated text's own information: {floor:.4f} bits per held-out character (no model's "
+              f"expected bpc is below it)")
+    second_column = "90% at step" if reach else "training bpc"
+    print(f"{'variant':16} {'held-out ' + metric:>18} {second_column:>12} {'state':>7} {'params':>8} {'tok/s':>9} "
+          f"{'time':>7}")
     for variant, r in results.items():
         state = "-" if r["state_floats"] is None else str(r["state_floats"])
-        steps_to_90 = f" {'-' if r['steps_to_90'] is None else r['steps_to_90']:>12}" if reach else ""
-        print(f"{variant:16} {r[metric]:18.4f}{steps_to_90} {state:>7} {r['parameters']:8d} "
+        if reach:
+            second = f" {'-' if r['steps_to_90'] is None else r['steps_to_90']:>12}"
+        else:
+            second = f" {r['training_bpc']:12.4f}"
+        print(f"{variant:16} {r[metric]:18.4f}{second} {state:>7} {r['parameters']:8d} "
               f"{r['tokens_per_second']:9.0f} {r['seconds']:6.1f}s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"settings": settings(args), "results": results}, indent=1))
+        log = {"settings": settings(args), "results": results}
+        if floor is not None:
+            log["floor_bpc"] = floor
+        Path(args.json).write_text(json.dumps(log, indent=1))
     if args.plot:
-        plot(args, results)
+        plot(args, results, floor)
     return results
 
 

@@ -5,20 +5,25 @@ nothing is scored.
   pairs, then the keys again, each at a random position of the rest of the sequence among blank
   tokens; the model must answer each query with its key's value. Keys and values come from two
   disjoint halves of the vocabulary; token 0 is the blank. Scored on the queried positions.
-- charlm: next-character prediction on the text shipped with the package (The Devil's
-  Dictionary), the first 90% for training and the last 10% held out; scored everywhere.
+- charlm: next-character prediction on a text, the first 90% for training and the last 10% held
+  out; scored everywhere. By default the text is a toy English written by the probabilistic grammar
+  of corpus.py, whose information content gives the floor of the held-out bits per character;
+  any text file may be given instead.
 
 Batches come from a numpy Generator, so a seed fixes them.
 """
 
+import gzip
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 
+from . import corpus
+
 IGNORE = -100
-TEXT = Path(__file__).parent / "data" / "devils_dictionary.txt"
+GENERATED_CHARACTERS = 400_000  # about the size of a short book
 
 
 class MQAR:
@@ -55,19 +60,33 @@ class MQAR:
 
 
 class CharLM:
-    """Windows of seq_len + 1 characters of the shipped text, as byte values (vocabulary 128:
-    the text is ASCII)."""
+    """Windows of seq_len + 1 characters of a text, as byte values: the generated toy English, or
+    the file `text` (read as bytes; .gz and dictd's .dz decompressed). The vocabulary is 128 for
+    ASCII text, else 256. `floor_bpc` is the generated text's information per held-out character
+    (None for a file)."""
 
-    vocab_size = 128
-
-    def __init__(self, seq_len: int):
-        data = np.frombuffer(TEXT.read_bytes(), np.uint8).astype(np.int64)
+    def __init__(self, seq_len: int, text: Optional[str] = None):
+        if text is None:
+            generated, bits = corpus.generate(GENERATED_CHARACTERS)
+            raw = generated.encode("ascii")
+        else:
+            path = Path(text)
+            if not path.is_file():
+                raise ValueError(f"flat.train: --text: expected a text file, got {text!r} (no such file)")
+            raw = path.read_bytes()
+            if path.suffix in (".gz", ".dz"):
+                raw = gzip.decompress(raw)
+        data = np.frombuffer(raw, np.uint8).astype(np.int64)
         split = int(len(data) * 0.9)
         self.train, self.held_out = data[:split], data[split:]
         if seq_len + 1 > len(self.held_out):
             raise ValueError(f"flat.train: --seq-len {seq_len} is longer than the held-out text "
                              f"({len(self.held_out) - 1} characters)")
         self.seq_len = seq_len
+        self.vocab_size = 128 if int(data.max()) < 128 else 256
+        self.floor_bpc = None
+        if text is None:
+            self.floor_bpc = sum(b for offset, b in bits if offset >= split) / len(self.held_out)
 
     def batch(self, rng: np.random.Generator, batch_size: int, held_out: bool = False):
         data = self.held_out if held_out else self.train
