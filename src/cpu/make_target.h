@@ -30,6 +30,8 @@ struct TargetInfo {
   const char* products;  // what its chunk products run on, in words
   CpuFeatures needs = 0;
   CpuFeatures preferred_with = 0;
+  void (*enter_thread)() = nullptr;  // the per-thread scope (Target::enter_thread)
+  void (*leave_thread)() = nullptr;
 };
 
 // A target from its microkernels and its row primitives (the convolution's, which the output norm
@@ -48,7 +50,9 @@ constexpr Target make_target(const TargetInfo& info) {
           .norm = make_norm_gate_kernels<M, ConvRows>(),
           .micro = M,
           .values = {.any_broken_f32 = any_broken__generic<float>,
-                     .any_broken_bf16 = any_broken__generic<uint16_t>}};
+                     .any_broken_bf16 = any_broken__generic<uint16_t>},
+          .enter_thread = info.enter_thread,
+          .leave_thread = info.leave_thread};
 }
 
 }  // namespace

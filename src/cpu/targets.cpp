@@ -3,6 +3,14 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "flat/flat.h"
 
 namespace flat::cpu {
@@ -13,6 +21,31 @@ namespace flat::cpu {
 #undef FLAT_CPU_TARGET
 
 namespace {
+
+#if defined(__x86_64__)
+// Whether this process may run tile instructions with bf16 products (ggml-cpu's and oneDNN's
+// check): CPUID leaf 7 says the CPU has AMX-TILE (EDX bit 24) and AMX-BF16 (bit 22); XCR0 says the
+// OS saves the tile configuration and data (bits 17, 18), read only where OSXSAVE (leaf 1, ECX bit
+// 27) allows xgetbv; and Linux, which leaves the 8 KiB of tile data out of a thread's state until
+// asked, grants the request for it (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process,
+// before the first tile instruction: without it the first one faults). Elsewhere: no.
+bool amx_bf16_usable() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;
+  unsigned xcr0_low, xcr0_high;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  constexpr unsigned kTileState = (1u << 17) | (1u << 18);
+  if ((xcr0_low & kTileState) != kTileState) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 // The features as GCC's runtime reads them from CPUID, which counts an instruction set only where
@@ -29,6 +62,9 @@ CpuFeatures read_cpu_features() {
   if (__builtin_cpu_supports("avx512vl")) f |= kCpuAvx512vl;
   if (__builtin_cpu_supports("avx512bf16")) f |= kCpuAvx512Bf16;
   if ((f & kCpuAvx512Bf16) && __builtin_cpu_is("amd")) f |= kCpuBf16DotOutrunsFma;
+#if defined(__x86_64__)
+  if (amx_bf16_usable()) f |= kCpuAmxBf16;
+#endif
   return f;
 }
 #else

@@ -56,6 +56,10 @@ enum CpuFeature : CpuFeatures {
   // does half the products). Intel's (Cooper Lake, Sapphire Rapids and later) run it at most at
   // the FMA's rate; measured on a Sapphire Rapids at half (`flat bench`: 226 against 445 GFLOP/s).
   kCpuBf16DotOutrunsFma = 1u << 7,
+  // The tile unit with bf16 products (CPUID AMX-TILE and AMX-BF16), its state saved by the OS
+  // (XCR0's XTILECFG and XTILEDATA) and this process granted its use (Linux's
+  // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once, before any tile instruction).
+  kCpuAmxBf16 = 1u << 8,
 };
 // The AVX-512 subsets the avx512 microkernels use.
 constexpr CpuFeatures kCpuAvx512 = kCpuAvx512f | kCpuAvx512bw | kCpuAvx512dq | kCpuAvx512vl | kCpuFma;

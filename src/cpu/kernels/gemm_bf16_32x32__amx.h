@@ -1,0 +1,176 @@
+// C[m, n] (+)= A B on the tile unit (tdpbf16ps), for the chunk products whose operands are bf16
+// values (Operands::bf16_values: the scores q k^T of bf16 queries and keys under a scalar or no
+// gate; linear attention's state update k^T v): packing them to bf16 loses nothing and the tiles
+// sum the exact products in fp32 (in the order tiles__model.h gives). Written once over `Tiles`:
+// AmxTiles in the amx target, ModelTiles in the tests (tiles.h).
+//
+// Register blocking: a 32 x 32 block of C in four accumulator tiles (0-3, 16 x 16 fp32 each), fed
+// per 32 k by two tiles of A (4, 5: 16 rows x 16 pairs) and two of B (6, 7: 16 pairs x 16
+// columns), four tdpbf16ps per four tile loads. Operands are packed per panel of 256 k into the
+// layout the tiles read: A by rows of pair words, B by pair rows of 32 columns (each word two
+// consecutive k of one column), zero past m, n and k, so edge blocks need no other shape; C tiles
+// at the edges (and across the diagonal of a c_lower product) go through a 16 x 16 scratch.
+// A block of A is packed again for each strip of B (n / 32 times): packing each operand once per
+// product and across the products that share it is the next step (issue 22, item 3).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernels/product.h"
+#include "cpu/kernels/tiles.h"
+
+namespace flat::cpu {
+namespace {
+
+// The configuration the kernel assumes, every tile 16 rows x 64 bytes; the target loads it once
+// per worker range (Target::enter_thread).
+constexpr TileConfig gemm_tiles_config() {
+  TileConfig config;
+  for (int t = 0; t < kTileCount; ++t) {
+    config.rows[t] = kTileMaxRows;
+    config.colsb[t] = kTileRowBytes;
+  }
+  return config;
+}
+constexpr TileConfig kGemmTiles = gemm_tiles_config();
+
+constexpr int kAmxTile = 16;                       // rows and columns of a C tile, pairs of an A or B tile
+constexpr int kAmxBlock = 2 * kAmxTile;            // rows of a block of A, columns of a strip of B
+constexpr int kAmxStepDepth = 2 * kAmxTile;        // k per tdpbf16ps
+constexpr int kAmxPanelDepth = 256;                // k per packed panel
+constexpr int kAmxPanelPairs = kAmxPanelDepth / 2; // words per packed row of A
+static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
+
+// x rounded to bf16 (to nearest even; exact for bf16 values; NaN stays NaN).
+inline uint32_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (std::isnan(x)) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+// A's rows [0, rows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as [kAmxBlock, kAmxPanelPairs]
+// words (k 2q in the low half of word q), zero past them up to `pairs`.
+inline void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_cs, uint32_t* out) {
+  for (int i = 0; i < kAmxBlock; ++i)
+    for (int q = 0; q < pairs; ++q) {
+      const auto at = [&](int p) {
+        return i < rows && p < depth ? bf16_bits(a[size_t(i) * a_rs + size_t(p) * a_cs]) : 0u;
+      };
+      out[size_t(i) * kAmxPanelPairs + q] = at(2 * q) | at(2 * q + 1) << 16;
+    }
+}
+
+// B's k [0, depth) of columns [0, cols) as [pairs, kAmxBlock] words (column j's k 2q and 2q + 1 in
+// word (q, j)), zero past them.
+inline void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
+  for (int q = 0; q < pairs; ++q)
+    for (int j = 0; j < kAmxBlock; ++j) {
+      const auto at = [&](int p) { return j < cols && p < depth ? bf16_bits(b[size_t(p) * ldb + j]) : 0u; };
+      out[size_t(q) * kAmxBlock + j] = at(2 * q) | at(2 * q + 1) << 16;
+    }
+}
+
+// One accumulator tile's place in C: its corner, the rows and columns of it inside C (at most 16;
+// none past C's edge), and whether its elements are written whole (else only j <= i, for c_lower).
+struct CTile {
+  float* c;
+  int ldc, rows, cols;
+  int diagonal;  // column of C's diagonal at the tile's first row, relative to its first column
+  bool lower;    // c_lower: write only elements on or below the diagonal
+
+  bool empty() const { return rows <= 0 || cols <= 0 || (lower && diagonal + rows - 1 < 0); }
+  bool whole() const { return rows == kAmxTile && cols == kAmxTile && !(lower && diagonal < kAmxTile - 1); }
+  bool wanted(int r, int j) const { return r < rows && j < cols && (!lower || j <= diagonal + r); }
+};
+
+template <class Tiles, int T>
+void begin_c_tile(const CTile& t, bool into, float* scratch) {
+  if (!into || t.empty()) {
+    Tiles::template zero<T>();
+  } else if (t.whole()) {
+    Tiles::template load<T>(t.c, size_t(t.ldc) * sizeof(float));
+  } else {
+    for (int r = 0; r < kAmxTile; ++r)
+      for (int j = 0; j < kAmxTile; ++j)
+        scratch[r * kAmxTile + j] = r < t.rows && j < t.cols ? t.c[size_t(r) * t.ldc + j] : 0.0f;
+    Tiles::template load<T>(scratch, kTileRowBytes);
+  }
+}
+
+template <class Tiles, int T>
+void end_c_tile(const CTile& t, float* scratch) {
+  if (t.empty()) return;
+  if (t.whole()) {
+    Tiles::template store<T>(t.c, size_t(t.ldc) * sizeof(float));
+    return;
+  }
+  Tiles::template store<T>(scratch, kTileRowBytes);
+  for (int r = 0; r < t.rows; ++r)
+    for (int j = 0; j < t.cols; ++j)
+      if (t.wanted(r, j)) t.c[size_t(r) * t.ldc + j] = scratch[r * kAmxTile + j];
+}
+
+// C[m, n] (+)= A B as gemm_f32_1xn__generic describes it (both layouts of A, the triangles, only
+// C(i, j <= i) written for c_lower), with A and B rounded to bf16. Needs kGemmTiles loaded.
+template <class Tiles>
+void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                          float* c, int ldc) {
+  const auto [a_rs, a_cs] = a_strides(d, lda);
+  const Triangle tri = d.triangle;
+  alignas(64) uint32_t a_pack[kAmxBlock * kAmxPanelPairs];
+  alignas(64) uint32_t b_pack[kAmxPanelPairs * kAmxBlock];
+  alignas(64) float scratch[kAmxTile * kAmxTile];
+  for (int k0 = 0; k0 < k || k0 == 0; k0 += kAmxPanelDepth) {
+    const int depth = k - k0 < kAmxPanelDepth ? k - k0 : kAmxPanelDepth;
+    const int steps = (depth + kAmxStepDepth - 1) / kAmxStepDepth, pairs = steps * kAmxTile;
+    const bool into = d.accumulate || k0 > 0;
+    if (steps == 0 && into) break;  // k = 0 and C += nothing
+    for (int j0 = 0; j0 < n; j0 += kAmxBlock) {
+      pack_amx_b(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
+      for (int r0 = 0; r0 < m; r0 += kAmxBlock) {
+        if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
+        // The block's steps whose k can be nonzero in A (rows [r0, r0 + 32), per d.triangle).
+        int first = 0, last = steps;
+        if (tri == Triangle::a_lower)  // k <= r0 + 31
+          last = std::min(steps, std::max(0, r0 + kAmxBlock - 1 - k0 + kAmxStepDepth) / kAmxStepDepth);
+        if (tri == Triangle::a_upper)  // k >= r0
+          first = std::min(last, std::max(0, r0 - k0) / kAmxStepDepth);
+        if (first == last && into) continue;
+        pack_amx_a(m - r0, depth, pairs, a + size_t(r0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
+        const auto tile = [&](int h, int w) {
+          const int i0 = r0 + kAmxTile * h, c0 = j0 + kAmxTile * w;
+          return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile), i0 - c0,
+                       tri == Triangle::c_lower};
+        };
+        const CTile c00 = tile(0, 0), c01 = tile(0, 1), c10 = tile(1, 0), c11 = tile(1, 1);
+        begin_c_tile<Tiles, 0>(c00, into, scratch);
+        begin_c_tile<Tiles, 1>(c01, into, scratch);
+        begin_c_tile<Tiles, 2>(c10, into, scratch);
+        begin_c_tile<Tiles, 3>(c11, into, scratch);
+        for (int s = first; s < last; ++s) {
+          const size_t stride_a = kAmxPanelPairs * sizeof(uint32_t), stride_b = kAmxBlock * sizeof(uint32_t);
+          Tiles::template load<4>(a_pack + size_t(s) * kAmxTile, stride_a);
+          Tiles::template load<5>(a_pack + size_t(kAmxTile) * kAmxPanelPairs + size_t(s) * kAmxTile, stride_a);
+          Tiles::template load<6>(b_pack + size_t(s) * kAmxTile * kAmxBlock, stride_b);
+          Tiles::template load<7>(b_pack + size_t(s) * kAmxTile * kAmxBlock + kAmxTile, stride_b);
+          Tiles::template dpbf16ps<0, 4, 6>();
+          Tiles::template dpbf16ps<1, 4, 7>();
+          Tiles::template dpbf16ps<2, 5, 6>();
+          Tiles::template dpbf16ps<3, 5, 7>();
+        }
+        end_c_tile<Tiles, 0>(c00, scratch);
+        end_c_tile<Tiles, 1>(c01, scratch);
+        end_c_tile<Tiles, 2>(c10, scratch);
+        end_c_tile<Tiles, 3>(c11, scratch);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flat::cpu

@@ -1,0 +1,23 @@
+// The amx target: avx512_bf16 with the tile unit (AMX-TILE, AMX-BF16). The products whose operands
+// are all bf16 values run on tiles (kernels/gemm_bf16_32x32__amx.h), exactly; every other product
+// keeps fp32 operands on the FMA microkernel; the convolution is avx512_bf16's. Each worker loads
+// the tile configuration before its range of work and releases it after (Target::enter_thread).
+// Compiled with those flags (CMakeLists.txt) and run only where targets.cpp found the CPU has
+// them, the OS saves the tile state and grants this process its use.
+#include "cpu/kernels/conv_rows__avx512.h"
+#include "cpu/kernels/micro_kernels__amx.h"
+#include "cpu/make_target.h"
+
+namespace flat::cpu {
+
+const Target& target_amx() {
+  static constexpr Target target = make_target<micro_kernels__amx, conv_avx512::ConvRowsAvx512<true>>(
+      {.name = "amx",
+       .products = "products of bf16 inputs on AMX tiles, the others on fp32 FMA",
+       .needs = kCpuAvx512 | kCpuAvx512Bf16 | kCpuAmxBf16,
+       .enter_thread = [] { AmxTiles::configure(kGemmTiles); },
+       .leave_thread = [] { AmxTiles::release(); }});
+  return target;
+}
+
+}  // namespace flat::cpu
