@@ -39,7 +39,26 @@ TEST(Targets, DefaultIsSupportedAndHonoursFlatIsa) {
   const cpu::Target* asked = cpu::find_target(cpu::requested_target());
   if (asked && cpu::supported(*asked)) {
     EXPECT_EQ(&chosen, asked);
+  } else {
+    EXPECT_FALSE(chosen.model) << chosen.name << ": a model of a unit is never the default";
   }
+}
+
+// The tests' model of the tile unit is a target of its own on x86 (the amx target's code on the
+// model), marked as a model, and needs what the amx target needs but the tiles.
+TEST(Targets, TheTileModelIsATargetForTheTests) {
+  const cpu::Target* model = cpu::find_target("amx_model");
+  const cpu::Target* amx = cpu::find_target("amx");
+#if defined(__x86_64__)
+  ASSERT_NE(model, nullptr);
+  ASSERT_NE(amx, nullptr);
+  EXPECT_TRUE(model->model);
+  EXPECT_FALSE(amx->model);
+  EXPECT_EQ(amx->needs, model->needs | cpu::kCpuAmxBf16);
+#else
+  EXPECT_EQ(model, nullptr);
+  EXPECT_EQ(amx, nullptr);
+#endif
 }
 
 // What the targets declare: the portable one needs nothing, so every CPU has a target; a target

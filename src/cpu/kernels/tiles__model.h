@@ -2,7 +2,10 @@
 // Intel's SDM documents, so that every kernel written over `Tiles` runs and is tested on any CPU.
 // For the tests and the oracle's side, never picked for speed.
 //
-// State per thread, as the hardware's: 8 tiles of 16 rows x 64 bytes and the configuration.
+// State per thread, as the hardware's: 8 tiles of 16 rows x 64 bytes and the configuration, one
+// per thread for the whole process (src/cpu/tile_model.cpp), as the tile registers are: a target's
+// unit configures it in enter_thread and the kernels of any other unit (the bench's unfused
+// baseline on the same target) see that configuration.
 // What the model checks where the hardware would fault (#UD, #GP), it throws std::logic_error for:
 // an operation before configure, a tile shape past 16 rows or 64 bytes, palette other than 1,
 // and tdpbf16ps's shape rules (C.rows = A.rows, C.colsb = B.colsb, A.colsb / 4 = B.rows, all
@@ -25,6 +28,15 @@
 #include "cpu/kernels/tiles.h"
 
 namespace flat::cpu {
+
+struct TileModelState {
+  TileConfig config;
+  bool configured = false;
+  alignas(64) uint8_t tiles[kTileCount][kTileMaxRows * kTileRowBytes] = {};
+};
+// This thread's (src/cpu/tile_model.cpp, built with the tests).
+TileModelState& tile_model_state();
+
 namespace {
 
 class ModelTiles {
@@ -36,14 +48,14 @@ class ModelTiles {
       if (config.rows[t] > kTileMaxRows || config.colsb[t] > kTileRowBytes)
         fail("ldtilecfg: tile " + std::to_string(t) + " of " + std::to_string(config.rows[t]) + " rows x " +
              std::to_string(config.colsb[t]) + " bytes, past 16 x 64");
-    State& s = state();
+    TileModelState& s = tile_model_state();
     s.config = config;
     s.configured = true;
     std::memset(s.tiles, 0, sizeof(s.tiles));
   }
 
   static void release() {
-    State& s = state();
+    TileModelState& s = tile_model_state();
     s.configured = false;
     std::memset(s.tiles, 0, sizeof(s.tiles));
   }
@@ -56,7 +68,7 @@ class ModelTiles {
   template <int T>
   static void load(const void* base, size_t stride_bytes) {
     uint8_t* dst = tile<T>("tileloadd");
-    const State& s = state();
+    const TileModelState& s = tile_model_state();
     std::memset(dst, 0, kTileBytes);  // rows and bytes past the shape read as zero
     for (int r = 0; r < s.config.rows[T]; ++r)
       std::memcpy(dst + r * kTileRowBytes, static_cast<const uint8_t*>(base) + r * stride_bytes, s.config.colsb[T]);
@@ -65,7 +77,7 @@ class ModelTiles {
   template <int T>
   static void store(void* base, size_t stride_bytes) {
     const uint8_t* src = tile<T>("tilestored");
-    const State& s = state();
+    const TileModelState& s = tile_model_state();
     for (int r = 0; r < s.config.rows[T]; ++r)
       std::memcpy(static_cast<uint8_t*>(base) + r * stride_bytes, src + r * kTileRowBytes, s.config.colsb[T]);
   }
@@ -76,7 +88,7 @@ class ModelTiles {
     uint8_t* c = tile<C>("tdpbf16ps");
     const uint8_t* a = tile<A>("tdpbf16ps");
     const uint8_t* b = tile<B>("tdpbf16ps");
-    const TileConfig& cfg = state().config;
+    const TileConfig& cfg = tile_model_state().config;
     if (cfg.rows[C] != cfg.rows[A] || cfg.colsb[C] != cfg.colsb[B] || cfg.colsb[A] != 4 * cfg.rows[B] ||
         cfg.colsb[A] % 4 || cfg.colsb[C] % 4)
       fail("tdpbf16ps: shapes C " + shape(C) + ", A " + shape(A) + ", B " + shape(B) +
@@ -103,28 +115,17 @@ class ModelTiles {
  private:
   static constexpr int kTileBytes = kTileMaxRows * kTileRowBytes;
 
-  struct State {
-    TileConfig config;
-    bool configured = false;
-    alignas(64) uint8_t tiles[kTileCount][kTileBytes] = {};
-  };
-
-  static State& state() {
-    thread_local State s;
-    return s;
-  }
-
   [[noreturn]] static void fail(const std::string& what) { throw std::logic_error("tile model: " + what); }
 
   static std::string shape(int t) {
-    const TileConfig& cfg = state().config;
+    const TileConfig& cfg = tile_model_state().config;
     return std::to_string(cfg.rows[t]) + "x" + std::to_string(cfg.colsb[t]) + "B";
   }
 
   template <int T>
   static uint8_t* tile(const char* instruction) {
     static_assert(T >= 0 && T < kTileCount, "tiles tmm0..tmm7");
-    State& s = state();
+    TileModelState& s = tile_model_state();
     if (!s.configured) fail(std::string(instruction) + " before ldtilecfg");
     return s.tiles[T];
   }

@@ -1,0 +1,14 @@
+// The amx_model target's microkernels: the amx target's table (micro_kernels__amx_tiles.h) with the
+// tile product on the portable model of the tile unit (tiles__model.h), for the tests.
+#pragma once
+
+#include "cpu/kernels/micro_kernels__amx_tiles.h"
+#include "cpu/kernels/tiles__model.h"
+
+namespace flat::cpu {
+namespace {
+
+constexpr MicroKernels micro_kernels__amx_model = amx_micro_kernels_on<ModelTiles>;
+
+}  // namespace
+}  // namespace flat::cpu

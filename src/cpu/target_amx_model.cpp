@@ -1,0 +1,22 @@
+// The amx_model target: the amx target (target_amx.cpp) with the tile unit replaced by its portable
+// model (kernels/tiles__model.h), so that every test runs the amx target's code on any CPU with
+// AVX-512 and AVX512-BF16. For the tests: compiled only with them (FLAT_TILE_MODEL, CMakeLists.txt),
+// never the default, run where FLAT_ISA=amx_model asks or a test loops over the targets.
+#include "cpu/kernels/conv_rows__avx512.h"
+#include "cpu/kernels/micro_kernels__amx_model.h"
+#include "cpu/make_target.h"
+
+namespace flat::cpu {
+
+const Target& target_amx_model() {
+  static constexpr Target target = make_target<micro_kernels__amx_model, conv_avx512::ConvRowsAvx512<true>>(
+      {.name = "amx_model",
+       .products = "products of bf16 inputs on the model of AMX tiles (tests only), the others on fp32 FMA",
+       .needs = kCpuAvx512 | kCpuAvx512Bf16,
+       .model = true,
+       .enter_thread = [] { ModelTiles::configure(kGemmTiles); },
+       .leave_thread = [] { ModelTiles::release(); }});
+  return target;
+}
+
+}  // namespace flat::cpu
