@@ -40,20 +40,21 @@ TEST(Targets, DefaultIsSupportedAndHonoursFlatIsa) {
   if (asked && cpu::supported(*asked)) {
     EXPECT_EQ(&chosen, asked);
   } else {
-    EXPECT_FALSE(chosen.model) << chosen.name << ": a model of a unit is never the default";
+    EXPECT_EQ(chosen.only_on_request, nullptr) << chosen.name << " is the default: " << chosen.only_on_request;
   }
 }
 
 // The tests' model of the tile unit is a target of its own on x86 (the amx target's code on the
-// model), marked as a model, and needs what the amx target needs but the tiles.
+// model) and needs what the amx target needs but the tiles; both run only on request (the model
+// always, amx until its speed is measured).
 TEST(Targets, TheTileModelIsATargetForTheTests) {
   const cpu::Target* model = cpu::find_target("amx_model");
   const cpu::Target* amx = cpu::find_target("amx");
 #if defined(__x86_64__)
   ASSERT_NE(model, nullptr);
   ASSERT_NE(amx, nullptr);
-  EXPECT_TRUE(model->model);
-  EXPECT_FALSE(amx->model);
+  EXPECT_NE(model->only_on_request, nullptr);
+  EXPECT_NE(amx->only_on_request, nullptr);
   EXPECT_EQ(amx->needs, model->needs | cpu::kCpuAmxBf16);
 #else
   EXPECT_EQ(model, nullptr);

@@ -30,7 +30,7 @@ struct TargetInfo {
   const char* products;  // what its chunk products run on, in words
   CpuFeatures needs = 0;
   CpuFeatures preferred_with = 0;
-  bool model = false;  // Target::model
+  const char* only_on_request = nullptr;  // Target::only_on_request
   void (*enter_thread)() = nullptr;  // the per-thread scope (Target::enter_thread)
   void (*leave_thread)() = nullptr;
 };
@@ -46,7 +46,7 @@ constexpr Target make_target(const TargetInfo& info) {
           .products = info.products,
           .needs = info.needs,
           .preferred_with = info.preferred_with,
-          .model = info.model,
+          .only_on_request = info.only_on_request,
           .sequence = make_sequence_kernels<TableOps<M>>(),
           .conv = make_conv_kernels<ConvRows>(),
           .norm = make_norm_gate_kernels<M, ConvRows>(),

@@ -13,7 +13,7 @@ const Target& target_amx_model() {
       {.name = "amx_model",
        .products = "products of bf16 inputs on the model of AMX tiles (tests only), the others on fp32 FMA",
        .needs = kCpuAvx512 | kCpuAvx512Bf16,
-       .model = true,
+       .only_on_request = "a model of the tile unit, for the tests",
        .enter_thread = [] { ModelTiles::configure(kGemmTiles); },
        .leave_thread = [] { ModelTiles::release(); }});
   return target;

@@ -115,7 +115,7 @@ const Target& default_target() {
     if (asked && supported(*asked)) return asked;
     const Target* best = compiled_targets().front();
     for (const Target* t : compiled_targets())
-      if (!t->model && has(t->needs | t->preferred_with)) best = t;
+      if (!t->only_on_request && has(t->needs | t->preferred_with)) best = t;
     return best;
   }();
   return *chosen;

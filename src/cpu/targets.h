@@ -79,7 +79,9 @@ struct Target {
   const char* products;  // what its chunk products run on, in words (flat bench's title)
   CpuFeatures needs;           // runs where the CPU has all of these
   CpuFeatures preferred_with;  // taken by default (where it runs) only when the CPU has these too
-  bool model;                  // runs a unit on its software model (the tests' amx_model): never the default
+  // Why the target runs only where FLAT_ISA names it, never as the default (a software model of a
+  // unit, for the tests; a kernel whose speed is not measured yet); null where it may be the default.
+  const char* only_on_request;
   SequenceKernels sequence;
   ConvKernels conv;
   NormGateKernels norm;
@@ -118,7 +120,7 @@ std::vector<const Target*> supported_targets();
 // The target every operation runs on by default: the one FLAT_ISA names in the environment when
 // this CPU runs it; otherwise the last supported target of the list that is preferred here (its
 // preferred_with present: a target with bf16 dot products only where they outrun the FMA units)
-// and is not a model.
+// and not only_on_request.
 // Chosen once.
 const Target& default_target();
 // The compiled target of this name, or null.
