@@ -5,10 +5,4 @@
 #include "cpu/kernels/micro_kernels__amx_tiles.h"
 #include "cpu/kernels/tiles__model.h"
 
-namespace flat::cpu {
-namespace {
-
-constexpr MicroKernels micro_kernels__amx_model = amx_micro_kernels_on<ModelTiles>;
-
-}  // namespace
-}  // namespace flat::cpu
+FLAT_AMX_MICRO_KERNELS(amx_model, ModelTiles)

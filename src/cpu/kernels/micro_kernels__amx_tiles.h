@@ -2,7 +2,7 @@
 // avx512_bf16's, with the products whose operands are all bf16 values on the tile product
 // (gemm_bf16_32x32__amx.h), exactly, every other on fp32 FMA (gemm_bf16_6x64__avx512bf16.h says
 // why fp32 operands stay there). micro_kernels__amx.h takes it on the instructions,
-// micro_kernels__amx_model.h on the model.
+// micro_kernels__amx_model.h on the model, each as FLAT_AMX_MICRO_KERNELS(<target>, <tiles>).
 #pragma once
 
 #include "cpu/kernels/gemm_bf16_32x32__amx.h"
@@ -21,3 +21,11 @@ constexpr MicroKernels amx_micro_kernels_on = avx512_micro_kernels_with(choose_g
 
 }  // namespace
 }  // namespace flat::cpu
+
+// The table micro_kernels__<target> of a target whose tile unit is `tiles`.
+#define FLAT_AMX_MICRO_KERNELS(target, tiles)                                                \
+  namespace flat::cpu {                                                                     \
+  namespace {                                                                               \
+  constexpr MicroKernels micro_kernels__##target = amx_micro_kernels_on<tiles>;             \
+  }                                                                                         \
+  }
