@@ -13,6 +13,7 @@
 #include "checks.h"
 #include "cpu/recurrence.h"
 #include "cpu/targets.h"
+#include "cpu/tile_support.h"
 #include "harness.h"
 #include "test_conv_harness.h"
 
@@ -60,6 +61,28 @@ TEST(Targets, TheTileModelIsATargetForTheTests) {
   EXPECT_EQ(model, nullptr);
   EXPECT_EQ(amx, nullptr);
 #endif
+}
+
+// The tiles count only when every step says yes, the OS's grant asked last: a refused grant, a CPU
+// without the tiles or an OS that does not save their state leaves kCpuAmxBf16 out (and the amx
+// target unsupported: the next target runs, every result as without it).
+TEST(Targets, TileSupportNeedsEveryStepAndAsksTheGrantLast) {
+  static int asked = 0;
+  const auto granted = [] { return ++asked, true; };
+  const auto refused = [] { return ++asked, false; };
+  const cpu::TileSupport all{.amx_tile = true, .amx_bf16 = true, .osxsave = true, .xcr0 = 0x60007};
+  EXPECT_TRUE(cpu::amx_bf16_usable(all, granted));
+  EXPECT_EQ(asked, 1);
+  EXPECT_FALSE(cpu::amx_bf16_usable(all, refused)) << "the grant refused";
+  EXPECT_EQ(asked, 2);
+  cpu::TileSupport no_bf16 = all, no_state = all, no_xgetbv = all;
+  no_bf16.amx_bf16 = false;
+  no_state.xcr0 = 0x20007;  // XTILECFG without XTILEDATA
+  no_xgetbv.osxsave = false;
+  for (const cpu::TileSupport& s : {no_bf16, no_state, no_xgetbv}) EXPECT_FALSE(cpu::amx_bf16_usable(s, granted));
+  EXPECT_EQ(asked, 2) << "the grant asked although the CPU or the OS had said no";
+  const cpu::Target* amx = cpu::find_target("amx");
+  if (amx && !(cpu::cpu_features() & cpu::kCpuAmxBf16)) EXPECT_FALSE(cpu::supported(*amx));
 }
 
 // What the targets declare: the portable one needs nothing, so every CPU has a target; a target

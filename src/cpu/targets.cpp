@@ -11,6 +11,7 @@
 #include <unistd.h>
 #endif
 
+#include "cpu/tile_support.h"
 #include "flat/flat.h"
 
 namespace flat::cpu {
@@ -23,21 +24,28 @@ namespace flat::cpu {
 namespace {
 
 #if defined(__x86_64__)
-// Whether this process may run tile instructions with bf16 products (ggml-cpu's and oneDNN's
-// check): CPUID leaf 7 says the CPU has AMX-TILE (EDX bit 24) and AMX-BF16 (bit 22); XCR0 says the
-// OS saves the tile configuration and data (bits 17, 18), read only where OSXSAVE (leaf 1, ECX bit
-// 27) allows xgetbv; and Linux, which leaves the 8 KiB of tile data out of a thread's state until
-// asked, grants the request for it (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process,
-// before the first tile instruction: without it the first one faults). Elsewhere: no.
-bool amx_bf16_usable() {
+// What the CPU says of its tile unit: CPUID leaf 7's AMX-TILE (EDX bit 24) and AMX-BF16 (bit 22);
+// XCR0, read by xgetbv only where OSXSAVE (leaf 1, ECX bit 27) allows it.
+TileSupport read_tile_support() {
+  TileSupport support;
   unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  if (!(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;
-  unsigned xcr0_low, xcr0_high;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
-  constexpr unsigned kTileState = (1u << 17) | (1u << 18);
-  if ((xcr0_low & kTileState) != kTileState) return false;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
+    support.amx_tile = edx & (1u << 24);
+    support.amx_bf16 = edx & (1u << 22);
+  }
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 27))) {
+    support.osxsave = true;
+    unsigned xcr0_low, xcr0_high;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+    support.xcr0 = uint64_t(xcr0_high) << 32 | xcr0_low;
+  }
+  return support;
+}
+
+// Linux leaves the 8 KiB of tile data out of a thread's state until the process asks for it
+// (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, granted for the whole process; without it the
+// first tile instruction faults). Elsewhere there is no grant this code knows: no.
+bool request_tile_permission() {
 #if defined(__linux__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -63,7 +71,7 @@ CpuFeatures read_cpu_features() {
   if (__builtin_cpu_supports("avx512bf16")) f |= kCpuAvx512Bf16;
   if ((f & kCpuAvx512Bf16) && __builtin_cpu_is("amd")) f |= kCpuBf16DotOutrunsFma;
 #if defined(__x86_64__)
-  if (amx_bf16_usable()) f |= kCpuAmxBf16;
+  if (amx_bf16_usable(read_tile_support(), request_tile_permission)) f |= kCpuAmxBf16;
 #endif
   return f;
 }
@@ -74,6 +82,12 @@ CpuFeatures read_cpu_features() { return 0; }
 bool has(CpuFeatures wanted) { return (cpu_features() & wanted) == wanted; }
 
 }  // namespace
+
+bool amx_bf16_usable(const TileSupport& support, bool (*request_permission)()) {
+  constexpr uint64_t kTileState = (uint64_t(1) << 17) | (uint64_t(1) << 18);  // XTILECFG, XTILEDATA
+  return support.amx_tile && support.amx_bf16 && support.osxsave && (support.xcr0 & kTileState) == kTileState &&
+         request_permission();
+}
 
 CpuFeatures cpu_features() {
   static const CpuFeatures features = read_cpu_features();

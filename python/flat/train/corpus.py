@@ -111,15 +111,14 @@ def number_of(determiner: str) -> str:
 Grammar = Generator[Options, str, None]
 
 
-def noun_phrase(lexicon: Lexicon, nouns, first: str, picked: list) -> Grammar:
-    """The rest of a noun phrase whose determiner `first` was chosen; appends the noun and its
-    number to `picked`."""
+def noun_phrase(lexicon: Lexicon, nouns, first: str) -> Generator[Options, str, Tuple[str, str]]:
+    """The rest of a noun phrase whose determiner `first` was chosen; returns its noun and number."""
     number = number_of(first)
     forms = {noun_form(n, number): n for n in nouns}
     token = yield merge(zipf(lexicon.adjectives, P_ADJECTIVE), zipf(list(forms), 1 - P_ADJECTIVE))
     if token not in forms:  # an adjective; the noun follows
         token = yield zipf(list(forms))
-    picked.append((forms[token], number))
+    return forms[token], number
 
 
 def language(lexicon: Lexicon) -> Grammar:
@@ -127,19 +126,16 @@ def language(lexicon: Lexicon) -> Grammar:
     chosen (by the sampler) or read (by the parser), forever."""
     token = yield determiners()
     while True:  # a paragraph, starting with a noun phrase's determiner in `token`
-        picked: list = []
-        yield from noun_phrase(lexicon, lexicon.nouns, token, picked)
-        topic = subject = picked[0]
+        topic = subject = yield from noun_phrase(lexicon, lexicon.nouns, token)
         while True:  # a sentence, from its verb
             noun, number = subject
             forms = {verb_form(v, number): v for v in lexicon.verbs_of[noun]}
             verb = forms[(yield zipf(list(forms)))]
-            picked = []
             token = yield determiners()
-            yield from noun_phrase(lexicon, lexicon.objects_of[verb], token, picked)
+            yield from noun_phrase(lexicon, lexicon.objects_of[verb], token)
             if (yield {PERIOD: 1 - P_WITH, WITH: P_WITH}) == WITH:
                 token = yield determiners()
-                yield from noun_phrase(lexicon, lexicon.nouns, token, picked)
+                yield from noun_phrase(lexicon, lexicon.nouns, token)
                 yield {PERIOD: 1.0}
             pronoun = PRONOUN[topic[1]]
             token = yield merge({PARAGRAPH: P_PARAGRAPH}, {pronoun: (1 - P_PARAGRAPH) * P_PRONOUN},
@@ -150,9 +146,7 @@ def language(lexicon: Lexicon) -> Grammar:
             if token == pronoun:
                 subject = topic
             else:
-                picked = []
-                yield from noun_phrase(lexicon, lexicon.nouns, token, picked)
-                subject = picked[0]
+                subject = yield from noun_phrase(lexicon, lexicon.nouns, token)
 
 
 def separator(previous: Optional[str], token: str) -> str:
