@@ -82,7 +82,9 @@ TEST(Targets, TileSupportNeedsEveryStepAndAsksTheGrantLast) {
   for (const cpu::TileSupport& s : {no_bf16, no_state, no_xgetbv}) EXPECT_FALSE(cpu::amx_bf16_usable(s, granted));
   EXPECT_EQ(asked, 2) << "the grant asked although the CPU or the OS had said no";
   const cpu::Target* amx = cpu::find_target("amx");
-  if (amx && !(cpu::cpu_features() & cpu::kCpuAmxBf16)) EXPECT_FALSE(cpu::supported(*amx));
+  if (amx && !(cpu::cpu_features() & cpu::kCpuAmxBf16)) {
+    EXPECT_FALSE(cpu::supported(*amx));
+  }
 }
 
 // What the targets declare: the portable one needs nothing, so every CPU has a target; a target

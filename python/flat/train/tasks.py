@@ -84,9 +84,8 @@ class CharLM:
                              f"({len(self.held_out) - 1} characters)")
         self.seq_len = seq_len
         self.vocab_size = 128 if int(data.max()) < 128 else 256
-        self.floor_bpc = None
-        if text is None:
-            self.floor_bpc = sum(b for offset, b in bits if offset >= split) / len(self.held_out)
+        # The generated text's information in the tokens that start in the held-out part.
+        self.floor_bpc = sum(b for o, b in bits if o >= split) / len(self.held_out) if text is None else None
 
     def batch(self, rng: np.random.Generator, batch_size: int, held_out: bool = False):
         data = self.held_out if held_out else self.train

@@ -15,11 +15,11 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
 #include "cpu/kernels/product.h"
 #include "cpu/kernels/tiles.h"
 
@@ -45,34 +45,26 @@ constexpr int kAmxPanelDepth = 256;                // k per packed panel
 constexpr int kAmxPanelPairs = kAmxPanelDepth / 2; // words per packed row of A
 static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
 
-// x rounded to bf16 (to nearest even; exact for bf16 values; NaN stays NaN).
-inline uint32_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if (std::isnan(x)) return (u >> 16) | 0x40u;
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
-// A's rows [0, rows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as [kAmxBlock, kAmxPanelPairs]
-// words (k 2q in the low half of word q), zero past them up to `pairs`.
+// A's rows [0, rows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) rounded to bf16, as
+// [kAmxBlock, kAmxPanelPairs] words (k 2q in the low half of word q), zero past them up to `pairs`.
 inline void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_cs, uint32_t* out) {
-  for (int i = 0; i < kAmxBlock; ++i)
-    for (int q = 0; q < pairs; ++q) {
-      const auto at = [&](int p) {
-        return i < rows && p < depth ? bf16_bits(a[size_t(i) * a_rs + size_t(p) * a_cs]) : 0u;
-      };
-      out[size_t(i) * kAmxPanelPairs + q] = at(2 * q) | at(2 * q + 1) << 16;
-    }
+  for (int i = 0; i < kAmxBlock; ++i) {
+    uint32_t* row = out + size_t(i) * kAmxPanelPairs;
+    std::fill(row, row + pairs, 0u);
+    if (i >= rows) continue;
+    for (int p = 0; p < depth; ++p)
+      row[p / 2] |= uint32_t(f32_to_bf16(a[size_t(i) * a_rs + size_t(p) * a_cs])) << (16 * (p & 1));
+  }
 }
 
-// B's k [0, depth) of columns [0, cols) as [pairs, kAmxBlock] words (column j's k 2q and 2q + 1 in
-// word (q, j)), zero past them.
+// B's k [0, depth) of columns [0, cols) rounded to bf16, as [pairs, kAmxBlock] words (column j's k
+// 2q and 2q + 1 in word (q, j)), zero past them.
 inline void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
-  for (int q = 0; q < pairs; ++q)
-    for (int j = 0; j < kAmxBlock; ++j) {
-      const auto at = [&](int p) { return j < cols && p < depth ? bf16_bits(b[size_t(p) * ldb + j]) : 0u; };
-      out[size_t(q) * kAmxBlock + j] = at(2 * q) | at(2 * q + 1) << 16;
-    }
+  std::fill(out, out + size_t(pairs) * kAmxBlock, 0u);
+  const int width = std::min(cols, kAmxBlock);
+  for (int p = 0; p < depth; ++p)
+    for (int j = 0; j < width; ++j)
+      out[size_t(p / 2) * kAmxBlock + j] |= uint32_t(f32_to_bf16(b[size_t(p) * ldb + j])) << (16 * (p & 1));
 }
 
 // One accumulator tile's place in C: its corner, the rows and columns of it inside C (at most 16;

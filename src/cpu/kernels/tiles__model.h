@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bf16.h"
 #include "cpu/kernels/tiles.h"
 
 namespace flat::cpu {
@@ -137,10 +138,7 @@ class ModelTiles {
   static float bf16_at(const uint8_t* tile, int r, int e) {
     uint16_t h;
     std::memcpy(&h, tile + r * kTileRowBytes + 2 * e, 2);
-    const uint32_t bits = uint32_t(h) << 16;
-    float x;
-    std::memcpy(&x, &bits, 4);
-    return flush(x);
+    return flush(bf16_to_f32(h));
   }
 };
 
