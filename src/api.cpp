@@ -49,6 +49,20 @@ Solve parse_solve(std::string_view name) {
   throw Error("flat: solve: expected auto, subst, blocked or doubling, got '" + std::string(name) + "'");
 }
 
+std::string_view precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::exact: return "exact";
+    case Precision::fast: return "fast";
+  }
+  return "unknown";
+}
+
+Precision parse_precision(std::string_view name) {
+  for (Precision p : {Precision::exact, Precision::fast})
+    if (precision_name(p) == name) return p;
+  throw Error("flat: precision: expected exact or fast, got '" + std::string(name) + "'");
+}
+
 Tensor Tensor::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
   if (shape.size() > 4) throw Error("flat: Tensor::contiguous: at most 4 axes, got " + std::to_string(shape.size()));
   Tensor t;
@@ -251,6 +265,7 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.b = rows_of(in.b);
   p.w = rows_of(in.w);
   p.solve = options.solve == Solve::automatic ? Solve::doubling : options.solve;
+  p.precision = options.precision;
   p.sequences = SequenceLayout(in.sequences);
   return p;
 }

@@ -153,6 +153,7 @@ struct Params {
   int pack = 1;
   Delta delta = Delta::none;
   Solve solve = Solve::doubling;
+  Precision precision = Precision::exact;
   float scale = 1.0f;
   int chunk = 64;
   bool l2norm_qk = false;

@@ -324,6 +324,9 @@ TEST(FlushSubnormals, EveryTargetFlushes) {
         EXPECT_TRUE(r.y.all_zero()) << target->name << " " << variant_name(variant) << " S = " << S;
         std::fill(r.y.data.begin(), r.y.data.end(), kPoison);
         cpu::recurrence_forward(p, cpu::Run{*target, {1}, false});
+        // The tile unit flushes whatever the mode: on it, keeping subnormals keeps them out of
+        // the elementwise steps only, and a product of subnormals is zero either way.
+        if (target->tile_products) continue;
         EXPECT_FALSE(r.y.all_zero()) << target->name << " " << variant_name(variant) << " S = " << S << ", kept";
       }
     }

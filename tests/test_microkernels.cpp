@@ -42,14 +42,14 @@ bool is_zero(Triangle tri, int i, int p) {
   return (tri == Triangle::a_lower && p > i) || (tri == Triangle::a_upper && p < i);
 }
 
-// Runs each supported target's microkernels through `check`, with the target's name traced,
-// inside the target's per-thread scope (the amx target's tile configuration), as the drivers do.
+// Runs each supported target through `check`, with the target's name traced, inside the
+// target's per-thread scope (the amx target's tile configuration), as the drivers do.
 template <class Check>
 void on_every_target(Check&& check) {
   for (const cpu::Target* target : cpu::supported_targets()) {
     SCOPED_TRACE(std::string("target ") + target->name);
     const cpu::ThreadScope scope(*target, false);
-    check(target->micro);
+    check(*target);
   }
 }
 
@@ -93,10 +93,29 @@ GemmCase gemm_case(int m, int n, int k, const GemmDesc& d, Draw&& draw) {
   return g;
 }
 
+// How far a kernel's products may stand from float64 before they are summed: each enters C's fp32
+// sum as `terms` terms (one on fp32 FMA and for bf16 values; the tile unit's passes over the bf16
+// parts of fp32 operands at exact precision), all of them together off by at most `relative` of the
+// product: at exact precision the passes dropped (x1 y2 + x2 y1 + x2 y2, the parts summing to x
+// exactly: 2^-23 + 2^-32, docs/algorithm.md); at fast precision both operands rounded to bf16
+// once, each by at most 2^-8 (2^-7 + 2^-16).
+struct ProductError {
+  int terms;
+  double relative;
+};
+
+ProductError product_error(bool on_tiles, const GemmDesc& d) {
+  if (d.operands == Operands::bf16_values) return {1, 0.0};
+  if (d.precision == Precision::fast) return {1, std::ldexp(1.0, -7) + std::ldexp(1.0, -16)};
+  return on_tiles ? ProductError{cpu::amx_passes_of(d), std::ldexp(1.0, -23) + std::ldexp(1.0, -32)}
+                  : ProductError{1, 0.0};
+}
+
 // C (+)= A B on the kernel the target chooses for each description against float64, every
-// element within the fp32 summation bound of its terms: k + 1 additions of exact (bf16 values) or
-// once-rounded (fp32) products, in any order.
-void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands) {
+// element within the fp32 summation bound of its terms, in any order, plus the products' own
+// error (ProductError).
+void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands, Precision precision = Precision::exact,
+                bool on_tiles = false) {
   const bool bf16_values = operands == Operands::bf16_values;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -109,10 +128,12 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands) {
             for (bool accumulate : {false, true}) {
               const GemmCase g = gemm_case(m, n, k,
                                            {.operands = operands,
+                                            .precision = precision,
                                             .a = a_transposed ? Layout::columns : Layout::rows,
                                             .accumulate = accumulate,
                                             .triangle = tri},
                                            draw);
+              const ProductError error = product_error(on_tiles, g.d);
               const int ldc = g.ldc;
               std::vector<float> c(size_t(m) * ldc);
               for (int i = 0; i < m; ++i)
@@ -130,7 +151,7 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands) {
                     want += term;
                     magnitude += std::abs(term);
                   }
-                  const double bound = (k + 2) * kUnit * magnitude;
+                  const double bound = ((k * error.terms + 2) * kUnit + error.relative) * magnitude;
                   ASSERT_LE(std::abs(double(c[size_t(i) * ldc + j]) - want), bound)
                       << what << " at (" << i << ", " << j << ")";
                 }
@@ -140,15 +161,22 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands) {
 }
 
 TEST(MicroKernels, GemmMatchesFloat64) {
-  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro.gemm, Operands::f32); });
+  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, Operands::f32, Precision::exact, t.tile_products); });
+}
+
+TEST(MicroKernels, GemmAtFastPrecisionMatchesFloat64) {
+  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, Operands::f32, Precision::fast, t.tile_products); });
 }
 
 TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
-  on_every_target([](const cpu::MicroKernels& micro) { check_gemm(micro.gemm, Operands::bf16_values); });
+  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, Operands::bf16_values); });
 }
 
 TEST(MicroKernels, TileGemmOnTheModelMatchesFloat64) {
   const OnTheTileModel model;
+  for (Precision precision : {Precision::exact, Precision::fast}) {
+    check_gemm(OnTheTileModel::choose, Operands::f32, precision, true);
+  }
   check_gemm(OnTheTileModel::choose, Operands::bf16_values);
 }
 
@@ -206,13 +234,13 @@ TEST(MicroKernels, TileGemmOnTheHardwareMatchesTheModel) {
 
 // A transpose is exact; the destination's padding stays untouched.
 TEST(MicroKernels, TransposeIsExact) {
-  on_every_target([](const cpu::MicroKernels& micro) {
+  on_every_target([](const cpu::Target& target) {
     for (int rows : {1, 15, 16, 17, 40})
       for (int cols : {1, 15, 16, 17, 33}) {
         const int lds = cols + 3, ldd = rows + 2;
         std::vector<float> src(size_t(rows) * lds), dst(size_t(cols) * ldd, kPoison);
         for (size_t e = 0; e < src.size(); ++e) src[e] = float(e) * 0.25f - 7.0f;
-        micro.transpose(rows, cols, src.data(), lds, dst.data(), ldd);
+        target.micro.transpose(rows, cols, src.data(), lds, dst.data(), ldd);
         for (int c = 0; c < cols; ++c) {
           for (int r = 0; r < rows; ++r)
             ASSERT_EQ(dst[size_t(c) * ldd + r], src[size_t(r) * lds + c]) << rows << "x" << cols << " at " << r << "," << c;
@@ -225,7 +253,7 @@ TEST(MicroKernels, TransposeIsExact) {
 // exp within an ulp of the float64 value over the gates' range (the decay factors compound over
 // a sequence: tests/test_kernels.cpp, NearOneGates), 0 far below fp32's range, NaN kept NaN.
 TEST(MicroKernels, ExpWithinAnUlp) {
-  on_every_target([](const cpu::MicroKernels& micro) {
+  on_every_target([](const cpu::Target& target) {
     std::vector<float> x;
     for (int e = 1; e <= 24; ++e) x.push_back(-std::ldexp(1.0f, -e));  // gates just below 0
     for (int i = 0; i <= 2000; ++i) x.push_back(-0.05f * float(i));     // 0 to -100
@@ -234,7 +262,7 @@ TEST(MicroKernels, ExpWithinAnUlp) {
     x.insert(x.end(), {-150.0f, -1736.0f, std::numeric_limits<float>::quiet_NaN()});
     for (int n : {1, 15, 16, 17, int(x.size())}) {
       std::vector<float> y(x.begin(), x.begin() + n);
-      micro.exp(y.data(), n);
+      target.micro.exp(y.data(), n);
       for (int i = 0; i < n; ++i) {
         if (size_t(i) >= finite) continue;
         const double want = std::exp(double(x[size_t(i)]));
@@ -247,7 +275,7 @@ TEST(MicroKernels, ExpWithinAnUlp) {
       }
     }
     std::vector<float> tail(x.begin() + long(finite), x.end());
-    micro.exp(tail.data(), int(tail.size()));
+    target.micro.exp(tail.data(), int(tail.size()));
     EXPECT_EQ(tail[0], 0.0f);
     EXPECT_EQ(tail[1], 0.0f);
     EXPECT_TRUE(std::isnan(tail[2]));
@@ -323,7 +351,7 @@ TEST(MicroKernels, PortableExpWithinAnUlp) {
 }
 
 TEST(MicroKernels, DotMatchesFloat64) {
-  on_every_target([](const cpu::MicroKernels& micro) {
+  on_every_target([](const cpu::Target& target) {
     std::mt19937 rng(3);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     for (int n : {1, 2, 15, 16, 17, 31, 32, 33, 128, 255, 256}) {
@@ -337,7 +365,7 @@ TEST(MicroKernels, DotMatchesFloat64) {
         want += double(a[size_t(i)]) * b[size_t(i)];
         magnitude += std::abs(double(a[size_t(i)]) * b[size_t(i)]);
       }
-      EXPECT_LE(std::abs(double(micro.dot(a.data(), b.data(), n)) - want), (n + 1) * kUnit * magnitude) << "n=" << n;
+      EXPECT_LE(std::abs(double(target.micro.dot(a.data(), b.data(), n)) - want), (n + 1) * kUnit * magnitude) << "n=" << n;
     }
   });
 }
@@ -346,7 +374,7 @@ TEST(MicroKernels, DotMatchesFloat64) {
 //   A[i, j] = sum_c q[i, c] k[j, c] prod_{j<s<=i} a[s, c]  (j <= i),
 //   dq[i] += dA[i, j] F_ij k[j],  dk[j] += dA[i, j] F_ij q[i]  (j < i).
 TEST(MicroKernels, DiagonalBlocksMatchFloat64) {
-  on_every_target([](const cpu::MicroKernels& micro) {
+  on_every_target([](const cpu::Target& target) {
     std::mt19937 rng(5);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f), decay(0.2f, 1.0f);
     for (int n : {1, 2, 7, 16})
@@ -361,8 +389,8 @@ TEST(MicroKernels, DiagonalBlocksMatchFloat64) {
         for (float& x : dA) x = uniform(rng);
         std::vector<float> A(size_t(n) * lda, kPoison), f((size_t(K) + 15) / 16 * 16);
         std::vector<float> dq(q.size(), 0.5f), dk(q.size(), -0.5f);
-        micro.diagonal_scores(n, K, q.data(), k.data(), a.data(), A.data(), lda, f.data());
-        micro.diagonal_gradients(n, K, q.data(), k.data(), a.data(), dA.data(), lda, dq.data(), dk.data(), f.data());
+        target.micro.diagonal_scores(n, K, q.data(), k.data(), a.data(), A.data(), lda, f.data());
+        target.micro.diagonal_gradients(n, K, q.data(), k.data(), a.data(), dA.data(), lda, dq.data(), dk.data(), f.data());
         std::vector<double> want_dq(q.size(), 0.5), want_dk(q.size(), -0.5), mag_dq(q.size(), 0.5),
             mag_dk(q.size(), 0.5);
         for (int i = 0; i < n; ++i)

@@ -100,12 +100,27 @@ std::string_view solve_name(Solve solve);
 // Throws flat::Error for an unknown name.
 Solve parse_solve(std::string_view name);
 
+// How exactly the chunk products treat operands that are not bf16 values (decayed rows, scores,
+// states, gradients, fp32 inputs), as XLA states matmul precision on a bf16 matrix unit
+// (docs/algorithm.md, "Precision"):
+enum class Precision {
+  exact,  // as fp32 products: a bf16 unit takes each such operand as a sum of bf16 parts
+  fast,   // one bf16 rounding of each operand, fp32 sums, as GPU kernels do, where a target has a
+          // bf16 unit (amx, avx512_bf16); the others compute exactly
+};
+
+// "exact", "fast": the names every front end takes.
+std::string_view precision_name(Precision precision);
+// Throws flat::Error for an unknown name.
+Precision parse_precision(std::string_view name);
+
 // What a call computes, beside its tensors.
 struct Options {
   std::optional<float> scale;  // default K^-1/2
   int chunk = 64;              // chunk length C: a multiple of 16 in [16, 256]
   bool l2norm_qk = false;      // L2-normalise q and k inside the kernel (eps 1e-6, as FLA)
   Solve solve = Solve::automatic;
+  Precision precision = Precision::exact;
   // Channels per gate value G for kda, gdn2, sla: 0 takes it from g's last axis (K / G values);
   // otherwise g's last axis must be K / gate_group.
   int gate_group = 0;

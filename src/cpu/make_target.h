@@ -31,6 +31,7 @@ struct TargetInfo {
   CpuFeatures needs = 0;
   CpuFeatures preferred_with = 0;
   const char* only_on_request = nullptr;  // Target::only_on_request
+  bool tile_products = false;             // Target::tile_products
   void (*enter_thread)() = nullptr;  // the per-thread scope (Target::enter_thread)
   void (*leave_thread)() = nullptr;
 };
@@ -47,6 +48,7 @@ constexpr Target make_target(const TargetInfo& info) {
           .needs = info.needs,
           .preferred_with = info.preferred_with,
           .only_on_request = info.only_on_request,
+          .tile_products = info.tile_products,
           .sequence = make_sequence_kernels<TableOps<M>>(),
           .conv = make_conv_kernels<ConvRows>(),
           .norm = make_norm_gate_kernels<M, ConvRows>(),

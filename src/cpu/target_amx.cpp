@@ -14,11 +14,12 @@ namespace flat::cpu {
 const Target& target_amx() {
   static constexpr Target target = make_target<micro_kernels__amx, conv_avx512::ConvRowsAvx512<true>>(
       {.name = "amx",
-       .products = "products of bf16 inputs on AMX tiles, the others on fp32 FMA",
+       .products = "every product on AMX tiles",
        .needs = kCpuAvx512 | kCpuAvx512Bf16 | kCpuAmxBf16,
        // Until a machine with AMX measures it against avx512 (docs/performance.md): its operands
        // are packed by portable loops, and only the products of bf16 values are on tiles.
        .only_on_request = "its speed is not measured yet",
+       .tile_products = true,
        .enter_thread = [] { AmxTiles::configure(kGemmTiles); },
        .leave_thread = [] { AmxTiles::release(); }});
   return target;

@@ -11,9 +11,10 @@ namespace flat::cpu {
 const Target& target_amx_model() {
   static constexpr Target target = make_target<micro_kernels__amx_model, conv_avx512::ConvRowsAvx512<true>>(
       {.name = "amx_model",
-       .products = "products of bf16 inputs on the model of AMX tiles (tests only), the others on fp32 FMA",
+       .products = "every product on the model of AMX tiles (tests only)",
        .needs = kCpuAvx512 | kCpuAvx512Bf16,
        .only_on_request = "a model of the tile unit, for the tests",
+       .tile_products = true,
        .enter_thread = [] { ModelTiles::configure(kGemmTiles); },
        .leave_thread = [] { ModelTiles::release(); }});
   return target;

@@ -82,6 +82,9 @@ struct Target {
   // Why the target runs only where FLAT_ISA names it, never as the default (a software model of a
   // unit, for the tests; a kernel whose speed is not measured yet); null where it may be the default.
   const char* only_on_request;
+  // Its chunk products run on the tile unit (kernels/gemm_bf16_32x32__amx.h), whose DAZ and FTZ
+  // ignore the call's subnormal mode and which splits fp32 operands into bf16 parts.
+  bool tile_products = false;
   SequenceKernels sequence;
   ConvKernels conv;
   NormGateKernels norm;

@@ -1,20 +1,24 @@
-// C[m, n] (+)= A B on the tile unit (tdpbf16ps), for the chunk products whose operands are bf16
-// values (Operands::bf16_values: the scores q k^T of bf16 queries and keys under a scalar or no
-// gate; linear attention's state update k^T v): packing them to bf16 loses nothing and the tiles
-// sum the exact products in fp32 (in the order tiles__model.h gives). Written once over `Tiles`:
-// AmxTiles in the amx target, ModelTiles in the tests (tiles.h).
+// C[m, n] (+)= A B on the tile unit (tdpbf16ps), every chunk product of the amx target. Operands
+// that are bf16 values (Operands::bf16_values: bf16 q, k, v as loaded) are packed without loss and
+// the tiles sum their exact products in fp32 (in the order tiles__model.h gives). Any other
+// operand is split into bf16 parts x = x0 + x1 (+ x2), each the rounding of what the parts before
+// it leave, and the product is the passes A_i B_j with i + j < parts, the smallest first
+// (docs/algorithm.md, "Precision"): Precision::exact takes kExactParts parts, Precision::fast one.
+// Written once over `Tiles`: AmxTiles in the amx target, ModelTiles in the tests (tiles.h).
 //
 // Register blocking: a 32 x 32 block of C in four accumulator tiles (0-3, 16 x 16 fp32 each), fed
 // per 32 k by two tiles of A (4, 5: 16 rows x 16 pairs) and two of B (6, 7: 16 pairs x 16
-// columns), four tdpbf16ps per four tile loads. Operands are packed per panel of 256 k into the
-// layout the tiles read: A by rows of pair words, B by pair rows of 32 columns (each word two
-// consecutive k of one column), zero past m, n and k, so edge blocks need no other shape; C tiles
-// at the edges (and across the diagonal of a c_lower product) go through a 16 x 16 scratch.
-// A block of A is packed again for each strip of B (n / 32 times): packing each operand once per
-// product and across the products that share it is the next step (issue 22, item 3).
+// columns), four tdpbf16ps per four tile loads and pass. Operands are packed per panel of 256 k
+// into the layout the tiles read, every part at once: A by rows of pair words, B by pair rows of
+// 32 columns (each word two consecutive k of one column), zero past m, n and k, so edge blocks
+// need no other shape; C tiles at the edges (and across the diagonal of a c_lower product) go
+// through a 16 x 16 scratch. A block of A is packed again for each strip of B (n / 32 times):
+// packing each operand once per product and across the products that share it is the next step
+// (issue 22, item 3).
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -45,26 +49,61 @@ constexpr int kAmxPanelDepth = 256;                // k per packed panel
 constexpr int kAmxPanelPairs = kAmxPanelDepth / 2; // words per packed row of A
 static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
 
-// A's rows [0, rows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) rounded to bf16, as
-// [kAmxBlock, kAmxPanelPairs] words (k 2q in the low half of word q), zero past them up to `pairs`.
-inline void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_cs, uint32_t* out) {
-  for (int i = 0; i < kAmxBlock; ++i) {
-    uint32_t* row = out + size_t(i) * kAmxPanelPairs;
-    std::fill(row, row + pairs, 0u);
-    if (i >= rows) continue;
-    for (int p = 0; p < depth; ++p)
-      row[p / 2] |= uint32_t(f32_to_bf16(a[size_t(i) * a_rs + size_t(p) * a_cs])) << (16 * (p & 1));
+// The bf16 parts of an operand that is not a bf16 value under Precision::exact: three parts of 8
+// significant bits hold an fp32 value's 24 exactly, and the passes dropped (x1 y2 + x2 y1 + x2 y2)
+// are below 2^-23 of each product. Two parts (3 passes, 2^-15) leave the delta rule's outputs at
+// 3e-5 where the suite's fp32 bound is 1e-5 (tests/harness.h).
+constexpr int kExactParts = 3;
+constexpr int kMaxParts = kExactParts;
+
+constexpr int amx_parts_of(const GemmDesc& d) {
+  return d.operands == Operands::bf16_values || d.precision == Precision::fast ? 1 : kExactParts;
+}
+// The tile passes of a product so described: A_i B_j for every i + j < parts.
+constexpr int amx_passes_of(const GemmDesc& d) { return amx_parts_of(d) * (amx_parts_of(d) + 1) / 2; }
+
+// x's bf16 parts: part 0 is x rounded, each next one the rounding of what those before leave
+// (exact in fp32: x less its leading parts fits in x's significand). Past fp32's range (x within
+// half a bf16 step of the largest float rounds to infinity) the first part stands alone.
+inline void bf16_parts(float x, int parts, uint16_t* out) {
+  float rest = x;
+  for (int i = 0; i < parts; ++i) {
+    out[i] = f32_to_bf16(rest);
+    const float part = bf16_to_f32(out[i]);
+    rest = std::isfinite(part) ? rest - part : 0.0f;
   }
 }
 
-// B's k [0, depth) of columns [0, cols) rounded to bf16, as [pairs, kAmxBlock] words (column j's k
-// 2q and 2q + 1 in word (q, j)), zero past them.
-inline void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
-  std::fill(out, out + size_t(pairs) * kAmxBlock, 0u);
+// A's rows [0, rows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as `parts` bf16 parts, part t
+// at out + t * kAmxBlock * kAmxPanelPairs as [kAmxBlock, kAmxPanelPairs] words (k 2q in the low
+// half of word q), zero past them up to `pairs`.
+inline void pack_amx_a(int rows, int depth, int pairs, int parts, const float* a, int a_rs, int a_cs,
+                       uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxBlock) * kAmxPanelPairs;
+  for (int t = 0; t < parts; ++t)
+    for (int i = 0; i < kAmxBlock; ++i) std::fill_n(out + t * part_words + size_t(i) * kAmxPanelPairs, pairs, 0u);
+  uint16_t x[kMaxParts];
+  for (int i = 0; i < rows && i < kAmxBlock; ++i)
+    for (int p = 0; p < depth; ++p) {
+      bf16_parts(a[size_t(i) * a_rs + size_t(p) * a_cs], parts, x);
+      for (int t = 0; t < parts; ++t)
+        out[t * part_words + size_t(i) * kAmxPanelPairs + p / 2] |= uint32_t(x[t]) << (16 * (p & 1));
+    }
+}
+
+// B's k [0, depth) of columns [0, cols) as `parts` bf16 parts, part t at out + t * kAmxPanelPairs *
+// kAmxBlock as [pairs, kAmxBlock] words (column j's k 2q and 2q + 1 in word (q, j)), zero past them.
+inline void pack_amx_b(int depth, int cols, int pairs, int parts, const float* b, int ldb, uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
+  for (int t = 0; t < parts; ++t) std::fill_n(out + t * part_words, size_t(pairs) * kAmxBlock, 0u);
   const int width = std::min(cols, kAmxBlock);
+  uint16_t x[kMaxParts];
   for (int p = 0; p < depth; ++p)
-    for (int j = 0; j < width; ++j)
-      out[size_t(p / 2) * kAmxBlock + j] |= uint32_t(f32_to_bf16(b[size_t(p) * ldb + j])) << (16 * (p & 1));
+    for (int j = 0; j < width; ++j) {
+      bf16_parts(b[size_t(p) * ldb + j], parts, x);
+      for (int t = 0; t < parts; ++t)
+        out[t * part_words + size_t(p / 2) * kAmxBlock + j] |= uint32_t(x[t]) << (16 * (p & 1));
+    }
 }
 
 // One accumulator tile's place in C: its corner, the rows and columns of it inside C (at most 16;
@@ -108,14 +147,15 @@ void end_c_tile(const CTile& t, float* scratch) {
 }
 
 // C[m, n] (+)= A B as gemm_f32_1xn__generic describes it (both layouts of A, the triangles, only
-// C(i, j <= i) written for c_lower), with A and B rounded to bf16. Needs kGemmTiles loaded.
+// C(i, j <= i) written for c_lower), A and B as amx_parts_of(d) bf16 parts. Needs kGemmTiles loaded.
 template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
   const auto [a_rs, a_cs] = a_strides(d, lda);
   const Triangle tri = d.triangle;
-  alignas(64) uint32_t a_pack[kAmxBlock * kAmxPanelPairs];
-  alignas(64) uint32_t b_pack[kAmxPanelPairs * kAmxBlock];
+  const int parts = amx_parts_of(d);
+  alignas(64) uint32_t a_pack[kMaxParts * kAmxBlock * kAmxPanelPairs];
+  alignas(64) uint32_t b_pack[kMaxParts * kAmxPanelPairs * kAmxBlock];
   alignas(64) float scratch[kAmxTile * kAmxTile];
   for (int k0 = 0; k0 < k || k0 == 0; k0 += kAmxPanelDepth) {
     const int depth = k - k0 < kAmxPanelDepth ? k - k0 : kAmxPanelDepth;
@@ -123,7 +163,7 @@ void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a
     const bool into = d.accumulate || k0 > 0;
     if (steps == 0 && into) break;  // k = 0 and C += nothing
     for (int j0 = 0; j0 < n; j0 += kAmxBlock) {
-      pack_amx_b(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
+      pack_amx_b(depth, n - j0, pairs, parts, b + size_t(k0) * ldb + j0, ldb, b_pack);
       for (int r0 = 0; r0 < m; r0 += kAmxBlock) {
         if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
         // The block's steps whose k can be nonzero in A (rows [r0, r0 + 32), per d.triangle).
@@ -133,7 +173,7 @@ void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a
         if (tri == Triangle::a_upper)  // k >= r0
           first = std::min(last, std::max(0, r0 - k0) / kAmxStepDepth);
         if (first == last && into) continue;
-        pack_amx_a(m - r0, depth, pairs, a + size_t(r0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
+        pack_amx_a(m - r0, depth, pairs, parts, a + size_t(r0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
         const auto tile = [&](int h, int w) {
           const int i0 = r0 + kAmxTile * h, c0 = j0 + kAmxTile * w;
           return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile), i0 - c0,
@@ -144,17 +184,22 @@ void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a
         begin_c_tile<Tiles, 1>(c01, into, scratch);
         begin_c_tile<Tiles, 2>(c10, into, scratch);
         begin_c_tile<Tiles, 3>(c11, into, scratch);
-        for (int s = first; s < last; ++s) {
-          const size_t stride_a = kAmxPanelPairs * sizeof(uint32_t), stride_b = kAmxBlock * sizeof(uint32_t);
-          Tiles::template load<4>(a_pack + size_t(s) * kAmxTile, stride_a);
-          Tiles::template load<5>(a_pack + size_t(kAmxTile) * kAmxPanelPairs + size_t(s) * kAmxTile, stride_a);
-          Tiles::template load<6>(b_pack + size_t(s) * kAmxTile * kAmxBlock, stride_b);
-          Tiles::template load<7>(b_pack + size_t(s) * kAmxTile * kAmxBlock + kAmxTile, stride_b);
-          Tiles::template dpbf16ps<0, 4, 6>();
-          Tiles::template dpbf16ps<1, 4, 7>();
-          Tiles::template dpbf16ps<2, 5, 6>();
-          Tiles::template dpbf16ps<3, 5, 7>();
-        }
+        for (int s = first; s < last; ++s)
+          for (int order = parts - 1; order >= 0; --order)  // the passes A_i B_j, i + j = order
+            for (int i = 0; i <= order; ++i) {
+              const uint32_t* a_part = a_pack + size_t(i) * kAmxBlock * kAmxPanelPairs + size_t(s) * kAmxTile;
+              const uint32_t* b_part =
+                  b_pack + size_t(order - i) * kAmxPanelPairs * kAmxBlock + size_t(s) * kAmxTile * kAmxBlock;
+              const size_t stride_a = kAmxPanelPairs * sizeof(uint32_t), stride_b = kAmxBlock * sizeof(uint32_t);
+              Tiles::template load<4>(a_part, stride_a);
+              Tiles::template load<5>(a_part + size_t(kAmxTile) * kAmxPanelPairs, stride_a);
+              Tiles::template load<6>(b_part, stride_b);
+              Tiles::template load<7>(b_part + kAmxTile, stride_b);
+              Tiles::template dpbf16ps<0, 4, 6>();
+              Tiles::template dpbf16ps<1, 4, 7>();
+              Tiles::template dpbf16ps<2, 5, 6>();
+              Tiles::template dpbf16ps<3, 5, 7>();
+            }
         end_c_tile<Tiles, 0>(c00, scratch);
         end_c_tile<Tiles, 1>(c01, scratch);
         end_c_tile<Tiles, 2>(c10, scratch);

@@ -1,7 +1,6 @@
 // The amx target's table of microkernels on any implementation of the tile interface (tiles.h):
-// avx512_bf16's, with the products whose operands are all bf16 values on the tile product
-// (gemm_bf16_32x32__amx.h), exactly, every other on fp32 FMA (gemm_bf16_6x64__avx512bf16.h says
-// why fp32 operands stay there). micro_kernels__amx.h takes it on the instructions,
+// avx512_bf16's, with every chunk product on the tile product (gemm_bf16_32x32__amx.h) at the
+// descriptor's precision. micro_kernels__amx.h takes it on the instructions,
 // micro_kernels__amx_model.h on the model, each as FLAT_AMX_MICRO_KERNELS(<target>, <tiles>).
 #pragma once
 
@@ -12,12 +11,7 @@ namespace flat::cpu {
 namespace {
 
 template <class Tiles>
-constexpr GemmKernel choose_gemm__amx(const GemmDesc& d) {
-  return d.operands == Operands::bf16_values ? gemm_bf16_32x32__amx<Tiles> : gemm_f32_6x64__avx512;
-}
-
-template <class Tiles>
-constexpr MicroKernels amx_micro_kernels_on = avx512_micro_kernels_with(choose_gemm__amx<Tiles>);
+constexpr MicroKernels amx_micro_kernels_on = avx512_micro_kernels_with(every_product<gemm_bf16_32x32__amx<Tiles>>);
 
 }  // namespace
 }  // namespace flat::cpu

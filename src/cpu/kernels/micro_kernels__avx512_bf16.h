@@ -1,5 +1,6 @@
 // The avx512_bf16 target's microkernels, as its table (src/cpu/targets.h): avx512's, with the
-// products whose operands are all bf16 values on vdpbf16ps, exactly, every other on fp32 FMA
+// products whose operands are all bf16 values on vdpbf16ps, exactly, and under Precision::fast
+// every product, its operands rounded to bf16 once; every other on fp32 FMA
 // (kernels/gemm_bf16_6x64__avx512bf16.h says why).
 #pragma once
 
@@ -10,7 +11,8 @@ namespace flat::cpu {
 namespace {
 
 constexpr GemmKernel choose_gemm__avx512_bf16(const GemmDesc& d) {
-  return d.operands == Operands::bf16_values ? gemm_bf16_6x64__avx512bf16 : gemm_f32_6x64__avx512;
+  return d.operands == Operands::bf16_values || d.precision == Precision::fast ? gemm_bf16_6x64__avx512bf16
+                                                                              : gemm_f32_6x64__avx512;
 }
 
 constexpr MicroKernels micro_kernels__avx512_bf16 = avx512_micro_kernels_with(choose_gemm__avx512_bf16);

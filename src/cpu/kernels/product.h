@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "flat/flat.h"
+
 namespace flat::cpu {
 
 // Which part of a matrix product's operands is known to be zero (stored as zeros), so whole
@@ -24,6 +26,9 @@ enum class Layout : uint8_t { rows, columns };
 // AMX tiles) is a value here and a target's choice, not a new slot in the table.
 struct GemmDesc {
   Operands operands = Operands::f32;
+  // How a kernel on a bf16 unit takes f32 operands: as sums of bf16 parts (exact) or rounded once
+  // (fast); fp32 FMA kernels compute exactly either way.
+  Precision precision = Precision::exact;
   Layout a = Layout::rows;
   bool accumulate = false;  // C += A B, else C = A B
   Triangle triangle = Triangle::none;

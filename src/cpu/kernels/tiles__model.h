@@ -18,6 +18,7 @@
 // every denormal result is flushed to zero (its sign kept).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -95,21 +96,31 @@ class ModelTiles {
       fail("tdpbf16ps: shapes C " + shape(C) + ", A " + shape(A) + ", B " + shape(B) +
            " (C.rows = A.rows, C.colsb = B.colsb, A.colsb = 4 B.rows)");
     const int pairs = cfg.colsb[A] / 4, columns = cfg.colsb[C] / 4;
-    for (int m = 0; m < cfg.rows[C]; ++m) {
-      float even[kTileRowBytes / 4] = {}, odd[kTileRowBytes / 4] = {};
-      for (int p = 0; p < pairs; ++p) {
+    // B's elements as fp32, denormals read as zero, [pair][even, odd][column], and the rows'
+    // accumulators side by side: the loops run 16 columns wide (the model is compiled with its
+    // target's vector flags) over independent rows, not along one row's chain of dependent fmas.
+    constexpr int kColumns = kTileRowBytes / 4;
+    float bv[kTileMaxRows][2][kColumns] = {};
+    for (int p = 0; p < pairs; ++p)
+      for (int n = 0; n < columns; ++n) {
+        bv[p][0][n] = bf16_at(b, p, 2 * n);
+        bv[p][1][n] = bf16_at(b, p, 2 * n + 1);
+      }
+    const int rows = cfg.rows[C];
+    float even[kTileMaxRows][kColumns] = {}, odd[kTileMaxRows][kColumns] = {};
+    for (int p = 0; p < pairs; ++p)
+      for (int m = 0; m < rows; ++m) {
         const float a0 = bf16_at(a, m, 2 * p), a1 = bf16_at(a, m, 2 * p + 1);
-        for (int n = 0; n < columns; ++n) {
-          even[n] = flush(std::fma(a0, bf16_at(b, p, 2 * n), even[n]));
-          odd[n] = flush(std::fma(a1, bf16_at(b, p, 2 * n + 1), odd[n]));
+        for (int n = 0; n < kColumns; ++n) {
+          even[m][n] = flush(std::fma(a0, bv[p][0][n], even[m][n]));
+          odd[m][n] = flush(std::fma(a1, bv[p][1][n], odd[m][n]));
         }
       }
-      for (int n = 0; n < columns; ++n) {
-        float cn;
-        std::memcpy(&cn, c + m * kTileRowBytes + 4 * n, 4);
-        cn = flush(flush(cn) + flush(even[n] + odd[n]));
-        std::memcpy(c + m * kTileRowBytes + 4 * n, &cn, 4);
-      }
+    for (int m = 0; m < rows; ++m) {
+      float row[kColumns];
+      std::memcpy(row, c + m * kTileRowBytes, kTileRowBytes);
+      for (int n = 0; n < columns; ++n) row[n] = flush(flush(row[n]) + flush(even[m][n] + odd[m][n]));
+      std::memcpy(c + m * kTileRowBytes, row, kTileRowBytes);
     }
   }
 
@@ -132,7 +143,10 @@ class ModelTiles {
   }
 
   // Denormals to zero of the same sign (DAZ on inputs, FTZ on results).
-  static float flush(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
+  static float flush(float x) {
+    const uint32_t bits = std::bit_cast<uint32_t>(x);
+    return std::bit_cast<float>((bits & 0x7f800000u) == 0 ? bits & 0x80000000u : bits);
+  }
 
   // The bf16 at element e of row r (a bf16 in the upper half of an fp32 word), denormals as zero.
   static float bf16_at(const uint8_t* tile, int r, int e) {

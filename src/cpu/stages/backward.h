@@ -114,11 +114,11 @@ void store_gate_gradient(const Params& p, const Item& item, int t0, Chunk& ch, c
 template <class Ops>
 void delta_backward(Chunk& ch, PackedB H0_t) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
-  gemm_tn<Ops>(L, VW, L, ch.solved, C, ch.drv, VW, ch.dz, VW, false, Triangle::a_upper);
+  gemm_tn<Ops>(ch, L, VW, L, ch.solved, C, ch.drv, VW, ch.dz, VW, false, Triangle::a_upper);
   gemm_nt<Ops>(ch, L, L, VW, ch.dz, VW, ch.rv, VW, ch.dlower, C, false, Triangle::c_lower);
   for (int i = 0; i < L; ++i)
     for (int j = 0; j < i; ++j) ch.dlower[size_t(i) * C + j] = -ch.dlower[size_t(i) * C + j];
-  gemm_packed<Ops>(L, K, VW, ch.dz, VW, H0_t, ch.dbp, K, false);
+  gemm_packed<Ops>(ch, L, K, VW, ch.dz, VW, H0_t, ch.dbp, K, false);
   for (size_t e = 0; e < size_t(L) * K; ++e) ch.dbp[e] = -ch.dbp[e];
   scale_rows(ch.dbt, ch.dbp, ch.prefix, L, K, ch.W);
   intra_backward<Ops>(ch, ch.dlower, ch.bt, ch.k, ch.dbt, ch.dk, nullptr);
@@ -145,13 +145,13 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   // H0^T packed once for dY H0^T here and, with the delta rule, dz H0^T in delta_backward (into its
   // own array; without the delta rule the product panel serves, used once).
   const PackedB H0_t = pack_transposed<Ops>(K, VW, H0, VW, ch.delta ? ch.state_t : ch.packed);
-  gemm_packed<Ops>(L, K, VW, ch.dy, VW, H0_t, ch.panel, K, false);
+  gemm_packed<Ops>(ch, L, K, VW, ch.dy, VW, H0_t, ch.panel, K, false);
   scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
   gemm_nt<Ops>(ch, L, K, VW, ch.values(), VW, dH, VW, ch.panel, K, false);
   scale_rows(ch.dk_state, ch.panel, ch.suffix, L, K, ch.W);
   zero(ch.dk, size_t(L) * K);
-  gemm_tn<Ops>(L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, false, Triangle::a_upper);
-  gemm_nn<Ops>(L, VW, K, ch.kd, K, dH, VW, dvalues, VW, true);
+  gemm_tn<Ops>(ch, L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, false, Triangle::a_upper);
+  gemm_nn<Ops>(ch, L, VW, K, ch.kd, K, dH, VW, dvalues, VW, true);
   const bool rectangle = p.gate == GateKind::scalar && !ch.delta;
   if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0);
   intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.dq, ch.dk, ch.diag);
@@ -213,10 +213,10 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
 template <class Ops>
 void propagate_state_gradient(Chunk& ch, float* dH) {
   decay_state(ch, dH);
-  gemm_tn<Ops>(ch.K, ch.VW, ch.L, ch.qg, ch.K, ch.dy, ch.VW, dH, ch.VW, true);
+  gemm_tn<Ops>(ch, ch.K, ch.VW, ch.L, ch.qg, ch.K, ch.dy, ch.VW, dH, ch.VW, true);
   if (ch.delta) {
     for (size_t e = 0; e < size_t(ch.L) * ch.VW; ++e) ch.dz[e] = -ch.dz[e];
-    gemm_tn<Ops>(ch.K, ch.VW, ch.L, ch.bp, ch.K, ch.dz, ch.VW, dH, ch.VW, true);
+    gemm_tn<Ops>(ch, ch.K, ch.VW, ch.L, ch.bp, ch.K, ch.dz, ch.VW, dH, ch.VW, true);
   }
 }
 

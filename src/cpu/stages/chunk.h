@@ -46,6 +46,7 @@ struct Chunk {
         VW(p.pack * p.V),
         W(p.gate == GateKind::channel ? p.K : 1),
         delta(p.delta != Delta::none),
+        precision(p.precision),
         qk(p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16 && !p.l2norm_qk ? Operands::bf16_values
                                                                                  : Operands::f32),
         kv(p.gate == GateKind::none && !delta && qk == Operands::bf16_values && p.v.dtype == DType::bf16
@@ -79,6 +80,7 @@ struct Chunk {
   const int C, K, V, R, VW;  // VW = R * V: the packed heads' values side by side
   const int W;               // decay width: K for per-channel (and grouped) gates, 1 otherwise
   const bool delta;
+  const Precision precision;  // of every product (Params::precision)
   // What the products of loaded rows alone hold: the scores q k^T (bf16 values for bf16 q and k,
   // not normalised), and the state update k^T v where k enters it as loaded (no gate, no delta
   // rule); a target runs bf16 values on its bf16 products, exactly.

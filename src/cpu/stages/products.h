@@ -16,18 +16,24 @@
 namespace flat::cpu::stages {
 namespace {
 
+// Every product of a chunk runs at the call's precision (Params::precision).
+
 // C[m, n] (+)= A[m, k] B[k, n], A and B row-major.
 template <class Ops>
-void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
-             bool accumulate, Triangle tri = Triangle::none) {
-  Ops::gemm({.accumulate = accumulate, .triangle = tri}, m, n, k, a, lda, b, ldb, c, ldc);
+void gemm_nn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+             int ldc, bool accumulate, Triangle tri = Triangle::none) {
+  Ops::gemm({.precision = ch.precision, .accumulate = accumulate, .triangle = tri}, m, n, k, a, lda, b, ldb, c, ldc);
 }
 // C[m, n] (+)= A^T B with A stored [k, m].
 template <class Ops>
-void gemm_tn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c, int ldc,
-             bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
-  Ops::gemm({.operands = operands, .a = Layout::columns, .accumulate = accumulate, .triangle = tri}, m, n, k, a, lda,
-            b, ldb, c, ldc);
+void gemm_tn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+             int ldc, bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
+  Ops::gemm({.operands = operands,
+             .precision = ch.precision,
+             .a = Layout::columns,
+             .accumulate = accumulate,
+             .triangle = tri},
+            m, n, k, a, lda, b, ldb, c, ldc);
 }
 // A B operand as the microkernels stream it: row-major [k, n] rows at `data`, `ld` apart.
 struct PackedB {
@@ -45,16 +51,17 @@ PackedB pack_transposed(int n, int k, const float* b, int ldb, float* out) {
 
 // C[m, n] (+)= A B with B packed.
 template <class Ops>
-void gemm_packed(int m, int n, int k, const float* a, int lda, PackedB b, float* c, int ldc, bool accumulate,
-                 Triangle tri = Triangle::none, Operands operands = Operands::f32) {
-  Ops::gemm({.operands = operands, .accumulate = accumulate, .triangle = tri}, m, n, k, a, lda, b.data, b.ld, c, ldc);
+void gemm_packed(const Chunk& ch, int m, int n, int k, const float* a, int lda, PackedB b, float* c, int ldc,
+                 bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
+  Ops::gemm({.operands = operands, .precision = ch.precision, .accumulate = accumulate, .triangle = tri}, m, n, k, a,
+            lda, b.data, b.ld, c, ldc);
 }
 
 // C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
 template <class Ops>
 void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
              int ldc, bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
-  gemm_packed<Ops>(m, n, k, a, lda, pack_transposed<Ops>(n, k, b, ldb, ch.packed), c, ldc, accumulate, tri,
+  gemm_packed<Ops>(ch, m, n, k, a, lda, pack_transposed<Ops>(n, k, b, ldb, ch.packed), c, ldc, accumulate, tri,
                    operands);
 }
 

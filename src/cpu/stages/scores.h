@@ -83,8 +83,8 @@ void intra_backward(Chunk& ch, float* dS, const float* queries, const float* key
     for (int i = 0; i < L; ++i) diagonal[i] = dS[size_t(i) * C + i];
   if (ch.W == 1) {
     apply_scalar_decay(ch, dS, true);
-    gemm_nn<Ops>(L, K, L, dS, C, keys, K, dqueries, K, true, Triangle::a_lower);
-    gemm_tn<Ops>(L, K, L, dS, C, queries, K, dkeys, K, true, Triangle::a_upper);
+    gemm_nn<Ops>(ch, L, K, L, dS, C, keys, K, dqueries, K, true, Triangle::a_lower);
+    gemm_tn<Ops>(ch, L, K, L, dS, C, queries, K, dkeys, K, true, Triangle::a_upper);
     return;
   }
   for (int j0 = 0; j0 < L; j0 += kDiagBlock) {
@@ -95,9 +95,9 @@ void intra_backward(Chunk& ch, float* dS, const float* queries, const float* key
     if (j1 < L) {
       block_factors(ch, queries, keys, j0, j1);
       const float* panel_dS = dS + size_t(j1) * C + j0;
-      gemm_nn<Ops>(L - j1, K, j1 - j0, panel_dS, C, ch.ks, K, ch.panel, K, false);
+      gemm_nn<Ops>(ch, L - j1, K, j1 - j0, panel_dS, C, ch.ks, K, ch.panel, K, false);
       add_scaled_rows(dqueries + size_t(j1) * K, ch.panel, ch.post, L - j1, K);
-      gemm_tn<Ops>(j1 - j0, K, L - j1, panel_dS, C, ch.qs, K, ch.panel, K, false);
+      gemm_tn<Ops>(ch, j1 - j0, K, L - j1, panel_dS, C, ch.qs, K, ch.panel, K, false);
       add_scaled_rows(dkeys + size_t(j0) * K, ch.panel, ch.pre, j1 - j0, K);
     }
   }

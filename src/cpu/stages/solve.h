@@ -37,8 +37,8 @@ template <class Ops>
 void merge_rows(Chunk& ch, int i0, int i1) {
   const int C = ch.C;
   float* T = ch.solved;
-  gemm_nn<Ops>(i1 - i0, i0, i0, ch.lower + size_t(i0) * C, C, T, C, ch.panel, i0, false, Triangle::none);
-  gemm_nn<Ops>(i1 - i0, i0, i1 - i0, T + size_t(i0) * C + i0, C, ch.panel, i0, T + size_t(i0) * C, C, false,
+  gemm_nn<Ops>(ch, i1 - i0, i0, i0, ch.lower + size_t(i0) * C, C, T, C, ch.panel, i0, false, Triangle::none);
+  gemm_nn<Ops>(ch, i1 - i0, i0, i1 - i0, T + size_t(i0) * C + i0, C, ch.panel, i0, T + size_t(i0) * C, C, false,
           Triangle::a_lower);
   for (int i = i0; i < i1; ++i)
     for (int j = 0; j < i0; ++j) T[size_t(i) * C + j] = -T[size_t(i) * C + j];
@@ -70,9 +70,9 @@ void solve(const Params& p, Chunk& ch) {
         for (int a0 = 0; a0 + size < L; a0 += 2 * size) {
           const int d0 = a0 + size, d1 = imin(d0 + size, L);
           // panel = X A^-1, then T[D, A] = -D^-1 panel.
-          gemm_nn<Ops>(d1 - d0, size, size, ch.lower + size_t(d0) * C + a0, C, T + size_t(a0) * C + a0, C, ch.panel,
+          gemm_nn<Ops>(ch, d1 - d0, size, size, ch.lower + size_t(d0) * C + a0, C, T + size_t(a0) * C + a0, C, ch.panel,
                   size, false, Triangle::none);
-          gemm_nn<Ops>(d1 - d0, size, d1 - d0, T + size_t(d0) * C + d0, C, ch.panel, size, T + size_t(d0) * C + a0, C,
+          gemm_nn<Ops>(ch, d1 - d0, size, d1 - d0, T + size_t(d0) * C + d0, C, ch.panel, size, T + size_t(d0) * C + a0, C,
                   false, Triangle::a_lower);
           for (int i = d0; i < d1; ++i)
             for (int j = a0; j < d0; ++j) T[size_t(i) * C + j] = -T[size_t(i) * C + j];
@@ -102,9 +102,9 @@ void prepare_delta(const Params& p, Chunk& ch) {
 template <class Ops>
 void delta_values(Chunk& ch, const float* H0) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
-  gemm_nn<Ops>(L, VW, K, ch.bp, K, H0, VW, ch.dz, VW, false);
+  gemm_nn<Ops>(ch, L, VW, K, ch.bp, K, H0, VW, ch.dz, VW, false);
   for (size_t e = 0; e < size_t(L) * VW; ++e) ch.dz[e] = ch.vt[e] - ch.dz[e];
-  gemm_nn<Ops>(L, VW, L, ch.solved, C, ch.dz, VW, ch.rv, VW, false, Triangle::a_lower);
+  gemm_nn<Ops>(ch, L, VW, L, ch.solved, C, ch.dz, VW, ch.rv, VW, false, Triangle::a_lower);
 }
 
 }  // namespace
