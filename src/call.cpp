@@ -118,6 +118,8 @@ constexpr OptionField<Options> kRecurrenceOptions[] = {
     {"chunk", [](Options& o, std::string_view n, const OptionValue& v) { o.chunk = integer_of(n, v); }},
     {"l2norm_qk", [](Options& o, std::string_view n, const OptionValue& v) { o.l2norm_qk = flag_of(n, v); }},
     {"solve", [](Options& o, std::string_view n, const OptionValue& v) { o.solve = parse_solve(string_of(n, v)); }},
+    {"precision",
+     [](Options& o, std::string_view n, const OptionValue& v) { o.precision = parse_precision(string_of(n, v)); }},
     {"gate_group", [](Options& o, std::string_view n, const OptionValue& v) { o.gate_group = integer_of(n, v); }},
     {"check_values", [](Options& o, std::string_view n, const OptionValue& v) { o.check_values = flag_of(n, v); }},
 };

@@ -200,6 +200,7 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_EQ(json["shape"]["S"].number, 64);
   EXPECT_EQ(json["shape"]["K"].number, 16);
   EXPECT_EQ(json["dtype"].text, "bf16");
+  EXPECT_EQ(json["precision"].text, "exact");
   EXPECT_EQ(json["threads"].number, 2);
   EXPECT_FALSE(json["isa"].text.empty());
   const Json& ceilings = json["ceilings"];

@@ -80,14 +80,14 @@ TEST(NamedCall, ForwardIsTheEntryPointsBitwise) {
   options.scale = 0.25f;
   options.l2norm_qk = true;
   options.solve = Solve::blocked;
+  options.precision = Precision::fast;
   forward(Variant::gated_deltanet, a, options);
   // Typed values, and the same as text (a command line's).
   for (const NamedOptions& named :
-       {NamedOptions{{"chunk", int64_t(16)}, {"scale", 0.25}, {"l2norm_qk", true}, {"solve", std::string("blocked")}},
-        NamedOptions{{"chunk", std::string("16")},
-                     {"scale", std::string("0.25")},
-                     {"l2norm_qk", std::string("true")},
-                     {"solve", std::string("blocked")}}}) {
+       {NamedOptions{{"chunk", int64_t(16)}, {"scale", 0.25}, {"l2norm_qk", true}, {"solve", std::string("blocked")},
+                     {"precision", std::string("fast")}},
+        NamedOptions{{"chunk", std::string("16")}, {"scale", std::string("0.25")}, {"l2norm_qk", std::string("true")},
+                     {"solve", std::string("blocked")}, {"precision", std::string("fast")}}}) {
     r.y_named = poisoned(r.y.size());
     r.ht_named = poisoned(r.ht.size());
     call(r.call(named));
@@ -147,7 +147,7 @@ TEST(NamedCall, NamesAndValuesThatDoNotFitAreRefusedBeforeAnyWrite) {
     NamedOptions options;
     std::string fragment;
   } cases[] = {
-      {{{"chunkk", int64_t(16)}}, "flat: unknown option 'chunkk' (expected scale, chunk, l2norm_qk, solve, gate_group, check_values)"},
+      {{{"chunkk", int64_t(16)}}, "flat: unknown option 'chunkk' (expected scale, chunk, l2norm_qk, solve, precision, gate_group, check_values)"},
       {{{"chunk", int64_t(16)}, {"chunk", int64_t(32)}}, "flat: chunk: option given twice"},
       {{{"chunk", 1.5}}, "flat: chunk: expected an integer, got 1.5"},
       {{{"chunk", std::string("64x")}}, "flat: chunk: expected an integer, got '64x'"},
@@ -156,6 +156,7 @@ TEST(NamedCall, NamesAndValuesThatDoNotFitAreRefusedBeforeAnyWrite) {
       {{{"l2norm_qk", int64_t(2)}}, "flat: l2norm_qk: expected true or false, got 2"},
       {{{"solve", int64_t(3)}}, "flat: solve: expected a name, got 3"},
       {{{"solve", std::string("neumann")}}, "flat: solve: expected auto, subst, blocked or doubling, got 'neumann'"},
+      {{{"precision", std::string("high")}}, "flat: precision: expected exact or fast, got 'high'"},
       {{{"scale", std::numeric_limits<double>::infinity()}}, "flat: scale: expected a finite number, or none for K^-1/2, got inf"},
       {{{"scale", std::string("1e40")}}, "flat: scale: '1e40' is out of range (a number from -3.40282e+38 to 3.40282e+38)"},
       {{{"scale", true}}, "flat: scale: expected a finite number, or none for K^-1/2, got true"},
@@ -214,7 +215,10 @@ std::string shape_of(const std::vector<std::pair<std::string_view, Tensor>>& out
   for (const auto& [n, t] : outputs) {
     if (n != name) continue;
     std::string out = std::string(dtype_name(t.dtype)) + "[";
-    for (int d = 0; d < t.rank; ++d) out += (d ? "," : "") + std::to_string(t.shape[size_t(d)]);
+    for (int d = 0; d < t.rank; ++d) {
+      if (d) out += ',';
+      out += std::to_string(t.shape[size_t(d)]);
+    }
     EXPECT_EQ(t.data, nullptr);
     return out + "]";
   }

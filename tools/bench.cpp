@@ -142,6 +142,8 @@ BenchOptions parse(const std::vector<std::string>& args) {
       o.plot = value();
     } else if (a == "--solve") {
       o.solve = parse_solve(value());
+    } else if (a == "--precision") {
+      o.precision = parse_precision(value());
     } else if (a == "--quick-ceilings") {
       o.quick_ceilings = true;
     } else {
@@ -303,6 +305,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   BenchReport report;
   report.B = o.B, report.S = o.S, report.N = o.N, report.K = o.K, report.V = o.V;
   report.dtype = dtype_name(o.dtype);
+  report.precision = precision_name(o.precision);
   report.chunk = o.chunk;
   report.threads = threads;
   report.repeats = o.repeats;

@@ -40,6 +40,7 @@ struct BenchOptions {
   int chunk = 64;
   int repeats = 5;
   Solve solve = Solve::automatic;
+  Precision precision = Precision::exact;
   bool conv = true;                 // the short convolution,
   ConvBenchOptions conv_shape;      // at this shape (--conv-shape B,S,C,W; tools/bench_conv.h)
   bool norm_gate = true;            // the output norm and gate,
@@ -203,6 +204,7 @@ struct Workload {
     Options opt;
     opt.chunk = o.chunk;
     opt.solve = o.solve;
+    opt.precision = o.precision;
     opt.l2norm_qk = sh.variant.is_delta();
     return opt;
   }

@@ -41,8 +41,9 @@ std::string ms(const std::optional<double>& seconds) {
 }
 
 std::string shape_line(const BenchReport& r) {
-  return format("B=%lld S=%lld N=%lld K=%lld V=%lld %s chunk=%d threads=%d", (long long)r.B, (long long)r.S,
-                (long long)r.N, (long long)r.K, (long long)r.V, r.dtype.c_str(), r.chunk, r.threads);
+  return format("B=%lld S=%lld N=%lld K=%lld V=%lld %s precision=%s chunk=%d threads=%d", (long long)r.B,
+                (long long)r.S, (long long)r.N, (long long)r.K, (long long)r.V, r.dtype.c_str(), r.precision.c_str(),
+                r.chunk, r.threads);
 }
 
 }  // namespace
@@ -222,6 +223,7 @@ void write_json(const BenchReport& r, std::ostream& out) {
   out << format("  \"shape\": {\"B\": %lld, \"S\": %lld, \"N\": %lld, \"K\": %lld, \"V\": %lld},\n", (long long)r.B,
                 (long long)r.S, (long long)r.N, (long long)r.K, (long long)r.V);
   out << "  \"dtype\": " << json_string(r.dtype) << ",\n";
+  out << "  \"precision\": " << json_string(r.precision) << ",\n";
   out << format("  \"chunk\": %d,\n  \"threads\": %d,\n  \"repeats\": %d,\n  \"baseline_repeats\": %d,\n"
                 "  \"decode_repeats\": %d,\n",
                 r.chunk, r.threads, r.repeats, r.baseline_repeats, r.decode_repeats);

@@ -36,6 +36,7 @@ struct GateResult {
 struct BenchReport {
   int64_t B = 0, S = 0, N = 0, K = 0, V = 0;
   std::string dtype;
+  std::string precision;  // of the chunk products (Options::precision)
   int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0, decode_repeats = 0, serving_repeats = 0;
   std::string isa;       // the target the fused kernels run on (src/cpu/targets.h)
   std::string products;  // what its chunk products run on, in words

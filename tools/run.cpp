@@ -41,7 +41,7 @@ struct Config : RunArgs {
 // a value).
 constexpr std::pair<std::string_view, std::string_view> kOptionNames[] = {
     {"--chunk", "chunk"}, {"--scale", "scale"}, {"--l2norm", "l2norm_qk"}, {"--solve", "solve"},
-    {"--gate-group", "gate_group"}};
+    {"--precision", "precision"}, {"--gate-group", "gate_group"}};
 
 Config parse_args(const std::vector<std::string>& args) {
   Config config;
