@@ -7,8 +7,10 @@ its dtype), output_final_state, chunk_size (a multiple of 16 from 16 to 256), us
 check_values (refuse gates above 0 and non-finite gates, strengths and states), state_v_first
 (FLA's: initial_state and final_state [B, H, V, K], transposed around the kernel). The delta rule also
 takes solve ("auto", "subst", "blocked", "doubling"); grouped gates gate_group (channels per gate
-value). Each returns (o, final_state), final_state None unless output_final_state; final_state is
-float32.
+value). Every one takes precision ("exact", the default, or "fast"; flat::Precision): how the chunk
+products take operands that are not bf16 values, as fp32 products, or rounded to bf16 once where the
+CPU target has a bf16 unit, as GPU kernels do (docs/algorithm.md, "Precision"). Each returns
+(o, final_state), final_state None unless output_final_state; final_state is float32.
 
 FLA's options that form the inputs (computed in float32 around the kernel with the framework's own
 operations, so differentiable): use_gate_in_kernel with A_log [H] and dt_bias (gated_deltanet:
@@ -157,7 +159,7 @@ def variant_functions(_run, xp: Xp):
 
     def la(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False, *, chunk_size=64,
            use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False, cu_seqlens=None,
-           initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+           initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
         """Linear attention: H_t = H_{t-1} + k_t v_t^T, o_t = scale H_t^T q_t. With normalize=True
         (FLA's chunk_linear_attn default; flat's default is False) o_t is divided by
         <scale q_t, sum_{s<=t} k_s> + 1e-10, as FLA 0.6 does (one sequence per batch row from a zero
@@ -168,8 +170,9 @@ def variant_functions(_run, xp: Xp):
             _check_normalize(q, k, v, initial_state, sequences, use_qk_l2norm_in_kernel)
         o, final_state = run("la", q, k, v, scale=scale, initial_state=initial_state,
                              output_final_state=output_final_state, chunk_size=chunk_size,
-                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", gate_group=None,
-                             check_values=check_values, sequences=sequences, state_v_first=state_v_first)
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", precision=precision,
+                             gate_group=None, check_values=check_values, sequences=sequences,
+                             state_v_first=state_v_first)
         if normalize:
             s = float(scale) if scale is not None else int(q.shape[3]) ** -0.5
             z = xp.sum_last(xp.float32(q) * s * xp.cumsum_t(xp.float32(k)))
@@ -178,7 +181,8 @@ def variant_functions(_run, xp: Xp):
 
     def retnet(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, *, g_gamma=None,
                chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False,
-               cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+               cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None,
+               precision="exact"):
         """RetNet: H_t = exp(g) H_{t-1} + k_t v_t^T with g [H] one log-decay per head (FLA's g_gamma,
         which may be passed by that name instead)."""
         if (g is None) == (g_gamma is None):
@@ -186,19 +190,21 @@ def variant_functions(_run, xp: Xp):
                              f"them), got {'both' if g is not None else 'neither'}")
         return run("retnet", q, k, v, g if g is not None else g_gamma, scale=scale, initial_state=initial_state,
                    output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", gate_group=None,
-                   check_values=check_values, state_v_first=state_v_first,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", precision=precision,
+                   gate_group=None, check_values=check_values, state_v_first=state_v_first,
                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def mamba2(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, *, g_gamma=None,
                chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False,
-               cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+               cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None,
+               precision="exact"):
         """Mamba-2 (SSD), FLA's simple GLA: H_t = exp(g_t) H_{t-1} + k_t v_t^T with g [B, T, H]; FLA's
         g_gamma [H], a log-decay per head, is added to g (alone, it is retnet)."""
         sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
         options = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                        chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                       gate_group=None, check_values=check_values, sequences=sequences, state_v_first=state_v_first)
+                       precision=precision, gate_group=None, check_values=check_values, sequences=sequences,
+                       state_v_first=state_v_first)
         if g is None and g_gamma is None:
             raise ValueError("flat: g: expected the log-decay [B, T, H], or g_gamma [H] (or both), got neither")
         if g is None:
@@ -212,11 +218,11 @@ def variant_functions(_run, xp: Xp):
 
     def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
             use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False, cu_seqlens=None,
-            initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+            initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
         """Gated linear attention: H_t = Diag(exp(g_t)) H_{t-1} + k_t v_t^T with g [B, T, H, K]."""
         return run("gla", q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                    chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                   gate_group=None, check_values=check_values, state_v_first=state_v_first,
+                   precision=precision, gate_group=None, check_values=check_values, state_v_first=state_v_first,
                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def delta_rule(variant, a):
@@ -230,14 +236,14 @@ def variant_functions(_run, xp: Xp):
                               a["token_state_indices"])
         return run(variant, a["q"], a["k"], a["v"], g, beta, scale=a["scale"], initial_state=a["initial_state"],
                    output_final_state=a["output_final_state"], chunk_size=a["chunk_size"],
-                   use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"], solve=a["solve"],
+                   use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"], solve=a["solve"], precision=a["precision"],
                    gate_group=a.get("gate_group"), check_values=a["check_values"], state_v_first=a["state_v_first"],
                    sequences=sequences)
 
     def deltanet(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
                  use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                  solve="auto", check_values=True, state_v_first=False, cu_seqlens=None,
-                 initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+                 initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
         """DeltaNet: H_t = (I - beta_t k_t k_t^T) H_{t-1} + beta_t k_t v_t^T with beta [B, T, H]."""
         return delta_rule("deltanet", locals())
 
@@ -245,7 +251,7 @@ def variant_functions(_run, xp: Xp):
                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, solve="auto", check_values=True,
                        state_v_first=False, cu_seqlens=None, initial_state_indices=None, final_state_indices=None,
-                       token_state_indices=None):
+                       token_state_indices=None, precision="exact"):
         """Gated DeltaNet (FLA's chunk_gated_delta_rule): H_t = exp(g_t) (I - beta_t k_t k_t^T) H_{t-1} +
         beta_t k_t v_t^T with g, beta [B, T, H]."""
         return delta_rule("gated_deltanet", locals())
@@ -254,7 +260,7 @@ def variant_functions(_run, xp: Xp):
             use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
             use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
             solve="auto", gate_group=None, check_values=True, state_v_first=False, cu_seqlens=None,
-            initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+            initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
         """Kimi Delta Attention: H_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) H_{t-1} + beta_t k_t v_t^T with
         g [B, T, H, K] (or [B, T, H, K/G] per group of G channels), beta [B, T, H]."""
         return delta_rule("kda", locals())
@@ -262,26 +268,28 @@ def variant_functions(_run, xp: Xp):
     def gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None, safe_gate=False,
              lower_bound=None, solve="auto", gate_group=None, check_values=True, state_v_first=False,
-             cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+             cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None,
+             precision="exact"):
         """Gated DeltaNet-2 (FLA's chunk_gdn2): H_t = (I - k_t (b_t * k_t)^T) Diag(exp(g_t)) H_{t-1} +
         k_t (w_t * v_t)^T, kda with an erase gate b [B, T, H, K] and a write gate w [B, T, H, V] in place
         of beta."""
         g = gate_in_kernel(xp, g, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
         return run("gdn2", q, k, v, g, b=b, w=w, scale=scale, initial_state=initial_state,
                    output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
-                   check_values=check_values, state_v_first=state_v_first,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, precision=precision,
+                   gate_group=gate_group, check_values=check_values, state_v_first=state_v_first,
                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     def sla(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
             use_qk_l2norm_in_kernel=False, solve="auto", gate_group=None, check_values=True, state_v_first=False,
-            cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+            cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None,
+            precision="exact"):
         """Systolic linear attention: kda with one gate value per 64 channels (g [B, T, Hk, K/64]), keys
         shared by value heads (v [B, T, R Hk, V])."""
         return run("sla", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                    output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, gate_group=gate_group,
-                   check_values=check_values, state_v_first=state_v_first,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, precision=precision,
+                   gate_group=gate_group, check_values=check_values, state_v_first=state_v_first,
                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
     return {f.__name__: f for f in (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla)}

@@ -17,15 +17,16 @@ class Call(NamedTuple):
     chunk: int
     l2norm_qk: bool
     solve: str
+    precision: str  # "exact" or "fast"
     gate_group: int  # 0: the variant's default, or g's last axis
     check_values: bool
 
 
-def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool, solve: str, gate_group: Optional[int],
-         check_values: bool) -> Call:
+def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool, solve: str, precision: str,
+         gate_group: Optional[int], check_values: bool) -> Call:
     """FLA's keyword arguments as the library's options."""
     return Call(None if scale is None else float(scale), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
-                int(gate_group or 0), bool(check_values))
+                precision, int(gate_group or 0), bool(check_values))
 
 
 class Sequences(NamedTuple):

@@ -213,8 +213,8 @@ _pool_recurrence.defvjp(_no_gradient, _no_gradient)
 
 
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_state, output_final_state,
-         chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values, sequences):
-    c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
+         chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values, sequences):
+    c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values)
     sequences = _sequences(sequences, initial_state)
     if sequences.writes_pool:
         return _pool_recurrence(variant, c, q, k, v, g, beta, b, w, initial_state, *sequences)

@@ -194,36 +194,36 @@ def _pool_gradient(state: Optional[Tensor], grads: Tensor, reads: Optional[Tenso
 
 
 def _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, pool: bool, scale, chunk, l2norm, solve,
-                        gate_group, check_values, operation: str = "forward") -> dict:
+                        precision, gate_group, check_values, operation: str = "forward") -> dict:
     """The forward's y and ht, or the backward's gradients, (shape, dtype) as the library describes
     them."""
     inputs = dict(q=("q", q), k=("k", k), v=("v", v), g=("g", g), beta=("beta", beta), b=("b", b), w=("w", w),
                   h0=("initial_state", h0))
     return _outputs(operation, variant, inputs, cu_seqlens, pool, scale=scale, chunk=chunk, l2norm_qk=l2norm,
-                    solve=solve, gate_group=gate_group, check_values=check_values)
+                    solve=solve, precision=precision, gate_group=gate_group, check_values=check_values)
 
 
-def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, scale, chunk, l2norm, solve, gate_group,
-                  check_values) -> None:
+def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, scale, chunk, l2norm, solve, precision,
+                  gate_group, check_values) -> None:
     if _trace is not None:
         _trace.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
     _call("forward", dict(q=_view("q", q), k=_view("k", k), v=_view("v", v), g=_view("g", g), beta=_view("beta", beta),
                           b=_view("b", b), w=_view("w", w), h0=_view("initial_state", h0), y=_view("o", y),
                           ht=_view("final_state", ht)),
-          sequences, variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve, gate_group=gate_group,
-          check_values=check_values)
+          sequences, variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve, precision=precision,
+          gate_group=gate_group, check_values=check_values)
 
 
 def _forward_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
                   b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
                   initial_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
-                  gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
+                  precision: str, gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
     outputs = _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None,
-                                  scale, chunk, l2norm, solve, gate_group, check_values)
+                                  scale, chunk, l2norm, solve, precision, gate_group, check_values)
     y, ht = _empty(outputs["y"]), _empty(outputs["ht"]) if final_state else None
     _call_forward(variant, q, k, v, g, beta, b, w, h0, y, ht, _lists(cu_seqlens, initial_state_indices), scale, chunk,
-                  l2norm, solve, gate_group, check_values)
+                  l2norm, solve, precision, gate_group, check_values)
     return y, _none() if ht is None else ht
 
 
@@ -231,10 +231,10 @@ _forward = torch.library.custom_op("flat::forward", _forward_impl, mutates_args=
 
 
 @_forward.register_fake
-def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, scale, chunk, l2norm, solve, gate_group,
-      check_values, final_state):
+def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, scale, chunk, l2norm, solve, precision,
+      gate_group, check_values, final_state):
     outputs = _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None,
-                                  scale, chunk, l2norm, solve, gate_group, check_values)
+                                  scale, chunk, l2norm, solve, precision, gate_group, check_values)
     return _empty(outputs["y"]), _empty(outputs["ht"]) if final_state else q.new_empty(0, dtype=torch.float32)
 
 
@@ -242,16 +242,16 @@ def _forward_pool_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optiona
                        b: Optional[Tensor], w: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
                        initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
                        token_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool,
-                       solve: str, gate_group: int, check_values: bool) -> Tensor:
+                       solve: str, precision: str, gate_group: int, check_values: bool) -> Tensor:
     """The recurrence with h0 and ht one pool [P, N, K, V], read and written in place (never copied:
     the library refuses a pool whose last axis is not contiguous)."""
     q, k, v, g, beta, b, w = _dense(q, k, v, g, beta, b, w)
     y = _empty(_recurrence_outputs(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True, scale, chunk, l2norm,
-                                   solve, gate_group, check_values)["y"])
+                                   solve, precision, gate_group, check_values)["y"])
     sequences = _pool_lists(_args.sequence_count(q.shape[0], cu_seqlens), cu_seqlens, initial_state_indices,
                             final_state_indices, token_state_indices)
-    _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, scale, chunk, l2norm, solve, gate_group,
-                  check_values)
+    _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, scale, chunk, l2norm, solve, precision,
+                  gate_group, check_values)
     return y
 
 
@@ -260,26 +260,26 @@ _forward_pool = torch.library.custom_op("flat::forward_pool", _forward_pool_impl
 
 @_forward_pool.register_fake
 def _(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, initial_state_indices, final_state_indices,
-      token_state_indices, scale, chunk, l2norm, solve, gate_group, check_values):
+      token_state_indices, scale, chunk, l2norm, solve, precision, gate_group, check_values):
     return _empty(_recurrence_outputs(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True, scale, chunk, l2norm,
-                                      solve, gate_group, check_values)["y"])
+                                      solve, precision, gate_group, check_values)["y"])
 
 
 @torch.library.custom_op("flat::backward", mutates_args=())
 def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
               b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
               initial_state_indices: Optional[Tensor], dy: Tensor, dht: Optional[Tensor], scale: Optional[float],
-              chunk: int, l2norm: bool, solve: str,
+              chunk: int, l2norm: bool, solve: str, precision: str,
               gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
     grads = {name: _empty(described) for name, described in _recurrence_outputs(
         variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None, scale, chunk, l2norm, solve,
-        gate_group, False, "backward").items()}
+        precision, gate_group, False, "backward").items()}
     _call("backward", dict(q=_view("q", q), k=_view("k", k), v=_view("v", v), g=_view("g", g),
                            beta=_view("beta", beta), b=_view("b", b), w=_view("w", w), h0=_view("initial_state", h0),
                            dy=_view("do", dy), dht=_view("dht", dht), **{name: _view(name, t) for name, t in grads.items()}),
           _lists(cu_seqlens, initial_state_indices), variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve,
-          gate_group=gate_group, check_values=False)
+          precision=precision, gate_group=gate_group, check_values=False)
     dq, dk, dv, dg, dbeta, db, dw, dh0 = (grads.get(name, _none())
                                           for name in ("dq", "dk", "dv", "dg", "dbeta", "db", "dw", "dh0"))
     return dq, dk, dv, dg, dbeta, db, dw, _pool_gradient(h0, dh0, initial_state_indices)
@@ -287,7 +287,7 @@ def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor]
 
 @_backward.register_fake
 def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy, dht, scale, chunk, l2norm, solve,
-      gate_group):
+      precision, gate_group):
     def like(t):
         return q.new_empty(0, dtype=torch.float32) if t is None else t.new_empty(t.shape)
 
@@ -296,7 +296,7 @@ def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy
 
 def _setup_forward(ctx, inputs, output):
     (ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, ctx.scale, ctx.chunk, ctx.l2norm,
-     ctx.solve, ctx.gate_group, _, _) = inputs
+     ctx.solve, ctx.precision, ctx.gate_group, _, _) = inputs
     ctx.save_for_backward(q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices)
 
 
@@ -304,9 +304,9 @@ def _backward_formula(ctx, dy, dht):
     q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices = ctx.saved_tensors
     dht = None if dht is None or dht.numel() == 0 else dht
     grads = _backward(ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy, dht, ctx.scale,
-                      ctx.chunk, ctx.l2norm, ctx.solve, ctx.gate_group)
+                      ctx.chunk, ctx.l2norm, ctx.solve, ctx.precision, ctx.gate_group)
     dq, dk, dv, dg, dbeta, db, dw, dh0 = (_absent(t) for t in grads)
-    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None, None, None
+    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None, None, None, None
 
 
 _forward.register_autograd(_backward_formula, setup_context=_setup_forward)
@@ -315,18 +315,18 @@ _forward.register_autograd(_backward_formula, setup_context=_setup_forward)
 def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
          b: Optional[Tensor] = None, w: Optional[Tensor] = None, *, scale: Optional[float],
          initial_state: Optional[Tensor], output_final_state: bool, chunk_size: int, use_qk_l2norm_in_kernel: bool,
-         solve: str, gate_group: Optional[int], check_values: bool,
+         solve: str, precision: str, gate_group: Optional[int], check_values: bool,
          sequences: _args.Sequences) -> Tuple[Tensor, Optional[Tensor]]:
-    c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, gate_group, check_values)
+    c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values)
     direct = _direct(q, k, v, g, beta, b, w, initial_state)
     if _check_sequences(sequences, initial_state, (q, k, v, g, beta, b, w)):
         o = (_forward_pool_impl if direct else _forward_pool)(
             variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm_qk, c.solve,
-            c.gate_group, c.check_values)
+            c.precision, c.gate_group, c.check_values)
         return o, initial_state
     o, final_state = (_forward_impl if direct else _forward)(
         variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens, sequences.initial_state_indices, c.scale,
-        c.chunk, c.l2norm_qk, c.solve, c.gate_group, c.check_values, output_final_state)
+        c.chunk, c.l2norm_qk, c.solve, c.precision, c.gate_group, c.check_values, output_final_state)
     return o, (final_state if output_final_state else None)
 
 

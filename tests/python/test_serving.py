@@ -315,10 +315,10 @@ def test_pool_ops_registrations():
     cu, reads, writes = ints([0, 2, 6]), ints([1, -1]), ints([1, 3])
     torch.library.opcheck(torch.ops.flat.forward.default,
                           ("la", q.clone().requires_grad_(), k, v, None, None, None, None, pool.clone().requires_grad_(), cu,
-                           ints([1, 1]), None, 16, False, "auto", 0, True, True))
+                           ints([1, 1]), None, 16, False, "auto", "exact", 0, True, True))
     torch.library.opcheck(torch.ops.flat.forward_pool.default,
                           ("la", q, k, v, None, None, None, None, pool, cu, reads, writes, None, None, 16, False,
-                           "auto", 0, True))
+                           "auto", "exact", 0, True))
     x, weight = torch.randn(1, 6, 8), torch.randn(8, 4)
     torch.library.opcheck(torch.ops.flat.conv_forward_pool.default,
                           (x, weight, None, torch.randn(4, 8, 3), cu, None, None, ints([0, 1, 2, 3, -1, -1]),

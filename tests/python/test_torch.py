@@ -108,7 +108,7 @@ def test_custom_op_registrations():
     g = (-torch.rand(1, 33, 2, 16)).requires_grad_()
     h0 = torch.randn(1, 2, 16, 16, requires_grad=True)
     torch.library.opcheck(torch.ops.flat.forward.default,
-                          ("gla", q, k, v, g, None, None, None, h0, None, None, None, 32, False, "auto", 0,
+                          ("gla", q, k, v, g, None, None, None, h0, None, None, None, 32, False, "auto", "fast", 0,
                            True, True))
     x = torch.randn(2, 20, 8, requires_grad=True)
     weight, bias = torch.randn(8, 4, requires_grad=True), torch.randn(8, requires_grad=True)

@@ -25,7 +25,8 @@ after each token goes, for speculative decoding), as flat.torch takes them: with
 both pools are updated in place and returned, ``(o, initial_state)``, for inference (no
 gradient), all or nothing: a refused call leaves both pools unchanged. ``ops`` picks the kernels
 (``"kernels"``) or the plain-PyTorch reference (``"reference"``, any dtype; the tests run a
-float64 copy of each layer with it).
+float64 copy of each layer with it); ``precision`` (``"exact"`` or ``"fast"``) is the kernels'
+(flat.torch's ``precision=``; docs/algorithm.md, "Precision").
 """
 
 import math
@@ -135,10 +136,15 @@ class _Mixer(nn.Module):
 
     variant: str = ""
 
-    def __init__(self, ops: str, layer_idx: Optional[int] = None, kwargs: Optional[dict] = None):
+    def __init__(self, ops: str, layer_idx: Optional[int] = None, kwargs: Optional[dict] = None,
+                 precision: str = "exact"):
         super().__init__()
         ops_named(ops)
         self.ops = ops
+        if precision not in ("exact", "fast"):
+            raise ValueError(f"flat.nn.{type(self).__name__}: precision: expected 'exact' or 'fast', got {precision!r}")
+        # The recurrence's (flat.torch's precision=; the reference ops compute exactly either way).
+        self.precision = precision
         # FLA's layers take their index in the model (for its cache) and ignore keyword arguments they
         # do not know; so do these, saying which they ignore.
         self.layer_idx = layer_idx
@@ -242,7 +248,7 @@ class _Mixer(nn.Module):
                 output_final_state, "silu", **(sequences if stage is None else stage.sequences)._asdict())
         args = self._inputs(hidden_states, blocks)
         q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
-        o, recurrent = ops.recurrence(self.variant, q, k, v, **args,
+        o, recurrent = ops.recurrence(self.variant, q, k, v, **args, precision=self.precision,
                                       initial_state=None if initial_state is None else initial_state.recurrent,
                                       output_final_state=output_final_state, **sequences._asdict())
         if stage is not None:
@@ -345,9 +351,9 @@ class LinearAttention(_QKVMixer):
 
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 1.0, num_heads: int = 8,
                  num_kv_heads: Optional[int] = None, feature_map: str = "elu", use_short_conv: bool = False,
-                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels", layer_idx: Optional[int] = None,
-                 **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels",
+                 precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs, precision)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         _feature_map(feature_map, torch.zeros(1))
         self.feature_map = feature_map
@@ -377,9 +383,10 @@ class MultiScaleRetention(_QKVMixer):
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 2.0, num_heads: int = 8,
                  num_kv_heads: Optional[int] = None, use_short_conv: bool = False, conv_size: int = 4,
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
-                 norm_eps: float = 1e-5, ops: str = "kernels", layer_idx: Optional[int] = None,
+                 norm_eps: float = 1e-5, ops: str = "kernels", precision: str = "exact",
+                 layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+        super().__init__(ops, layer_idx, kwargs, precision)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         self.use_output_gate = use_output_gate
         self._qkv_modules(hidden_size, key_dim, self.head_k_dim * self.num_kv_heads,
@@ -415,9 +422,10 @@ class GatedLinearAttention(_QKVMixer):
                  num_kv_heads: Optional[int] = None, use_short_conv: bool = False, conv_size: int = 4,
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
                  norm_eps: float = 1e-5, gate_logit_normalizer: int = 16, gate_low_rank_dim: int = 16,
-                 clamp_min: Optional[float] = None, ops: str = "kernels", layer_idx: Optional[int] = None,
+                 clamp_min: Optional[float] = None, ops: str = "kernels", precision: str = "exact",
+                 layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+        super().__init__(ops, layer_idx, kwargs, precision)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         self.use_output_gate = use_output_gate
         self.gate_logit_normalizer, self.clamp_min = gate_logit_normalizer, clamp_min
@@ -475,9 +483,9 @@ class DeltaNet(_DeltaMixer):
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 1.0, num_heads: int = 4,
                  use_beta: bool = True, use_gate: bool = False, use_short_conv: bool = True, conv_size: int = 4,
                  conv_bias: bool = False, allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+        super().__init__(ops, layer_idx, kwargs, precision)
         key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
         _divides("key_dim", key_dim, "num_heads", num_heads)
         _divides("value_dim", value_dim, "num_heads", num_heads)
@@ -532,9 +540,9 @@ class GatedDeltaNet(_GatedDeltaMixer):
     def __init__(self, hidden_size: int = 2048, expand_v: float = 2, head_dim: int = 256, num_heads: int = 6,
                  num_v_heads: Optional[int] = None, use_gate: bool = True, use_short_conv: bool = True,
                  allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+        super().__init__(ops, layer_idx, kwargs, precision)
         num_v_heads = num_v_heads or num_heads
         _divides("num_v_heads", num_v_heads, "num_heads", num_heads)
         self.num_heads, self.num_v_heads, self.use_gate = num_heads, num_v_heads, use_gate
@@ -573,9 +581,9 @@ class KimiDeltaAttention(_GatedDeltaMixer):
 
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128, num_heads: int = 16,
                  num_v_heads: Optional[int] = None, use_short_conv: bool = True, allow_neg_eigval: bool = False,
-                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels", layer_idx: Optional[int] = None,
-                 **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+                 conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels",
+                 precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs, precision)
         self._build(hidden_size, expand_v, head_dim, num_heads, num_v_heads, use_short_conv, allow_neg_eigval,
                     conv_size, conv_bias, norm_eps, gate_group=1, key_side_gates=False)
 
@@ -627,9 +635,9 @@ class SystolicLinearAttention(KimiDeltaAttention):
     def __init__(self, hidden_size: int = 2048, expand_v: float = 0.5, head_dim: int = 256, num_heads: int = 4,
                  num_v_heads: Optional[int] = 16, gate_group: int = 64, use_short_conv: bool = True,
                  allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
                  **kwargs):
-        _Mixer.__init__(self, ops, layer_idx, kwargs)
+        _Mixer.__init__(self, ops, layer_idx, kwargs, precision)
         self._build(hidden_size, expand_v, head_dim, num_heads, num_v_heads, use_short_conv, allow_neg_eigval,
                     conv_size, conv_bias, norm_eps, gate_group=gate_group, key_side_gates=True)
 
@@ -643,9 +651,9 @@ class GatedDeltaNet2(_GatedDeltaMixer):
 
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128, num_heads: int = 16,
                  use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+        super().__init__(ops, layer_idx, kwargs, precision)
         self.num_heads = self.num_v_heads = num_heads
         self.allow_neg_eigval = False
         self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
@@ -692,9 +700,9 @@ class Mamba2(_Mixer):
                  state_size: int = 128, expand: int = 2, n_groups: int = 1, conv_kernel: int = 4,
                  use_conv_bias: bool = True, use_bias: bool = False, norm_eps: float = 1e-5,
                  time_step_min: float = 0.001, time_step_max: float = 0.1, time_step_floor: float = 1e-4,
-                 time_step_limit: Tuple[float, float] = (0.0, float("inf")), ops: str = "kernels", layer_idx: Optional[int] = None,
-                 **kwargs):
-        super().__init__(ops, layer_idx, kwargs)
+                 time_step_limit: Tuple[float, float] = (0.0, float("inf")), ops: str = "kernels",
+                 precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs, precision)
         intermediate = expand * hidden_size
         num_heads = num_heads or intermediate // head_dim
         _check(num_heads * head_dim == intermediate,

@@ -22,7 +22,7 @@ from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, Sequences, conv_activation
 
 class Ops(NamedTuple):
     # recurrence(variant, q, k, v, g=, beta=, b=, w=, scale=, initial_state=, output_final_state=,
-    #            use_qk_l2norm_in_kernel=, gate_group=, cu_seqlens=, initial_state_indices=,
+    #            use_qk_l2norm_in_kernel=, gate_group=, precision=, cu_seqlens=, initial_state_indices=,
     #            final_state_indices=, token_state_indices=) -> (o [B, T, N, V], final_state or None)
     recurrence: object
     # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation (None, the
@@ -39,13 +39,14 @@ class Ops(NamedTuple):
 
 
 def _kernel_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
-                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, **sequences):
+                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, precision="exact",
+                       **sequences):
     inputs = {name: t for name, t in dict(g=g, beta=beta, b=b, w=w).items() if t is not None}
     if gate_group is not None:
         inputs["gate_group"] = gate_group
     return getattr(ft, variant)(q, k, v, **inputs, scale=scale, initial_state=initial_state,
                                 output_final_state=output_final_state,
-                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **sequences)
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, precision=precision, **sequences)
 
 
 def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, **sequences):
@@ -112,9 +113,10 @@ def _by_sequence(run, along_t: dict, initial_state, output_final_state, sequence
 
 def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
                          output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, cu_seqlens=None,
-                         initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+                         initial_state_indices=None, final_state_indices=None, token_state_indices=None,
+                         precision="exact"):
     """The recurrence one token at a time (docs/variants.md), in q's dtype; with sequences, one
-    sequence at a time."""
+    sequence at a time. It computes exactly at either precision."""
     sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
     if any(t is not None for t in sequences):
         along_t = dict(q=q, k=k, v=v, beta=beta, b=b, w=w)
