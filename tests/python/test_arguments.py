@@ -1,7 +1,7 @@
 """Arguments at their edges, in flat.torch and flat.jax alike: an empty batch (B = 0 or T = 0) runs
 as any framework op does; a scale that is not a finite number, an initial_state whose shape is not a
-state's, an empty cu_seqlens, index values that JAX would narrow, an unknown solve name reaching the
-FFI directly, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
+state's, an empty cu_seqlens, index values that JAX would narrow, an unknown solve or precision name
+reaching the FFI directly, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
 arguments (a bfloat16 initial_state, state_v_first, the gate and beta formed around the kernel,
 g_gamma, la's normalize, conv's and rms_norm_gated's activation, bias, residual and defaults) against
 plain PyTorch formulas, and refused by name where they do not fit."""
@@ -198,9 +198,13 @@ def test_jax_refuses_index_values_it_would_narrow(indices, message):
                    **{n: np.asarray(x, np.int64) for n, x in arrays.items()})[0].block_until_ready()
 
 
-def test_unknown_solve_names_are_refused_by_both_bindings():
+@pytest.mark.parametrize("option, value, expected", [
+    ("solve", "neumann", "auto, subst, blocked or doubling"),
+    ("precision", "high", "exact or fast"),
+])
+def test_unknown_option_names_are_refused_by_both_bindings(option, value, expected):
     jax, jnp, fj = jax_modules()
-    message = re.escape("flat: solve: expected auto, subst, blocked or doubling, got 'neumann'")
+    message = re.escape(f"flat: {option}: expected {expected}, got '{value}'")
     q = jnp.zeros((1, 4, H, K))
     none = jnp.zeros((0,), jnp.float32)
     ints = jnp.zeros((0,), jnp.int32)
@@ -208,14 +212,14 @@ def test_unknown_solve_names_are_refused_by_both_bindings():
                                           jax.ShapeDtypeStruct((0,), jnp.float32)))
     with pytest.raises(Exception, match=message):
         call(q, q, q, none, jnp.full((1, 4, H), 0.5), none, none, none, ints, ints, ints, ints, operation="forward",
-             variant="deltanet", chunk=np.int64(16), solve="neumann")[0].block_until_ready()
+             variant="deltanet", chunk=np.int64(16), **{option: value})[0].block_until_ready()
     x = torch.zeros(1, 4, H, K)
     view = (x.data_ptr(), "f32", tuple(x.shape), tuple(x.stride()))
     beta = torch.full((1, 4, H), 0.5)
     with pytest.raises(ValueError, match=message):
         _core.call("forward", "deltanet", dict(q=view, k=view, v=view, beta=(beta.data_ptr(), "f32", (1, 4, H),
                                                                            beta.stride()), y=view),
-                   ([], [], [], []), dict(chunk=16, solve="neumann"), 1, "flat")
+                   ([], [], [], []), dict(chunk=16, **{option: value}), 1, "flat")
 
 # ---- accepted_state_indices ---------------------------------------------------------------------
 

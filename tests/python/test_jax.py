@@ -51,15 +51,16 @@ def test_grad_under_jit_matches_the_oracle(variant, dtype):
             expect_close("d" + name, np.asarray(grads[name].astype(jnp.float32)), expected, grad_bound)
 
 
-def test_the_same_bits_as_pytorch():
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_the_same_bits_as_pytorch(precision):
     torch = pytest.importorskip("torch")
     import flat.torch as ft
 
     p = Problem("gated_deltanet", "bfloat16", B=2, S=90, H=4, K=32, V=16)
-    o_jax, s_jax = run(p, **arrays(p))
+    o_jax, s_jax = run(p, **arrays(p), precision=precision)
     q, k, v, g, beta, _, _, h0 = p.inputs()
     t = lambda x, dt=torch.bfloat16: torch.tensor(x, dtype=dt)  # noqa: E731
-    o_torch, s_torch = ft.gated_deltanet(t(q), t(k), t(v), t(g, torch.float32), t(beta),
+    o_torch, s_torch = ft.gated_deltanet(t(q), t(k), t(v), t(g, torch.float32), t(beta), precision=precision,
                                          initial_state=t(h0, torch.float32), output_final_state=True)
     assert np.array_equal(np.asarray(o_jax.astype(jnp.float32)), o_torch.float().numpy())
     assert np.array_equal(np.asarray(s_jax), s_torch.numpy())

@@ -1,7 +1,8 @@
 """flat.nn: every layer against a float64 copy of itself on the plain-PyTorch reference (forward and
 the gradient of every parameter and of the input), state passing across calls, bf16, bad
 hyperparameters, and serving over a pool of states (a decode loop, a speculative step, bitwise the
-calls with a state per sequence, a refused call changing neither pool)."""
+calls with a state per sequence, a refused call changing neither pool); a layer's precision reaching
+its recurrence."""
 
 import copy
 
@@ -10,6 +11,7 @@ import torch
 
 import flat.torch as ft
 from flat.nn import LAYERS, State
+from flat.nn.ops import KERNELS, Ops
 
 # Small shapes that still exercise head sharing and two chunks of 64 tokens.
 CONFIGS = {
@@ -133,6 +135,22 @@ def test_bfloat16_layer_is_finite_and_close(variant):
 def test_bad_hyperparameters_raise_before_any_work(variant, config, message):
     with pytest.raises(ValueError, match=message):
         LAYERS[variant](**config)
+
+
+@pytest.mark.parametrize("variant", sorted(CONFIGS))
+def test_a_layers_precision_reaches_its_recurrence(variant):
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["precision"])
+        return KERNELS.recurrence(*args, **kwargs)
+
+    ops = Ops(recurrence=recording, conv=KERNELS.conv, norm=KERNELS.norm)
+    for precision in ("exact", "fast"):
+        LAYERS[variant](**CONFIGS[variant], ops=ops, precision=precision)(torch.randn(1, 5, 32))
+    assert seen == ["exact", "fast"]
+    with pytest.raises(ValueError, match="precision: expected 'exact' or 'fast', got 'high'"):
+        LAYERS[variant](**CONFIGS[variant], precision="high")
 
 
 def test_state_is_a_named_tuple():

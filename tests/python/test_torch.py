@@ -1,5 +1,5 @@
 """flat.torch: every operation forward and backward against the float64 oracle at the library's
-bounds; bitwise the library's results; torch.compile; the custom ops' registrations (opcheck);
+bounds (precision="fast" at FLA's); bitwise the library's results; torch.compile; the custom ops' registrations (opcheck);
 strided inputs read in place; bad input; PyTorch's thread count."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 
 import flat.torch as ft
 from flat import _core
-from oracle import BOUNDS, NAMES, Problem, expect_close, reference
+from oracle import NAMES, Problem, bound, expect_close, reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -33,24 +33,31 @@ def call(p: Problem, function=None, **options):
     return o, final_state, inputs
 
 
+@pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("variant", NAMES)
-def test_forward_and_backward_match_the_oracle(variant, dtype):
+def test_forward_and_backward_match_the_oracle(variant, dtype, precision):
     # Head sharing: q and k read by every head (sla: every key-side input, its value heads side by side).
     shared = {"q": 1, "k": 1, "g": 1, "b": 1} if variant == "sla" else {"q": 1, "k": 1}
     p = Problem(variant, dtype, G=4 if variant == "sla" else None, heads=shared)
-    o, final_state, inputs = call(p)
+    o, final_state, inputs = call(p, precision=precision)
     (y, ht), grads = p.reference()
-    out_bound, grad_bound = BOUNDS[dtype]
-    expect_close("o", o.float().detach(), y, out_bound)
-    expect_close("final_state", final_state.detach(), ht, out_bound)
+    expect_close("o", o.float().detach(), y, bound("o", dtype, precision))
+    expect_close("final_state", final_state.detach(), ht, bound("final_state", dtype, precision))
     torch.autograd.backward([o, final_state], [torch.tensor(p.dy, dtype=o.dtype), torch.tensor(p.dht, dtype=torch.float32)])
     names = ["q", "k", "v", "g", "beta", "b", "w", "initial_state"]
     for name, want in zip(names, grads):
         if want is None:
             assert inputs[name] is None
             continue
-        expect_close("d" + name, inputs[name].grad.float(), want, grad_bound)
+        expect_close("d" + name, inputs[name].grad.float(), want, bound("d" + name, dtype, precision))
+
+
+def test_exact_precision_is_the_default_bitwise():
+    p = Problem("gated_deltanet", "bfloat16")
+    default, default_state, _ = call(p)
+    exact, exact_state, _ = call(p, precision="exact")
+    assert torch.equal(default, exact) and torch.equal(default_state, exact_state)
 
 
 def test_results_are_the_librarys_bitwise():
