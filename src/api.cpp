@@ -58,9 +58,12 @@ std::string_view precision_name(Precision precision) {
 }
 
 Precision parse_precision(std::string_view name) {
-  for (Precision p : {Precision::exact, Precision::fast})
+  std::string names;
+  for (Precision p : kPrecisions) {
     if (precision_name(p) == name) return p;
-  throw Error("flat: precision: expected exact or fast, got '" + std::string(name) + "'");
+    names += (names.empty() ? "" : " or ") + std::string(precision_name(p));
+  }
+  throw Error("flat: precision: expected " + names + ", got '" + std::string(name) + "'");
 }
 
 Tensor Tensor::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {

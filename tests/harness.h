@@ -51,8 +51,8 @@ struct Case {
   Decay decay = Decay::medium;
   int threads = 2;
   uint64_t seed = 1;
-  // Also on the targets that model a unit in software (amx_model: every product a few hundred
-  // times slower than the hardware's); a sweep over many lengths runs it at a few of them.
+  // Also on the targets whose unit is a software model (Target::software_model); a sweep over many
+  // lengths runs them at a few of its points.
   bool on_models = true;
 
   bool is_delta() const;

@@ -109,6 +109,8 @@ enum class Precision {
           // bf16 unit (amx, avx512_bf16); the others compute exactly
 };
 
+inline constexpr Precision kPrecisions[] = {Precision::exact, Precision::fast};
+
 // "exact", "fast": the names every front end takes.
 std::string_view precision_name(Precision precision);
 // Throws flat::Error for an unknown name.

@@ -8,6 +8,7 @@ The operations live in the framework modules, imported on their own::
 What each variant computes: docs/variants.md in the repository.
 """
 
+from ._core import precisions as _precisions
 from ._core import target as _target
 from ._core import variants as _variants
 
@@ -15,6 +16,9 @@ __version__ = "0.1.0"
 
 # The variants, in the library's order: (name, gate, update, default gate group).
 VARIANTS = tuple(_variants())
+
+# The names precision= takes (flat::Precision), the default first.
+PRECISIONS = tuple(_precisions())
 
 
 def target() -> str:

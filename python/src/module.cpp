@@ -167,6 +167,11 @@ NB_MODULE(_core, m) {
       out.emplace_back(v.name, kGates[int(v.gate)], kUpdates[int(v.update)], v.default_gate_group);
     return out;
   });
+  m.def("precisions", [] {
+    std::vector<std::string> out;
+    for (Precision p : kPrecisions) out.emplace_back(precision_name(p));
+    return out;
+  }, "the names precision= takes (flat::Precision), the default first");
   m.def("target", [] { return std::string(cpu::default_target().name); }, "the CPU target calls run on");
   m.def("last_openmp_team", &last_openmp_team, "threads of the last call run on the OpenMP runtime (tests)");
 

@@ -32,6 +32,7 @@ struct TargetInfo {
   CpuFeatures preferred_with = 0;
   const char* only_on_request = nullptr;  // Target::only_on_request
   bool tile_products = false;             // Target::tile_products
+  bool software_model = false;            // Target::software_model
   void (*enter_thread)() = nullptr;  // the per-thread scope (Target::enter_thread)
   void (*leave_thread)() = nullptr;
 };
@@ -49,6 +50,7 @@ constexpr Target make_target(const TargetInfo& info) {
           .preferred_with = info.preferred_with,
           .only_on_request = info.only_on_request,
           .tile_products = info.tile_products,
+          .software_model = info.software_model,
           .sequence = make_sequence_kernels<TableOps<M>>(),
           .conv = make_conv_kernels<ConvRows>(),
           .norm = make_norm_gate_kernels<M, ConvRows>(),

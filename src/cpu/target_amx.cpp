@@ -1,6 +1,6 @@
-// The amx target: avx512_bf16 with the tile unit (AMX-TILE, AMX-BF16). The products whose operands
-// are all bf16 values run on tiles (kernels/gemm_bf16_32x32__amx.h), exactly; every other product
-// keeps fp32 operands on the FMA microkernel; the convolution is avx512_bf16's. Each worker loads
+// The amx target: avx512_bf16 with the tile unit (AMX-TILE, AMX-BF16). Every chunk product runs on
+// tiles (kernels/gemm_bf16_32x32__amx.h): bf16 operands in one pass, others at the call's precision
+// (split into bf16 parts at exact, rounded once at fast); the convolution is avx512_bf16's. Each worker loads
 // the tile configuration before its range of work and releases it after (Target::enter_thread).
 // Compiled with those flags (CMakeLists.txt) and run only where targets.cpp found the CPU has
 // them, the OS saves the tile state and grants this process its use; not the default yet, only
@@ -16,8 +16,7 @@ const Target& target_amx() {
       {.name = "amx",
        .products = "every product on AMX tiles",
        .needs = kCpuAvx512 | kCpuAvx512Bf16 | kCpuAmxBf16,
-       // Until a machine with AMX measures it against avx512 (docs/performance.md): its operands
-       // are packed by portable loops, and only the products of bf16 values are on tiles.
+       // Until a machine with AMX measures it against avx512_bf16 (docs/performance.md).
        .only_on_request = "its speed is not measured yet",
        .tile_products = true,
        .enter_thread = [] { AmxTiles::configure(kGemmTiles); },

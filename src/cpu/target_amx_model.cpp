@@ -15,6 +15,7 @@ const Target& target_amx_model() {
        .needs = kCpuAvx512 | kCpuAvx512Bf16,
        .only_on_request = "a model of the tile unit, for the tests",
        .tile_products = true,
+       .software_model = true,
        .enter_thread = [] { ModelTiles::configure(kGemmTiles); },
        .leave_thread = [] { ModelTiles::release(); }});
   return target;

@@ -85,6 +85,9 @@ struct Target {
   // Its chunk products run on the tile unit (kernels/gemm_bf16_32x32__amx.h), whose DAZ and FTZ
   // ignore the call's subnormal mode and which splits fp32 operands into bf16 parts.
   bool tile_products = false;
+  // Its unit is a software model (the tile unit's, kernels/tiles__model.h): the same answers as the
+  // hardware, a few hundred times slower; the tests' long sweeps run it at a few of their points.
+  bool software_model = false;
   SequenceKernels sequence;
   ConvKernels conv;
   NormGateKernels norm;

@@ -132,7 +132,8 @@ def test_a_run_writes_its_log_plot_and_checkpoints(tmp_path):
     log, picture = tmp_path / "log.json", tmp_path / "curves.png"
     run(tmp_path, "--variants", "kda,mamba2", "--json", str(log), "--plot", str(picture))
     data = json.loads(log.read_text())
-    assert data["settings"]["pairs"] == 4 and set(data["results"]) == {"kda", "mamba2"}
+    assert data["settings"]["pairs"] == 4 and data["settings"]["precision"] == "exact"
+    assert set(data["results"]) == {"kda", "mamba2"}
     for variant, r in data["results"].items():
         assert 0 <= r["accuracy"] <= 1 and r["curves"]["step"] == [6, 12] and r["seconds"] > 0
         reached = [s for s, a in zip(r["curves"]["step"], r["curves"]["accuracy"]) if a >= 0.9]
@@ -164,6 +165,16 @@ def test_bfloat16_parameters_train(tmp_path):
         optimizer.step()
         losses.append(loss.item())
     assert np.all(np.isfinite(losses)) and np.mean(losses[-5:]) < np.mean(losses[:5])
+
+
+def test_the_precision_reaches_every_linear_attention_mixer(capsys):
+    args = cli.parse_args(["--task", "mqar", "--variants", "gla,softmax", "--precision", "fast"])
+    task = cli.make_task(args)
+    assert [block.mixer.precision for block in cli.build(args, task, "gla").blocks] == ["fast", "fast"]
+    assert not hasattr(cli.build(args, task, "softmax").blocks[0].mixer, "precision")
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--task", "mqar", "--variants", "gla", "--precision", "high"])
+    assert "invalid choice: 'high'" in capsys.readouterr().err
 
 
 def test_mqar_is_learnt_by_gated_deltanet(tmp_path):

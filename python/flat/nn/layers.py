@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import PRECISIONS
 from .._args import Sequences
 from .ops import State, ops_named
 
@@ -141,8 +142,9 @@ class _Mixer(nn.Module):
         super().__init__()
         ops_named(ops)
         self.ops = ops
-        if precision not in ("exact", "fast"):
-            raise ValueError(f"flat.nn.{type(self).__name__}: precision: expected 'exact' or 'fast', got {precision!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"flat.nn.{type(self).__name__}: precision: expected "
+                             f"{' or '.join(map(repr, PRECISIONS))}, got {precision!r}")
         # The recurrence's (flat.torch's precision=; the reference ops compute exactly either way).
         self.precision = precision
         # FLA's layers take their index in the model (for its cache) and ignore keyword arguments they

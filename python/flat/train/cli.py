@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import PRECISIONS
 from .model import MIXERS, LanguageModel, state_floats
 from .tasks import IGNORE, MQAR, CharLM
 
@@ -52,6 +53,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="recurrent state per layer in floats (N K V), the same for every variant")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="activations (bfloat16: autocast, float32 master weights)")
+    p.add_argument("--precision", choices=PRECISIONS, default=PRECISIONS[0],
+                   help="the linear-attention kernels' chunk products (flat.torch's precision=; docs/algorithm.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="PyTorch's threads (default: its own choice)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
@@ -95,7 +98,8 @@ def make_task(args):
 
 def build(args, task, variant: str) -> LanguageModel:
     torch.manual_seed(args.seed)
-    return LanguageModel(variant, task.vocab_size, args.hidden_size, args.layers, args.heads, args.state_size)
+    return LanguageModel(variant, task.vocab_size, args.hidden_size, args.layers, args.heads, args.state_size,
+                         args.precision)
 
 
 def learning_rate(args, step: int) -> float:
@@ -264,7 +268,7 @@ def plot(args, results: Dict[str, dict], floor: Optional[float]) -> None:
 
 def settings(args) -> dict:
     keys = ("task", "text", "steps", "seq_len", "pairs", "vocab_size", "batch_size", "lr", "hidden_size", "layers",
-            "heads", "state_size", "dtype", "seed", "threads", "eval_every")
+            "heads", "state_size", "dtype", "precision", "seed", "threads", "eval_every")
     return {k: getattr(args, k) for k in keys}
 
 

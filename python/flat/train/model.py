@@ -130,12 +130,14 @@ class Block(nn.Module):
 
 class LanguageModel(nn.Module):
     """Embedding, ``layers`` blocks with a ``variant`` mixer, final norm, output head: tokens [B, T]
-    to logits [B, T, vocab_size]."""
+    to logits [B, T, vocab_size]. ``precision``: the linear-attention mixers' (flat.nn's precision=)."""
 
     def __init__(self, variant: str, vocab_size: int, hidden_size: int, layers: int, num_heads: int,
-                 state_size: int):
+                 state_size: int, precision: str = "exact"):
         super().__init__()
         config = mixer_config(variant, hidden_size, num_heads, state_size)
+        if variant != SOFTMAX:
+            config["precision"] = precision
         mixer = SoftmaxAttention if variant == SOFTMAX else LAYERS[variant]
         self.variant = variant
         self.embeddings = nn.Embedding(vocab_size, hidden_size)
