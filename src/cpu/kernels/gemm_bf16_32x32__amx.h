@@ -12,9 +12,9 @@
 // into the layout the tiles read, every part at once: A by rows of pair words, B by pair rows of
 // 32 columns (each word two consecutive k of one column), zero past m, n and k, so edge blocks
 // need no other shape; C tiles at the edges (and across the diagonal of a c_lower product) go
-// through a 16 x 16 scratch. A block of A is packed again for each strip of B (n / 32 times):
-// packing each operand once per product and across the products that share it is the next step
-// (issue 22, item 3).
+// through a 16 x 16 scratch. A is packed once per panel in groups of kAmxGroupRows rows, B once
+// per strip and group (once per product for m <= 64); packing an operand once across the products
+// that share it is the next step (issue 22, item 3).
 #pragma once
 
 #include <algorithm>
@@ -47,6 +47,9 @@ constexpr int kAmxBlock = 2 * kAmxTile;            // rows of a block of A, colu
 constexpr int kAmxStepDepth = 2 * kAmxTile;        // k per tdpbf16ps
 constexpr int kAmxPanelDepth = 256;                // k per packed panel
 constexpr int kAmxPanelPairs = kAmxPanelDepth / 2; // words per packed row of A
+// Rows of A packed together per panel, each block of them reused by every strip of B: a chunk of
+// 64 rows (the default) packed once per product; A's pack 98 KiB at three parts, on the stack.
+constexpr int kAmxGroupRows = 2 * kAmxBlock;
 static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
 
 // The bf16 parts of an operand that is not a bf16 value under Precision::exact: three parts of 8
@@ -54,7 +57,6 @@ static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
 // are below 2^-23 of each product. Two parts (3 passes, 2^-15) leave the delta rule's outputs at
 // 3e-5 where the suite's fp32 bound is 1e-5 (tests/harness.h).
 constexpr int kExactParts = 3;
-constexpr int kMaxParts = kExactParts;
 
 constexpr int amx_parts_of(const GemmDesc& d) {
   return d.operands == Operands::bf16_values || d.precision == Precision::fast ? 1 : kExactParts;
@@ -64,44 +66,49 @@ constexpr int amx_passes_of(const GemmDesc& d) { return amx_parts_of(d) * (amx_p
 
 // x's bf16 parts: part 0 is x rounded, each next one the rounding of what those before leave
 // (exact in fp32: x less its leading parts fits in x's significand). Past fp32's range (x within
-// half a bf16 step of the largest float rounds to infinity) the first part stands alone.
-inline void bf16_parts(float x, int parts, uint16_t* out) {
+// half a bf16 step of the largest float rounds to infinity) the first part stands alone. A
+// compile-time count: one part is a single rounding, the rest's arithmetic gone.
+template <int Parts>
+inline void bf16_parts(float x, uint16_t* out) {
   float rest = x;
-  for (int i = 0; i < parts; ++i) {
+  for (int i = 0; i < Parts; ++i) {
     out[i] = f32_to_bf16(rest);
     const float part = bf16_to_f32(out[i]);
     rest = std::isfinite(part) ? rest - part : 0.0f;
   }
 }
 
-// A's rows [0, rows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as `parts` bf16 parts, part t
-// at out + t * kAmxBlock * kAmxPanelPairs as [kAmxBlock, kAmxPanelPairs] words (k 2q in the low
-// half of word q), zero past them up to `pairs`.
-inline void pack_amx_a(int rows, int depth, int pairs, int parts, const float* a, int a_rs, int a_cs,
-                       uint32_t* out) {
-  constexpr size_t part_words = size_t(kAmxBlock) * kAmxPanelPairs;
-  for (int t = 0; t < parts; ++t)
-    for (int i = 0; i < kAmxBlock; ++i) std::fill_n(out + t * part_words + size_t(i) * kAmxPanelPairs, pairs, 0u);
-  uint16_t x[kMaxParts];
-  for (int i = 0; i < rows && i < kAmxBlock; ++i)
+// A's rows [0, rows) (at most kAmxGroupRows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as
+// Parts bf16 parts, part t at out + t * kAmxGroupRows * kAmxPanelPairs as [kAmxGroupRows,
+// kAmxPanelPairs] words (k 2q in the low half of word q), zero past them up to `pairs` and up to
+// whole blocks of rows.
+template <int Parts>
+void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_cs, uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxGroupRows) * kAmxPanelPairs;
+  const int padded = std::min(kAmxGroupRows, (rows + kAmxBlock - 1) / kAmxBlock * kAmxBlock);
+  for (int t = 0; t < Parts; ++t)
+    for (int i = 0; i < padded; ++i) std::fill_n(out + t * part_words + size_t(i) * kAmxPanelPairs, pairs, 0u);
+  uint16_t x[Parts];
+  for (int i = 0; i < rows && i < kAmxGroupRows; ++i)
     for (int p = 0; p < depth; ++p) {
-      bf16_parts(a[size_t(i) * a_rs + size_t(p) * a_cs], parts, x);
-      for (int t = 0; t < parts; ++t)
+      bf16_parts<Parts>(a[size_t(i) * a_rs + size_t(p) * a_cs], x);
+      for (int t = 0; t < Parts; ++t)
         out[t * part_words + size_t(i) * kAmxPanelPairs + p / 2] |= uint32_t(x[t]) << (16 * (p & 1));
     }
 }
 
-// B's k [0, depth) of columns [0, cols) as `parts` bf16 parts, part t at out + t * kAmxPanelPairs *
+// B's k [0, depth) of columns [0, cols) as Parts bf16 parts, part t at out + t * kAmxPanelPairs *
 // kAmxBlock as [pairs, kAmxBlock] words (column j's k 2q and 2q + 1 in word (q, j)), zero past them.
-inline void pack_amx_b(int depth, int cols, int pairs, int parts, const float* b, int ldb, uint32_t* out) {
+template <int Parts>
+void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
   constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
-  for (int t = 0; t < parts; ++t) std::fill_n(out + t * part_words, size_t(pairs) * kAmxBlock, 0u);
+  for (int t = 0; t < Parts; ++t) std::fill_n(out + t * part_words, size_t(pairs) * kAmxBlock, 0u);
   const int width = std::min(cols, kAmxBlock);
-  uint16_t x[kMaxParts];
+  uint16_t x[Parts];
   for (int p = 0; p < depth; ++p)
     for (int j = 0; j < width; ++j) {
-      bf16_parts(b[size_t(p) * ldb + j], parts, x);
-      for (int t = 0; t < parts; ++t)
+      bf16_parts<Parts>(b[size_t(p) * ldb + j], x);
+      for (int t = 0; t < Parts; ++t)
         out[t * part_words + size_t(p / 2) * kAmxBlock + j] |= uint32_t(x[t]) << (16 * (p & 1));
     }
 }
@@ -146,67 +153,82 @@ void end_c_tile(const CTile& t, float* scratch) {
       if (t.wanted(r, j)) t.c[size_t(r) * t.ldc + j] = scratch[r * kAmxTile + j];
 }
 
-// C[m, n] (+)= A B as gemm_f32_1xn__generic describes it (both layouts of A, the triangles, only
-// C(i, j <= i) written for c_lower), A and B as amx_parts_of(d) bf16 parts. Needs kGemmTiles loaded.
-template <class Tiles>
-void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
-                          float* c, int ldc) {
+// C[m, n] (+)= A B with A and B as Parts bf16 parts (gemm_bf16_32x32__amx).
+template <class Tiles, int Parts>
+void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
+                                int ldb, float* c, int ldc) {
   const auto [a_rs, a_cs] = a_strides(d, lda);
   const Triangle tri = d.triangle;
-  const int parts = amx_parts_of(d);
-  alignas(64) uint32_t a_pack[kMaxParts * kAmxBlock * kAmxPanelPairs];
-  alignas(64) uint32_t b_pack[kMaxParts * kAmxPanelPairs * kAmxBlock];
+  alignas(64) uint32_t a_pack[Parts * kAmxGroupRows * kAmxPanelPairs];
+  alignas(64) uint32_t b_pack[Parts * kAmxPanelPairs * kAmxBlock];
   alignas(64) float scratch[kAmxTile * kAmxTile];
   for (int k0 = 0; k0 < k || k0 == 0; k0 += kAmxPanelDepth) {
     const int depth = k - k0 < kAmxPanelDepth ? k - k0 : kAmxPanelDepth;
     const int steps = (depth + kAmxStepDepth - 1) / kAmxStepDepth, pairs = steps * kAmxTile;
     const bool into = d.accumulate || k0 > 0;
     if (steps == 0 && into) break;  // k = 0 and C += nothing
-    for (int j0 = 0; j0 < n; j0 += kAmxBlock) {
-      pack_amx_b(depth, n - j0, pairs, parts, b + size_t(k0) * ldb + j0, ldb, b_pack);
-      for (int r0 = 0; r0 < m; r0 += kAmxBlock) {
-        if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
-        // The block's steps whose k can be nonzero in A (rows [r0, r0 + 32), per d.triangle).
-        int first = 0, last = steps;
-        if (tri == Triangle::a_lower)  // k <= r0 + 31
-          last = std::min(steps, std::max(0, r0 + kAmxBlock - 1 - k0 + kAmxStepDepth) / kAmxStepDepth);
-        if (tri == Triangle::a_upper)  // k >= r0
-          first = std::min(last, std::max(0, r0 - k0) / kAmxStepDepth);
-        if (first == last && into) continue;
-        pack_amx_a(m - r0, depth, pairs, parts, a + size_t(r0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
-        const auto tile = [&](int h, int w) {
-          const int i0 = r0 + kAmxTile * h, c0 = j0 + kAmxTile * w;
-          return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile), i0 - c0,
-                       tri == Triangle::c_lower};
-        };
-        const CTile c00 = tile(0, 0), c01 = tile(0, 1), c10 = tile(1, 0), c11 = tile(1, 1);
-        begin_c_tile<Tiles, 0>(c00, into, scratch);
-        begin_c_tile<Tiles, 1>(c01, into, scratch);
-        begin_c_tile<Tiles, 2>(c10, into, scratch);
-        begin_c_tile<Tiles, 3>(c11, into, scratch);
-        for (int s = first; s < last; ++s)
-          for (int order = parts - 1; order >= 0; --order)  // the passes A_i B_j, i + j = order
-            for (int i = 0; i <= order; ++i) {
-              const uint32_t* a_part = a_pack + size_t(i) * kAmxBlock * kAmxPanelPairs + size_t(s) * kAmxTile;
-              const uint32_t* b_part =
-                  b_pack + size_t(order - i) * kAmxPanelPairs * kAmxBlock + size_t(s) * kAmxTile * kAmxBlock;
-              const size_t stride_a = kAmxPanelPairs * sizeof(uint32_t), stride_b = kAmxBlock * sizeof(uint32_t);
-              Tiles::template load<4>(a_part, stride_a);
-              Tiles::template load<5>(a_part + size_t(kAmxTile) * kAmxPanelPairs, stride_a);
-              Tiles::template load<6>(b_part, stride_b);
-              Tiles::template load<7>(b_part + kAmxTile, stride_b);
-              Tiles::template dpbf16ps<0, 4, 6>();
-              Tiles::template dpbf16ps<1, 4, 7>();
-              Tiles::template dpbf16ps<2, 5, 6>();
-              Tiles::template dpbf16ps<3, 5, 7>();
-            }
-        end_c_tile<Tiles, 0>(c00, scratch);
-        end_c_tile<Tiles, 1>(c01, scratch);
-        end_c_tile<Tiles, 2>(c10, scratch);
-        end_c_tile<Tiles, 3>(c11, scratch);
+    for (int g0 = 0; g0 < m; g0 += kAmxGroupRows) {
+      const int group_end = std::min(m, g0 + kAmxGroupRows);
+      pack_amx_a<Parts>(m - g0, depth, pairs, a + size_t(g0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
+      for (int j0 = 0; j0 < n; j0 += kAmxBlock) {
+        if (tri == Triangle::c_lower && j0 > group_end - 1) break;  // the strip is above the group's diagonal
+        pack_amx_b<Parts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
+        for (int r0 = g0; r0 < group_end; r0 += kAmxBlock) {
+          if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
+          // The block's steps whose k can be nonzero in A (rows [r0, r0 + 32), per d.triangle).
+          int first = 0, last = steps;
+          if (tri == Triangle::a_lower)  // k <= r0 + 31
+            last = std::min(steps, std::max(0, r0 + kAmxBlock - 1 - k0 + kAmxStepDepth) / kAmxStepDepth);
+          if (tri == Triangle::a_upper)  // k >= r0
+            first = std::min(last, std::max(0, r0 - k0) / kAmxStepDepth);
+          if (first == last && into) continue;
+          const uint32_t* a_block = a_pack + size_t(r0 - g0) * kAmxPanelPairs;
+          const auto tile = [&](int h, int w) {
+            const int i0 = r0 + kAmxTile * h, c0 = j0 + kAmxTile * w;
+            return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile),
+                         i0 - c0, tri == Triangle::c_lower};
+          };
+          const CTile c00 = tile(0, 0), c01 = tile(0, 1), c10 = tile(1, 0), c11 = tile(1, 1);
+          begin_c_tile<Tiles, 0>(c00, into, scratch);
+          begin_c_tile<Tiles, 1>(c01, into, scratch);
+          begin_c_tile<Tiles, 2>(c10, into, scratch);
+          begin_c_tile<Tiles, 3>(c11, into, scratch);
+          for (int s = first; s < last; ++s)
+            for (int order = Parts - 1; order >= 0; --order)  // the passes A_i B_j, i + j = order
+              for (int i = 0; i <= order; ++i) {
+                const uint32_t* a_part =
+                    a_block + size_t(i) * kAmxGroupRows * kAmxPanelPairs + size_t(s) * kAmxTile;
+                const uint32_t* b_part =
+                    b_pack + size_t(order - i) * kAmxPanelPairs * kAmxBlock + size_t(s) * kAmxTile * kAmxBlock;
+                const size_t stride_a = kAmxPanelPairs * sizeof(uint32_t), stride_b = kAmxBlock * sizeof(uint32_t);
+                Tiles::template load<4>(a_part, stride_a);
+                Tiles::template load<5>(a_part + size_t(kAmxTile) * kAmxPanelPairs, stride_a);
+                Tiles::template load<6>(b_part, stride_b);
+                Tiles::template load<7>(b_part + kAmxTile, stride_b);
+                Tiles::template dpbf16ps<0, 4, 6>();
+                Tiles::template dpbf16ps<1, 4, 7>();
+                Tiles::template dpbf16ps<2, 5, 6>();
+                Tiles::template dpbf16ps<3, 5, 7>();
+              }
+          end_c_tile<Tiles, 0>(c00, scratch);
+          end_c_tile<Tiles, 1>(c01, scratch);
+          end_c_tile<Tiles, 2>(c10, scratch);
+          end_c_tile<Tiles, 3>(c11, scratch);
+        }
       }
     }
   }
+}
+
+// C[m, n] (+)= A B as gemm_f32_1xn__generic describes it (both layouts of A, the triangles, only
+// C(i, j <= i) written for c_lower), A and B as amx_parts_of(d) bf16 parts. Needs kGemmTiles loaded.
+template <class Tiles>
+void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                          float* c, int ldc) {
+  if (amx_parts_of(d) == 1)
+    gemm_bf16_parts_32x32__amx<Tiles, 1>(d, m, n, k, a, lda, b, ldb, c, ldc);
+  else
+    gemm_bf16_parts_32x32__amx<Tiles, kExactParts>(d, m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 }  // namespace
