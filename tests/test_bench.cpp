@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "cpu/targets.h"
 
 namespace flat::test {
 namespace {
@@ -210,6 +211,18 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   }
   if (!ceilings["bf16_dot_gflop_per_s"].is_null())
     expect_positive(ceilings["bf16_dot_gflop_per_s"]["all_threads"], "bf16_dot_gflop_per_s");
+  // The tile peak where the amx target runs, and every kernel's percent of it; null elsewhere.
+  const cpu::Target* amx = cpu::find_target("amx");
+  const bool tiles = amx && cpu::supported(*amx);
+  ASSERT_EQ(ceilings["bf16_tile_gflop_per_s"].is_null(), !tiles);
+  if (tiles) {
+    expect_positive(ceilings["bf16_tile_gflop_per_s"]["one_thread"], "bf16_tile_gflop_per_s");
+    expect_positive(ceilings["bf16_tile_gflop_per_s"]["all_threads"], "bf16_tile_gflop_per_s");
+  }
+  EXPECT_NE(table.find(tiles ? "| bf16 tile peak GFLOP/s (amx tdpbf16ps" : "| bf16 tile peak GFLOP/s (amx) | none"),
+            std::string::npos)
+      << table;
+  EXPECT_TRUE(json["against"].is_null());
 
   const Json& kernels = json["kernels"];
   ASSERT_EQ(kernels.items.size(), 4u);
@@ -225,6 +238,8 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
          {"percent_of_bound", "thread_scaling", "speedup_over_unfused", "speedup_over_recurrent"})
       expect_positive(k[number], what + " " + number);
     EXPECT_TRUE(k["bound"].text == "compute" || k["bound"].text == "memory") << k["bound"].text;
+    EXPECT_EQ(k["percent_of_bf16_tile_peak"].is_null(), !tiles) << what;
+    EXPECT_TRUE(k["against"].is_null() && k["speedup_over_against"].is_null()) << what;
   }
   EXPECT_NEAR(kernels[2]["fused"]["ms"].number, kernels[0]["fused"]["ms"].number + kernels[1]["fused"]["ms"].number,
               1e-3 * kernels[2]["fused"]["ms"].number);
@@ -269,6 +284,37 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_EQ(count(svg, ">gla bwd</text>"), 3u);
   EXPECT_EQ(count(svg, ">gla dec</text>"), 3u);
   EXPECT_NE(svg.find("fp32 FMA peak"), std::string::npos);
+}
+
+// --against: every fused pass timed on a second target in the same run (here the default target
+// itself, which every machine runs), its table and its JSON.
+TEST(Bench, AgainstASecondTargetSideBySide) {
+  const OutputFiles files;
+  const std::string other = cpu::default_target().name;
+  std::ostringstream out, err;
+  const int status = tool::bench_command({"--shape", "1,64,2,16,16", "--variant", "la", "--repeats", "1", "--threads",
+                                          "2", "--quick-ceilings", "--serving-shape", "1,1,8,1", "--against", other,
+                                          "--json", files.json.string()},
+                                         out, err);
+  ASSERT_EQ(status, 0) << err.str();
+  EXPECT_NE(err.str().find("[3/16] la forward, fused on " + other + " ... "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("[16/16] la decode, fp32 recurrent baseline ... "), std::string::npos) << err.str();
+  const std::string table = out.str();
+  EXPECT_NE(table.find("The same fused kernels on " + other + " in this run"), std::string::npos) << table;
+  EXPECT_NE(table.find("| variant | pass | " + other + " ms | " + other + " ms | speedup |"), std::string::npos)
+      << table;
+
+  const Json json = JsonParser(read_file(files.json)).document();
+  EXPECT_EQ(json["against"].text, other);
+  const Json& kernels = json["kernels"];
+  ASSERT_EQ(kernels.items.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    expect_timing(kernels[i]["against"], "la " + kernels[i]["pass"].text + " against");
+    expect_positive(kernels[i]["speedup_over_against"], "la " + kernels[i]["pass"].text + " speedup");
+  }
+  EXPECT_NEAR(kernels[2]["against"]["ms"].number,
+              kernels[0]["against"]["ms"].number + kernels[1]["against"]["ms"].number,
+              1e-3 * kernels[2]["against"]["ms"].number);
 }
 
 // The convolution alone, at a shape of its own: its table and its JSON section.
@@ -375,6 +421,8 @@ TEST(Bench, BadOptionsFailWithOneLine) {
       {"--norm-shape", "1,0,2,16"},
       {"--serving-shape", "64,4,1024"},
       {"--serving-shape", "64,0,1024,4"},
+      {"--against", "nope"},
+      {"--against"},
   };
   for (const auto& args : cases) {
     std::string joined;
@@ -385,6 +433,14 @@ TEST(Bench, BadOptionsFailWithOneLine) {
     const std::string message = err.str();
     EXPECT_EQ(count(message, "\n"), 1u) << joined << ": " << message;
     EXPECT_EQ(message.rfind("flat", 0), 0u) << joined << ": " << message;
+  }
+  // A compiled target this CPU does not run is refused by name.
+  for (const cpu::Target* target : cpu::compiled_targets()) {
+    if (cpu::supported(*target)) continue;
+    std::ostringstream out, err;
+    EXPECT_EQ(tool::bench_command({"--against", target->name}, out, err), 2) << target->name;
+    EXPECT_EQ(err.str(), std::string("flat bench: --against: this CPU (or its OS) does not run the ") + target->name +
+                             " target\n");
   }
 }
 

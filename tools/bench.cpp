@@ -22,6 +22,8 @@
 #include "bench_serve.h"
 #include "bench_workload.h"
 #include "ceilings.h"
+#include "cpu/float_mode.h"
+#include "cpu/recurrence.h"
 #include "cpu/run.h"
 #include "cpu/targets.h"
 #include "flat/flat.h"
@@ -144,6 +146,12 @@ BenchOptions parse(const std::vector<std::string>& args) {
       o.solve = parse_solve(value());
     } else if (a == "--precision") {
       o.precision = parse_precision(value());
+    } else if (a == "--against") {
+      const std::string& name = value();
+      o.against = cpu::find_target(name);
+      if (!o.against) throw Error("flat bench: --against: no target named '" + name + "' in this build");
+      if (!cpu::supported(*o.against))
+        throw Error("flat bench: --against: this CPU (or its OS) does not run the " + name + " target");
     } else if (a == "--quick-ceilings") {
       o.quick_ceilings = true;
     } else {
@@ -217,6 +225,18 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
     k.variant = name;
     k.pass = label;
     k.fused = {measure(label + ", fused", repeats, run_fused(threads)), flops, bytes};
+    if (o.against) {
+      // As flat::forward and flat::backward run a call (src/api.cpp, src/cpu/backend.cpp), on the
+      // other target: the arguments described, the calling thread's subnormals flushed.
+      const cpu::Run against{*o.against, {threads}};
+      k.against = Timing{measure(label + ", fused on " + o.against->name, repeats,
+                                 [&] {
+                                   const cpu::FlushSubnormals mode(true);
+                                   backward ? cpu::recurrence_backward(describe_backward(variant, ba, options), against)
+                                            : cpu::recurrence_forward(describe_forward(variant, fa, options), against);
+                                 }),
+                         flops, bytes};
+    }
     if (threads > 1)
       k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(1)),
                                flops, bytes);
@@ -269,7 +289,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
   }
   report.kernels.push_back({name, "fwd+bwd", forward.fused + backward.fused,
                             forward.fused_1thread + backward.fused_1thread, forward.unfused + backward.unfused,
-                            forward.recurrent + backward.recurrent});
+                            forward.recurrent + backward.recurrent, forward.against + backward.against});
   report.kernels.push_back(bench_pass(Pass::decode));
 }
 
@@ -314,8 +334,9 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.serving_repeats = kServingRepeats;
   report.isa = cpu::default_target().name;
   report.products = cpu::default_target().products;
+  if (o.against) report.against = o.against->name;
 
-  const int per_variant = threads > 1 ? 12 : 9, per_gated_variant = 4;
+  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 3 : 0), per_gated_variant = 4;
   int measurements = 1;
   for (Variant variant : o.variants) measurements += per_variant + (has_model_gates(info(variant)) ? per_gated_variant : 0);
   Progress progress(err, measurements);

@@ -15,6 +15,7 @@
 #include "bench_model.h"
 #include "bench_norm.h"
 #include "bench_serve.h"
+#include "cpu/targets.h"
 #include "flat/flat.h"
 #include "variants.h"
 
@@ -41,6 +42,9 @@ struct BenchOptions {
   int repeats = 5;
   Solve solve = Solve::automatic;
   Precision precision = Precision::exact;
+  // A second target the fused kernels run on in the same run, each pass right after the default
+  // target's, for the speedup (--against avx512); null for none.
+  const cpu::Target* against = nullptr;
   bool conv = true;                 // the short convolution,
   ConvBenchOptions conv_shape;      // at this shape (--conv-shape B,S,C,W; tools/bench_conv.h)
   bool norm_gate = true;            // the output norm and gate,

@@ -14,6 +14,7 @@
 #endif
 
 #include "cpu/targets.h"
+#include "peak_tiles.h"
 
 namespace flat::tool {
 namespace {
@@ -119,6 +120,15 @@ Fp32Peak fp32_peak_loop() {
 std::optional<PeakLoop> bf16_peak_loop() {
 #if defined(__x86_64__)
   if (cpu::cpu_features() & cpu::kCpuAvx512Bf16) return PeakLoop{dot_bf16_avx512, kZmmChains * 64.0};
+#endif
+  return std::nullopt;
+}
+
+// The tile unit's bf16 peak where the amx target runs (its loop built with that target's flags).
+std::optional<PeakLoop> tile_peak_loop() {
+#if defined(FLAT_TOOL_TILE_PEAK)
+  const cpu::Target* amx = cpu::find_target("amx");
+  if (amx && cpu::supported(*amx)) return PeakLoop{tile_bf16_peak, kTilePeakFlopsPerIteration};
 #endif
   return std::nullopt;
 }
@@ -238,6 +248,7 @@ Ceilings measure_ceilings(int threads, bool quick) {
   c.fp32_loop = fp32.name;
   c.fp32_gflops = measure_peak(fp32.loop, threads, budget);
   if (const auto bf16 = bf16_peak_loop()) c.bf16_gflops = measure_peak(*bf16, threads, budget);
+  if (const auto tiles = tile_peak_loop()) c.tile_bf16_gflops = measure_peak(*tiles, threads, budget);
   return c;
 }
 

@@ -1,5 +1,6 @@
 // The machine's ceilings, measured in the process that runs the benchmark: copy bandwidth,
-// in-place update bandwidth, fp32 FMA peak and bf16 dot-product peak, on 1 thread and on all the benchmark's threads.
+// in-place update bandwidth, fp32 FMA peak, bf16 dot-product peak and bf16 tile peak, on 1 thread and on all the
+// benchmark's threads.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,8 @@ struct Ceilings {
   Rate fp32_gflops;        // fp32 multiply-add peak, a multiply-add counted as 2 FLOPs
   std::string fp32_loop;   // what measured it: "avx512 fma", "avx2 fma" or "portable"
   std::optional<Rate> bf16_gflops;  // bf16 dot-product peak (AVX512-BF16); absent without it
+  // bf16 tile peak (AMX-BF16 tdpbf16ps, tools/peak_tiles.h); absent where the amx target does not run
+  std::optional<Rate> tile_bf16_gflops;
 };
 
 // Measures every ceiling, best of a few runs each; about 2 s. `quick` shrinks the buffers and

@@ -26,7 +26,7 @@ std::string usage() {
          "                  [--norm-shape B,S,N,D] [--serving-shape DECODES,PREFILLS,LONGEST,DRAFT]\n"
          "                  [--threads N] [--dtype f32|bf16] [--chunk N] [--repeats N]\n"
          "                  [--solve auto|subst|blocked|doubling] [--precision exact|fast]\n"
-         "                  [--json FILE] [--plot FILE.svg]\n"
+         "                  [--against TARGET] [--json FILE] [--plot FILE.svg]\n"
          "VARIANT: " + variants + "\n"
          "run VARIANT and run conv also read optional sequence files from --in (int64 or int32):\n"
          "  cu_seqlens.npy             sequences packed along S of one batch row: states a row each\n"

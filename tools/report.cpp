@@ -96,6 +96,7 @@ Standing standing(const BenchReport& r, const Timing& t) {
   s.compute_bound = compute_seconds >= memory_seconds;
   s.percent_of_bound = std::max(compute_seconds, memory_seconds) / t.seconds * 100;
   if (c.bf16_gflops) s.percent_of_bf16_peak = t.gflops() / c.bf16_gflops->all * 100;
+  if (c.tile_bf16_gflops) s.percent_of_tile_peak = t.gflops() / c.tile_bf16_gflops->all * 100;
   return s;
 }
 
@@ -117,19 +118,39 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
                   c.bf16_gflops->all);
   else
     out << "| bf16 dot-product peak GFLOP/s | none on this CPU | none on this CPU |\n";
+  if (c.tile_bf16_gflops)
+    out << format("| bf16 tile peak GFLOP/s (amx tdpbf16ps, 4 accumulator tiles) | %.1f | %.1f |\n",
+                  c.tile_bf16_gflops->one, c.tile_bf16_gflops->all);
+  else
+    out << "| bf16 tile peak GFLOP/s (amx) | none on this CPU | none on this CPU |\n";
 
-  out << format("\nFused kernels on %d threads, median of %d runs after a warm-up (fwd+bwd: the sum of the two; "
-                "decode: one token, the state read from h0 and written to ht, median of %d runs):\n\n",
-                r.threads, r.repeats, r.decode_repeats);
-  out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | bound | % of bound | % of bf16 peak |\n"
-         "|---|---|---:|---:|---:|---:|---|---:|---:|\n";
+  out << format("\nFused kernels on %s at %s precision, %d threads, median of %d runs after a warm-up (fwd+bwd: "
+                "the sum of the two; decode: one token, the state read from h0 and written to ht, median of %d "
+                "runs):\n\n",
+                r.isa.c_str(), r.precision.c_str(), r.threads, r.repeats, r.decode_repeats);
+  out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | bound | % of bound | % of bf16 peak "
+         "| % of tile peak |\n"
+         "|---|---|---:|---:|---:|---:|---|---:|---:|---:|\n";
   for (const KernelResult& k : r.kernels) {
     const Timing& t = k.fused;
     const Standing s = standing(r, t);
-    out << format("| %-6s | %-8s | %s | %7.1f | %6.1f | %6.1f | %-7s | %5.1f | %s |\n", k.variant.c_str(),
+    out << format("| %-6s | %-8s | %s | %7.1f | %6.1f | %6.1f | %-7s | %5.1f | %s | %s |\n", k.variant.c_str(),
                   k.pass.c_str(), ms(t.seconds).c_str(), t.gflops(), t.gbs(), t.intensity(),
                   s.compute_bound ? "compute" : "memory", s.percent_of_bound,
-                  cell(s.percent_of_bf16_peak, "%5.1f").c_str());
+                  cell(s.percent_of_bf16_peak, "%5.1f").c_str(), cell(s.percent_of_tile_peak, "%5.1f").c_str());
+  }
+
+  if (!r.against.empty()) {
+    out << format("\nThe same fused kernels on %s in this run, same inputs, threads and precision (%s), each "
+                  "pass timed on %s right after %s; speedup = its time / %s's:\n\n",
+                  r.against.c_str(), r.precision.c_str(), r.against.c_str(), r.isa.c_str(), r.isa.c_str());
+    out << format("| variant | pass | %s ms | %s ms | speedup | %s GFLOP/s |\n|---|---|---:|---:|---:|---:|\n",
+                  r.isa.c_str(), r.against.c_str(), r.against.c_str());
+    for (const KernelResult& k : r.kernels)
+      out << format("| %-6s | %-8s | %s | %s | %s | %s |\n", k.variant.c_str(), k.pass.c_str(),
+                    ms(k.fused.seconds).c_str(), ms(seconds(k.against)).c_str(),
+                    cell(speedup(k.against, k.fused), "x%.2f").c_str(),
+                    cell(k.against ? std::optional<double>(k.against->gflops()) : std::nullopt, "%.1f").c_str());
   }
 
   out << format("\nBaselines on the same inputs in this run, median of %d runs after a warm-up; speedup = their "
@@ -228,13 +249,15 @@ void write_json(const BenchReport& r, std::ostream& out) {
                 "  \"decode_repeats\": %d,\n",
                 r.chunk, r.threads, r.repeats, r.baseline_repeats, r.decode_repeats);
   out << "  \"isa\": " << json_string(r.isa) << ",\n";
+  out << "  \"against\": " << (r.against.empty() ? "null" : json_string(r.against)) << ",\n";
   out << "  \"ceilings\": {\n";
   out << format("    \"threads\": %d,\n    \"copy_buffer_bytes\": %lld,\n", c.threads, (long long)c.copy_bytes);
   out << "    \"copy_gb_per_s\": " << json_rate(c.copy_gbs) << ",\n";
   out << "    \"update_gb_per_s\": " << json_rate(c.update_gbs) << ",\n";
   out << "    \"fp32_fma_gflop_per_s\": " << json_rate(c.fp32_gflops) << ",\n";
   out << "    \"fp32_fma_loop\": " << json_string(c.fp32_loop) << ",\n";
-  out << "    \"bf16_dot_gflop_per_s\": " << (c.bf16_gflops ? json_rate(*c.bf16_gflops) : "null") << "\n";
+  out << "    \"bf16_dot_gflop_per_s\": " << (c.bf16_gflops ? json_rate(*c.bf16_gflops) : "null") << ",\n";
+  out << "    \"bf16_tile_gflop_per_s\": " << (c.tile_bf16_gflops ? json_rate(*c.tile_bf16_gflops) : "null") << "\n";
   out << "  },\n";
   out << "  \"kernels\": [";
   for (size_t i = 0; i < r.kernels.size(); ++i) {
@@ -245,13 +268,16 @@ void write_json(const BenchReport& r, std::ostream& out) {
     out << "     \"fused\": " << json_timing(k.fused) << ",\n";
     out << "     \"bound\": " << json_string(s.compute_bound ? "compute" : "memory")
         << ", \"percent_of_bound\": " << json_number(s.percent_of_bound)
-        << ", \"percent_of_bf16_dot_peak\": " << json_number(s.percent_of_bf16_peak) << ",\n";
+        << ", \"percent_of_bf16_dot_peak\": " << json_number(s.percent_of_bf16_peak)
+        << ", \"percent_of_bf16_tile_peak\": " << json_number(s.percent_of_tile_peak) << ",\n";
     out << "     \"fused_1_thread\": " << json_timing(k.fused_1thread)
         << ", \"thread_scaling\": " << json_number(speedup(k.fused_1thread, k.fused)) << ",\n";
     out << "     \"unfused\": " << json_timing(k.unfused)
         << ", \"speedup_over_unfused\": " << json_number(speedup(k.unfused, k.fused)) << ",\n";
     out << "     \"recurrent_fp32\": " << json_timing(k.recurrent)
-        << ", \"speedup_over_recurrent\": " << json_number(speedup(k.recurrent, k.fused)) << "}";
+        << ", \"speedup_over_recurrent\": " << json_number(speedup(k.recurrent, k.fused)) << ",\n";
+    out << "     \"against\": " << json_timing(k.against)
+        << ", \"speedup_over_against\": " << json_number(speedup(k.against, k.fused)) << "}";
   }
   out << "\n  ],\n  \"gates\": [";
   for (size_t i = 0; i < r.gates.size(); ++i) {
@@ -380,6 +406,7 @@ void write_roofline_svg(const BenchReport& r, std::ostream& out) {
   };
   std::vector<Roof> roofs = {{"fp32 FMA peak", c.fp32_gflops.all}};
   if (c.bf16_gflops) roofs.push_back({"bf16 dot peak", c.bf16_gflops->all});
+  if (c.tile_bf16_gflops) roofs.push_back({"bf16 tile peak", c.tile_bf16_gflops->all});
   const std::vector<Point> points = roofline_points(r);
 
   // The ranges hold every point, the ridges with some of the bandwidth slope below them, and

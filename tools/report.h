@@ -22,6 +22,7 @@ struct KernelResult {
   Timing fused;                              // on the bench's threads
   std::optional<Timing> fused_1thread;       // absent when the bench runs on 1 thread
   std::optional<Timing> unfused, recurrent;  // absent when a baseline could not run
+  std::optional<Timing> against;             // the fused kernels on BenchReport::against, when given
 };
 
 // One pass of a variant with the weak gates of the tables above and with gates as the models
@@ -40,6 +41,9 @@ struct BenchReport {
   int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0, decode_repeats = 0, serving_repeats = 0;
   std::string isa;       // the target the fused kernels run on (src/cpu/targets.h)
   std::string products;  // what its chunk products run on, in words
+  // A second target the fused kernels ran on in the same run, for the speedup (flat bench
+  // --against); empty when none.
+  std::string against;
   Ceilings ceilings;
   std::vector<KernelResult> kernels;
   std::vector<GateResult> gates;  // the variants whose gates come from the input
@@ -70,6 +74,7 @@ struct Standing {
   bool compute_bound = false;
   double percent_of_bound = 0;
   std::optional<double> percent_of_bf16_peak;  // absent without a bf16 dot-product unit
+  std::optional<double> percent_of_tile_peak;  // absent where the amx target does not run
 };
 
 Standing standing(const BenchReport& report, const Timing& timing);
