@@ -114,15 +114,21 @@ ProductError product_error(bool on_tiles, const GemmDesc& d) {
 // C (+)= A B on the kernel the target chooses for each description against float64, every
 // element within the fp32 summation bound of its terms, in any order, plus the products' own
 // error (ProductError).
+// The sizes a product is checked at: every kernel's blocking (tile rows 6, row block 96, vectors
+// of 16, tiles of 64, k in pairs and panels of 128).
+struct GemmSizes {
+  std::vector<int> m = {1, 6, 7, 97}, n = {1, 15, 17, 64, 65}, k = {0, 1, 2, 3, 31, 128, 129, 257};
+};
+
 void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands, Precision precision = Precision::exact,
-                bool on_tiles = false) {
+                bool on_tiles = false, const GemmSizes& sizes = {}) {
   const bool bf16_values = operands == Operands::bf16_values;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const auto draw = [&] { return bf16_values ? to_bf16_value(uniform(rng)) : uniform(rng); };
-  for (int m : {1, 6, 7, 97})                           // tile rows 6, row block 96
-    for (int n : {1, 15, 17, 64, 65})                   // vectors of 16, tiles of 64
-      for (int k : {0, 1, 2, 3, 31, 128, 129, 257})     // pairs, panels of 128
+  for (int m : sizes.m)
+    for (int n : sizes.n)
+      for (int k : sizes.k)
         for (Triangle tri : {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower})
           for (bool a_transposed : {false, true})
             for (bool accumulate : {false, true}) {
@@ -172,12 +178,14 @@ TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
   on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, Operands::bf16_values); });
 }
 
+// The tile product's own edges: C tiles of 16 and blocks of 32 rows and columns, row groups of 64,
+// steps of 32 k and panels of 256.
 TEST(MicroKernels, TileGemmOnTheModelMatchesFloat64) {
   const OnTheTileModel model;
-  for (Precision precision : {Precision::exact, Precision::fast}) {
-    check_gemm(OnTheTileModel::choose, Operands::f32, precision, true);
-  }
-  check_gemm(OnTheTileModel::choose, Operands::bf16_values);
+  const GemmSizes edges{.m = {15, 16, 17, 33, 64, 97}, .n = {16, 17, 33, 65}, .k = {0, 1, 31, 32, 33, 257}};
+  for (Precision precision : {Precision::exact, Precision::fast})
+    check_gemm(OnTheTileModel::choose, Operands::f32, precision, true, edges);
+  check_gemm(OnTheTileModel::choose, Operands::bf16_values, Precision::exact, true, edges);
 }
 
 // Where this CPU runs the amx target: its tile product on the hardware against the same kernel on
