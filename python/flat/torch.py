@@ -341,6 +341,8 @@ _XP = _api.Xp(float32=lambda x: x.float(), narrow_float=lambda x: x.dtype in (to
 
 globals().update(_api.variant_functions(_run, _XP))
 
+from .context_parallel import context_parallel  # noqa: E402  (the same functions across a process group)
+
 
 def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_accepted: Tensor) -> Tensor:
     """After a speculative step that wrote the state after each token to the pool's row

@@ -1,0 +1,118 @@
+"""flat.torch.context_parallel on 2 and 3 processes (gloo, loopback): every variant's share of o, the
+final state and every gradient against the float64 oracle on the whole sequence, at the oracle
+tests' bounds; uneven shares, a share shorter than a chunk, an empty share; a rank whose arguments
+are refused raises its error and every other rank one naming it, none waits."""
+
+import datetime
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from oracle import NAMES, Problem, bound, expect_close
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# Tokens per rank of a 70-token sequence (chunk 64): uneven, shorter than a chunk, empty.
+SPLITS = {2: [(35, 35), (5, 65), (0, 70)], 3: [(20, 0, 50), (1, 64, 5)]}
+
+
+def _share(x, start, end, dtype):
+    if x is None:
+        return None
+    return torch.tensor(np.ascontiguousarray(x[:, start:end]), dtype=dtype).requires_grad_()
+
+
+def _check_variant(cp, rank, world, variant, dtype, split):
+    shared = {"q": 1, "k": 1, "g": 1, "b": 1} if variant == "sla" else {"q": 1, "k": 1}
+    p = Problem(variant, dtype, G=4 if variant == "sla" else None, heads=shared)
+    (y, ht), grads = p.reference()
+    start = sum(split[:rank])
+    end = start + split[rank]
+    narrow = DTYPES[dtype]
+    per_sequence_gate = p.g is not None and p.g.ndim == 1
+    inputs = dict(q=_share(p.q, start, end, narrow), k=_share(p.k, start, end, narrow),
+                  v=_share(p.v, start, end, narrow),
+                  g=(torch.tensor(p.g, dtype=torch.float32).requires_grad_() if per_sequence_gate
+                     else _share(p.g, start, end, torch.float32)),
+                  beta=_share(p.beta, start, end, narrow), b=_share(p.b, start, end, narrow),
+                  w=_share(p.w, start, end, narrow),
+                  initial_state=torch.tensor(p.h0, dtype=torch.float32).requires_grad_() if rank == 0 else None)
+    kwargs = {name: t for name, t in inputs.items() if t is not None}
+    if variant in ("kda", "gdn2", "sla"):
+        kwargs["gate_group"] = p.G
+    o, final_state = getattr(cp, variant)(**kwargs, output_final_state=True)
+    what = f"{variant} {dtype} split {split} rank {rank}"
+    assert o.shape[1] == end - start, what
+    if end > start:
+        expect_close(f"{what}: o", o.float().detach(), y[:, start:end], bound("o", dtype))
+    expect_close(f"{what}: final_state", final_state.detach(), ht, bound("final_state", dtype))
+    # The loss: every rank its share of <o, dy>, rank 0 the final state's <ht, dht>.
+    outputs, cotangents = [o], [torch.tensor(p.dy[:, start:end], dtype=o.dtype)]
+    if rank == 0:
+        outputs.append(final_state)
+        cotangents.append(torch.tensor(p.dht, dtype=torch.float32))
+    torch.autograd.backward(outputs, cotangents)
+    for name, want in zip(["q", "k", "v", "g", "beta", "b", "w", "initial_state"], grads):
+        if want is None or (name == "initial_state" and rank != 0):
+            continue
+        got = inputs[name].grad.float()
+        if name == "g" and per_sequence_gate:  # one gate per head for every token: summed over the ranks
+            dist.all_reduce(got)
+        elif name != "initial_state":
+            want = want[:, start:end]
+        if got.numel():
+            expect_close(f"{what}: d{name}", got, want, bound("d" + name, dtype))
+
+
+def _refused_argument_stops_every_rank(cp, rank):
+    p = Problem("gla", "float32")
+    q, k, v, g = (torch.tensor(x, dtype=torch.float32) for x in (p.q, p.k, p.v, p.g))
+    if rank == 1:
+        g = g[..., :3]  # a gate of the wrong width on one rank
+    try:
+        cp.gla(q, k, v, g)
+    except ValueError as e:
+        assert rank == 1 and "g" in str(e), str(e)
+    except RuntimeError as e:
+        assert rank != 1 and "rank 1 of the group raised" in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {rank}: no error")
+
+
+def _worker(rank, world, port, variants):
+    import flat.torch as ft
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        torch.set_num_threads(1)
+        cp = ft.context_parallel()
+        for variant in variants:
+            for dtype in DTYPES:
+                for split in SPLITS[world]:
+                    _check_variant(cp, rank, world, variant, dtype, split)
+        _refused_argument_stops_every_rank(cp, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_variant_split_across_ranks_matches_the_oracle(world):
+    mp.spawn(_worker, args=(world, _free_port(), NAMES), nprocs=world, join=True)
+
+
+def test_refused_without_a_process_group():
+    import flat.torch as ft
+
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
+        ft.context_parallel()
