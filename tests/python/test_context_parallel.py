@@ -1,6 +1,6 @@
 """flat.torch.context_parallel on 2 and 3 processes (gloo, loopback): every variant's share of o, the
-final state and every gradient against the float64 oracle on the whole sequence, at the oracle
-tests' bounds; uneven shares, a share shorter than a chunk, an empty share; a rank whose arguments
+final state and every gradient, and the short convolution's, against the float64 oracle on the
+whole sequence, at the oracle tests' bounds; uneven shares, a share shorter than a chunk, an empty share; a rank whose arguments
 are refused raises its error and every other rank one naming it, none waits."""
 
 import datetime
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from oracle import NAMES, Problem, bound, expect_close
+from oracle import NAMES, Problem, bound, expect_close, reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -68,6 +68,40 @@ def _check_variant(cp, rank, world, variant, dtype, split):
             expect_close(f"{what}: d{name}", got, want, bound("d" + name, dtype))
 
 
+def _check_conv(cp, rank, split, W):
+    """The short convolution (W taps) split as `split` against the oracle on the whole sequence;
+    weight and bias gradients are each rank's share, summed over the ranks."""
+    rng = np.random.default_rng(3)
+    B, T, C = 2, sum(split), 24
+    arrays = (rng.standard_normal((B, T, C)), rng.standard_normal((C, W)), rng.standard_normal(C),
+              rng.standard_normal((B, C, W - 1)), rng.standard_normal((B, T, C)), rng.standard_normal((B, C, W - 1)))
+    x, weight, bias, state0, dy, dstate = [np.asarray(a, np.float32).astype(np.float64) for a in arrays]
+    y, state, dx, dweight, dbias, dstate0 = reference.reference_conv(B, T, C, W, "silu", x, weight, bias, state0, dy,
+                                                                     dstate)
+    start = sum(split[:rank])
+    end = start + split[rank]
+    tx = torch.tensor(x[:, start:end], dtype=torch.float32, requires_grad=True)
+    tw, tb = (torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (weight, bias))
+    ts = torch.tensor(state0, dtype=torch.float32, requires_grad=True) if rank == 0 and W > 1 else None
+    got_y, got_state = cp.conv(tx, tw, tb, initial_state=ts, output_final_state=True, activation="silu")
+    what = f"conv W={W} split {split} rank {rank}"
+    expect_close(f"{what}: y", got_y.detach(), y[:, start:end], 1e-5)
+    if W > 1:
+        expect_close(f"{what}: state", got_state.detach(), state, 1e-5)
+    outputs, cotangents = [got_y], [torch.tensor(dy[:, start:end], dtype=torch.float32)]
+    if ts is not None:
+        outputs.append(got_state)
+        cotangents.append(torch.tensor(dstate, dtype=torch.float32))
+    torch.autograd.backward(outputs, cotangents)
+    if end > start:
+        expect_close(f"{what}: dx", tx.grad, dx[:, start:end], 1e-5)
+    for name, got, want in (("dweight", tw.grad, dweight), ("dbias", tb.grad, dbias)):
+        dist.all_reduce(got)
+        expect_close(f"{what}: {name}", got, want, 1e-5)
+    if ts is not None:
+        expect_close(f"{what}: dstate0", ts.grad, dstate0, 1e-5)
+
+
 def _refused_argument_stops_every_rank(cp, rank):
     p = Problem("gla", "float32")
     q, k, v, g = (torch.tensor(x, dtype=torch.float32) for x in (p.q, p.k, p.v, p.g))
@@ -95,6 +129,10 @@ def _worker(rank, world, port, variants):
             for dtype in DTYPES:
                 for split in SPLITS[world]:
                     _check_variant(cp, rank, world, variant, dtype, split)
+        # Shares shorter than the window, so that a rank's window reaches back past its predecessor.
+        for split in SPLITS[world] + [(2,) * world, (1, 0, 2)[:world]]:
+            for W in (1, 2, 4):
+                _check_conv(cp, rank, split, W)
         _refused_argument_stops_every_rank(cp, rank)
     finally:
         dist.destroy_process_group()
