@@ -105,13 +105,15 @@ def _context_parallel_run(run, group):
 
     def cp_run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
                **options):
-        if any(x is not None for x in sequences):
-            raise ValueError("flat.torch.context_parallel: cu_seqlens and state pools are not supported yet: pass "
-                             "each rank's share of one dense batch")
         rank = dist.get_rank(group)
-        B, H, K, V = v.shape[0], v.shape[2], k.shape[3], v.shape[3]
         error, local = None, None
         try:
+            if any(x is not None for x in sequences):
+                raise ValueError("flat.torch.context_parallel: cu_seqlens and state pools are not supported yet: "
+                                 "pass each rank's share of one dense batch")
+            # The state's heads: the most of any input's (one with fewer is shared, python/flat/_api.py).
+            H = max(x.shape[2] for x in (q, k, v, g, beta, b, w) if x is not None and x.dim() >= 3)
+            B, K, V = v.shape[0], k.shape[3], v.shape[3]
             # [S, M]: the share's final state from zero and its transition, in one run V + K wide.
             start = torch.cat([torch.zeros(B, H, K, V), torch.eye(K).expand(B, H, K, K)], dim=-1)
             _, local = run(variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0), initial_state=start,
@@ -145,15 +147,14 @@ def _context_parallel_conv(conv, group):
 
     def cp_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None,
                 cu_seqlens=None, **pool):
-        if cu_seqlens is not None or any(v is not None for v in pool.values()):
-            raise ValueError("flat.torch.context_parallel: conv: cu_seqlens and state pools are not supported yet: "
-                             "pass each rank's share of one dense batch")
         if weight.shape[-1] == 1:  # no window reaches back: nothing to exchange
-            return conv(x, weight, bias, initial_state=initial_state, output_final_state=output_final_state,
-                        activation=activation)
+            return conv(x, weight, bias, initial_state, output_final_state, activation, cu_seqlens, **pool)
         rank = dist.get_rank(group)
         error, payload = None, None
         try:
+            if cu_seqlens is not None or any(v is not None for v in pool.values()):
+                raise ValueError("flat.torch.context_parallel: conv: cu_seqlens and state pools are not supported "
+                                 "yet: pass each rank's share of one dense batch")
             B, T, C = x.shape
             width = weight.shape[1] - 1  # the state's inputs
             kept = min(T, width)

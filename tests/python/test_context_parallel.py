@@ -102,6 +102,38 @@ def _check_conv(cp, rank, split, W):
         expect_close(f"{what}: dstate0", ts.grad, dstate0, 1e-5)
 
 
+def _check_layer(rank, variant, split):
+    """A flat.nn layer on flat.nn.context_parallel() against the same layer in one process on the
+    whole sequence: the output's share, the input's gradient share, every parameter's gradient
+    (each rank's share, summed over the ranks)."""
+    from flat.nn import LAYERS, context_parallel
+    from test_nn import BOUND, CONFIGS, relative_error
+
+    torch.manual_seed(0)
+    whole = LAYERS[variant](**CONFIGS[variant])
+    split_layer = LAYERS[variant](**CONFIGS[variant], ops=context_parallel())
+    split_layer.load_state_dict(whole.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, sum(split), 32, generator=generator, requires_grad=True)
+    dy = torch.randn(2, sum(split), 32, generator=generator)
+    start = sum(split[:rank])
+    end = start + split[rank]
+    (whole(x)[0] * dy).sum().backward()
+    share = x.detach()[:, start:end].clone().requires_grad_()
+    y = split_layer(share)[0]
+    (y * dy[:, start:end]).sum().backward()
+    what = f"{variant} layer split {split} rank {rank}"
+    with torch.no_grad():
+        want_y = whole(x)[0][:, start:end]
+    if end > start:
+        assert relative_error(y, want_y) <= BOUND, f"{what}: y {relative_error(y, want_y):.3g}"
+        assert relative_error(share.grad, x.grad[:, start:end]) <= BOUND, f"{what}: dx"
+    for (name, p), (_, q) in zip(whole.named_parameters(), split_layer.named_parameters()):
+        got = q.grad if q.grad is not None else torch.zeros_like(q)
+        dist.all_reduce(got)
+        assert relative_error(got, p.grad) <= BOUND, f"{what}: d{name} {relative_error(got, p.grad):.3g}"
+
+
 def _refused_argument_stops_every_rank(cp, rank):
     p = Problem("gla", "float32")
     q, k, v, g = (torch.tensor(x, dtype=torch.float32) for x in (p.q, p.k, p.v, p.g))
@@ -133,6 +165,9 @@ def _worker(rank, world, port, variants):
         for split in SPLITS[world] + [(2,) * world, (1, 0, 2)[:world]]:
             for W in (1, 2, 4):
                 _check_conv(cp, rank, split, W)
+        for variant in variants:
+            for split in SPLITS[world][1:]:
+                _check_layer(rank, variant, split)
         _refused_argument_stops_every_rank(cp, rank)
     finally:
         dist.destroy_process_group()

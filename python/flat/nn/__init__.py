@@ -14,7 +14,7 @@
 from .layers import (DeltaNet, FusedRMSNormGated, GatedDeltaNet, GatedDeltaNet2, GatedLinearAttention,
                      KimiDeltaAttention, LinearAttention, Mamba2, MultiScaleRetention, ShortConvolution,
                      SystolicLinearAttention)
-from .ops import KERNELS, REFERENCE, State
+from .ops import KERNELS, REFERENCE, State, context_parallel
 
 LAYERS = {
     "la": LinearAttention,

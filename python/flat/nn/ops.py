@@ -7,7 +7,8 @@
   it, so it checks the kernels' gradients independently of their derivation.
 
 A layer takes ``ops=`` (``"kernels"``, the default, or ``"reference"``), so one module can be
-checked against itself.
+checked against itself; ``context_parallel(group)`` gives the kernels with every layer's sequence
+split along T across a process group.
 """
 
 from typing import NamedTuple, Optional
@@ -38,27 +39,40 @@ class Ops(NamedTuple):
     norm: object
 
 
-def _kernel_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
-                       output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, precision="exact",
-                       **sequences):
-    inputs = {name: t for name, t in dict(g=g, beta=beta, b=b, w=w).items() if t is not None}
-    if gate_group is not None:
-        inputs["gate_group"] = gate_group
-    return getattr(ft, variant)(q, k, v, **inputs, scale=scale, initial_state=initial_state,
-                                output_final_state=output_final_state,
-                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, precision=precision, **sequences)
+def _kernel_ops(functions) -> Ops:
+    """The operations on flat's kernels, as `functions` (flat.torch, or flat.torch.context_parallel's)
+    runs them."""
+
+    def recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
+                   output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, precision="exact",
+                   **sequences):
+        inputs = {name: t for name, t in dict(g=g, beta=beta, b=b, w=w).items() if t is not None}
+        if gate_group is not None:
+            inputs["gate_group"] = gate_group
+        return getattr(functions, variant)(q, k, v, **inputs, scale=scale, initial_state=initial_state,
+                                           output_final_state=output_final_state,
+                                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, precision=precision,
+                                           **sequences)
+
+    def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, **sequences):
+        # The kernel's taps, bias and state are float32 whatever the model's dtype; a pool it writes in
+        # place is passed as it is (the kernel refuses one that is not float32).
+        if initial_state is not None and not Sequences(**sequences).writes_pool:
+            initial_state = initial_state.float()
+        return functions.conv(x, weight.float(), None if bias is None else bias.float(), initial_state,
+                              output_final_state, activation, **sequences)
+
+    return Ops(recurrence=recurrence, conv=conv, norm=ft.rms_norm_gated)
 
 
-def _kernel_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, **sequences):
-    # The kernel's taps, bias and state are float32 whatever the model's dtype; a pool it writes in
-    # place is passed as it is (the kernel refuses one that is not float32).
-    if initial_state is not None and not Sequences(**sequences).writes_pool:
-        initial_state = initial_state.float()
-    return ft.conv(x, weight.float(), None if bias is None else bias.float(), initial_state, output_final_state,
-                   activation, **sequences)
+KERNELS = _kernel_ops(ft)
 
 
-KERNELS = Ops(recurrence=_kernel_recurrence, conv=_kernel_conv, norm=ft.rms_norm_gated)
+def context_parallel(group=None) -> Ops:
+    """flat's kernels with every layer's sequence split along T across the ranks of `group`
+    (flat.torch.context_parallel; None: the default group), for a layer's ``ops=``: each rank passes
+    its share of the tokens, and gets its share of the output."""
+    return _kernel_ops(ft.context_parallel(group))
 
 
 # ---- Plain PyTorch ----------------------------------------------------------------------------
