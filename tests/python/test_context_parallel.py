@@ -169,6 +169,9 @@ def _worker(rank, world, port, variants):
             for split in SPLITS[world][1:]:
                 _check_layer(rank, variant, split)
         _refused_argument_stops_every_rank(cp, rank)
+        # No rank tears its connections down while another still uses them (gloo aborted at exit,
+        # now and then, without it).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
