@@ -179,10 +179,10 @@ TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
 }
 
 // The tile product's own edges: C tiles of 16 and blocks of 32 rows and columns, row groups of 64,
-// steps of 32 k and panels of 256.
+// steps of 32 k and panels of 256; single rows and columns, an odd k within a pair.
 TEST(MicroKernels, TileGemmOnTheModelMatchesFloat64) {
   const OnTheTileModel model;
-  const GemmSizes edges{.m = {15, 16, 17, 33, 64, 97}, .n = {16, 17, 33, 65}, .k = {0, 1, 31, 32, 33, 257}};
+  const GemmSizes edges{.m = {1, 15, 16, 17, 33, 64, 97}, .n = {1, 16, 17, 33, 65}, .k = {0, 1, 2, 31, 32, 33, 257}};
   for (Precision precision : {Precision::exact, Precision::fast})
     check_gemm(OnTheTileModel::choose, Operands::f32, precision, true, edges);
   check_gemm(OnTheTileModel::choose, Operands::bf16_values, Precision::exact, true, edges);
