@@ -1,7 +1,8 @@
 """flat.torch.context_parallel on 2 and 3 processes (gloo, loopback): every variant's share of o, the
 final state and every gradient, and the short convolution's, against the float64 oracle on the
-whole sequence, at the oracle tests' bounds; uneven shares, a share shorter than a chunk, an empty share; a rank whose arguments
-are refused raises its error and every other rank one naming it, none waits."""
+whole sequence, at the oracle tests' bounds; uneven shares, a share shorter than a chunk, an empty
+share; one all-gather per call whatever the length; a rank whose arguments are refused raises its
+error and every other rank one naming it, none waits."""
 
 import datetime
 import socket
@@ -134,6 +135,37 @@ def _check_layer(rank, variant, split):
         assert relative_error(got, p.grad) <= BOUND, f"{what}: d{name} {relative_error(got, p.grad):.3g}"
 
 
+def _one_gather_per_call_whatever_the_length(cp, rank):
+    """A forward is one all-gather of B H K (2V + K) floats per rank (and the one-element agreement),
+    its backward one all-reduce of the gathered size, at any T."""
+    calls = []
+    all_gather, all_reduce = dist.all_gather, dist.all_reduce
+
+    def gather(parts, x, **kwargs):
+        calls.append(("all_gather", x.numel()))
+        return all_gather(parts, x, **kwargs)
+
+    def reduce(x, **kwargs):
+        calls.append(("all_reduce", x.numel()))
+        return all_reduce(x, **kwargs)
+
+    dist.all_gather, dist.all_reduce = gather, reduce
+    try:
+        world = dist.get_world_size()
+        for T in (8, 200):
+            B, H, K, V = 2, 2, 16, 8
+            q, k, g = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
+            v = torch.randn(B, T, H, V, requires_grad=True)
+            calls.clear()
+            o, _ = cp.gla(q, k, v, -torch.sigmoid(g))
+            assert calls == [("all_reduce", 1), ("all_gather", B * H * K * (2 * V + K))], calls
+            calls.clear()
+            o.sum().backward()
+            assert calls == [("all_reduce", world * B * H * K * (2 * V + K))], calls
+    finally:
+        dist.all_gather, dist.all_reduce = all_gather, all_reduce
+
+
 def _refused_argument_stops_every_rank(cp, rank):
     p = Problem("gla", "float32")
     q, k, v, g = (torch.tensor(x, dtype=torch.float32) for x in (p.q, p.k, p.v, p.g))
@@ -168,6 +200,7 @@ def _worker(rank, world, port, variants):
         for variant in variants:
             for split in SPLITS[world][1:]:
                 _check_layer(rank, variant, split)
+        _one_gather_per_call_whatever_the_length(cp, rank)
         _refused_argument_stops_every_rank(cp, rank)
         # No rank tears its connections down while another still uses them (gloo aborted at exit,
         # now and then, without it).
