@@ -34,6 +34,12 @@ const Backend& backend_for_call(const std::vector<validate::Named>& tensors, con
 
 namespace cpu {
 const Backend& backend();
-}
+
+struct Target;
+// The backend's forward and backward run as a call runs them (its workers, its subnormal mode),
+// on `target` rather than the default one: flat bench --against.
+void forward_on(const Target& target, const Params& p, const ExecutionContext& context);
+void backward_on(const Target& target, const Params& p, const ExecutionContext& context);
+}  // namespace cpu
 
 }  // namespace flat

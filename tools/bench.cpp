@@ -16,14 +16,13 @@
 #include <sstream>
 #include <thread>
 
+#include "backend.h"
 #include "baseline/baselines.h"
 #include "bench_conv.h"
 #include "bench_norm.h"
 #include "bench_serve.h"
 #include "bench_workload.h"
 #include "ceilings.h"
-#include "cpu/float_mode.h"
-#include "cpu/recurrence.h"
 #include "cpu/run.h"
 #include "cpu/targets.h"
 #include "flat/flat.h"
@@ -226,14 +225,12 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
     k.pass = label;
     k.fused = {measure(label + ", fused", repeats, run_fused(threads)), flops, bytes};
     if (o.against) {
-      // As flat::forward and flat::backward run a call (src/api.cpp, src/cpu/backend.cpp), on the
-      // other target: the arguments described, the calling thread's subnormals flushed.
-      const cpu::Run against{*o.against, {threads}};
+      ExecutionContext context;
+      context.threads = threads;
       k.against = Timing{measure(label + ", fused on " + o.against->name, repeats,
                                  [&] {
-                                   const cpu::FlushSubnormals mode(true);
-                                   backward ? cpu::recurrence_backward(describe_backward(variant, ba, options), against)
-                                            : cpu::recurrence_forward(describe_forward(variant, fa, options), against);
+                                   backward ? cpu::backward_on(*o.against, bp, context)
+                                            : cpu::forward_on(*o.against, fp, context);
                                  }),
                          flops, bytes};
     }

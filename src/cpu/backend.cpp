@@ -30,8 +30,8 @@ bool subnormals_kept_by_environment() {
   return kept;
 }
 
-Run run_of(const ExecutionContext& context) {
-  return {default_target(), workers_of(context), context.flush_subnormals && !subnormals_kept_by_environment()};
+Run run_of(const Target& target, const ExecutionContext& context) {
+  return {target, workers_of(context), context.flush_subnormals && !subnormals_kept_by_environment()};
 }
 
 void check_values(const char* name, const Tensor& tensor, validate::Values rule, const ExecutionContext& context) {
@@ -42,8 +42,9 @@ void check_values(const char* name, const Tensor& tensor, validate::Values rule,
 // reductions after the ranges) runs in the call's floating-point mode too, its mode restored
 // after; the worker threads' ranges each in their per-thread scope (src/cpu/run.h).
 template <class Problem>
-void run_driver(void (*driver)(const Problem&, const Run&), const Problem& p, const ExecutionContext& context) {
-  const Run run = run_of(context);
+void run_driver(void (*driver)(const Problem&, const Run&), const Problem& p, const ExecutionContext& context,
+                const Target& target = default_target()) {
+  const Run run = run_of(target, context);
   const FlushSubnormals mode(run.flush_subnormals);
   driver(p, run);
 }
@@ -60,6 +61,13 @@ void backward_norm_gate(const NormGateParams& p, const ExecutionContext& context
 }
 
 }  // namespace
+
+void forward_on(const Target& target, const Params& p, const ExecutionContext& context) {
+  run_driver(recurrence_forward, p, context, target);
+}
+void backward_on(const Target& target, const Params& p, const ExecutionContext& context) {
+  run_driver(recurrence_backward, p, context, target);
+}
 
 const Backend& backend() {
   static const Backend cpu{.device = Device::cpu,
