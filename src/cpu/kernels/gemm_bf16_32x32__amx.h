@@ -153,7 +153,55 @@ void end_c_tile(const CTile& t, float* scratch) {
       if (t.wanted(r, j)) t.c[size_t(r) * t.ldc + j] = scratch[r * kAmxTile + j];
 }
 
-// C[m, n] (+)= A B with A and B as Parts bf16 parts (gemm_bf16_32x32__amx).
+// The k steps [first, last) of a panel (from k0, `steps` of them) at which A's rows [r0, r0 + 32)
+// can be nonzero, per `tri`.
+struct StepRange {
+  int first, last;
+};
+inline StepRange nonzero_steps(Triangle tri, int r0, int k0, int steps) {
+  StepRange range{0, steps};
+  if (tri == Triangle::a_lower)  // k <= r0 + 31
+    range.last = std::min(steps, std::max(0, r0 + kAmxBlock - 1 - k0 + kAmxStepDepth) / kAmxStepDepth);
+  if (tri == Triangle::a_upper)  // k >= r0
+    range.first = std::min(range.last, std::max(0, r0 - k0) / kAmxStepDepth);
+  return range;
+}
+
+// One 32 x 32 block of C, its four tiles `c` (rows 0-15: c[0], c[1]; rows 16-31: c[2], c[3])
+// begun as zero or as C, then every pass of `steps` on A's packed rows (a_block, its 32 rows of the
+// group's pack) and B's packed strip, stored back.
+template <class Tiles, int Parts>
+void block_32x32__amx(const uint32_t* a_block, const uint32_t* b_strip, StepRange steps, const CTile (&c)[4],
+                      bool into, float* scratch) {
+  constexpr size_t a_part_words = size_t(kAmxGroupRows) * kAmxPanelPairs;
+  constexpr size_t b_part_words = size_t(kAmxPanelPairs) * kAmxBlock;
+  constexpr size_t stride_a = kAmxPanelPairs * sizeof(uint32_t), stride_b = kAmxBlock * sizeof(uint32_t);
+  begin_c_tile<Tiles, 0>(c[0], into, scratch);
+  begin_c_tile<Tiles, 1>(c[1], into, scratch);
+  begin_c_tile<Tiles, 2>(c[2], into, scratch);
+  begin_c_tile<Tiles, 3>(c[3], into, scratch);
+  for (int s = steps.first; s < steps.last; ++s)
+    for (int order = Parts - 1; order >= 0; --order)  // the passes A_i B_j, i + j = order
+      for (int i = 0; i <= order; ++i) {
+        const uint32_t* a_part = a_block + i * a_part_words + size_t(s) * kAmxTile;
+        const uint32_t* b_part = b_strip + (order - i) * b_part_words + size_t(s) * kAmxTile * kAmxBlock;
+        Tiles::template load<4>(a_part, stride_a);
+        Tiles::template load<5>(a_part + size_t(kAmxTile) * kAmxPanelPairs, stride_a);
+        Tiles::template load<6>(b_part, stride_b);
+        Tiles::template load<7>(b_part + kAmxTile, stride_b);
+        Tiles::template dpbf16ps<0, 4, 6>();
+        Tiles::template dpbf16ps<1, 4, 7>();
+        Tiles::template dpbf16ps<2, 5, 6>();
+        Tiles::template dpbf16ps<3, 5, 7>();
+      }
+  end_c_tile<Tiles, 0>(c[0], scratch);
+  end_c_tile<Tiles, 1>(c[1], scratch);
+  end_c_tile<Tiles, 2>(c[2], scratch);
+  end_c_tile<Tiles, 3>(c[3], scratch);
+}
+
+// C[m, n] (+)= A B with A and B as Parts bf16 parts (gemm_bf16_32x32__amx): per panel of k, A
+// packed per group of rows, B per strip of 32 columns, each block of the group on that strip.
 template <class Tiles, int Parts>
 void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
                                 int ldb, float* c, int ldc) {
@@ -162,6 +210,10 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const fl
   alignas(64) uint32_t a_pack[Parts * kAmxGroupRows * kAmxPanelPairs];
   alignas(64) uint32_t b_pack[Parts * kAmxPanelPairs * kAmxBlock];
   alignas(64) float scratch[kAmxTile * kAmxTile];
+  const auto c_tile = [&](int i0, int c0) {
+    return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile), i0 - c0,
+                 tri == Triangle::c_lower};
+  };
   for (int k0 = 0; k0 < k || k0 == 0; k0 += kAmxPanelDepth) {
     const int depth = k - k0 < kAmxPanelDepth ? k - k0 : kAmxPanelDepth;
     const int steps = (depth + kAmxStepDepth - 1) / kAmxStepDepth, pairs = steps * kAmxTile;
@@ -175,45 +227,12 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const fl
         pack_amx_b<Parts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
         for (int r0 = g0; r0 < group_end; r0 += kAmxBlock) {
           if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
-          // The block's steps whose k can be nonzero in A (rows [r0, r0 + 32), per d.triangle).
-          int first = 0, last = steps;
-          if (tri == Triangle::a_lower)  // k <= r0 + 31
-            last = std::min(steps, std::max(0, r0 + kAmxBlock - 1 - k0 + kAmxStepDepth) / kAmxStepDepth);
-          if (tri == Triangle::a_upper)  // k >= r0
-            first = std::min(last, std::max(0, r0 - k0) / kAmxStepDepth);
-          if (first == last && into) continue;
-          const uint32_t* a_block = a_pack + size_t(r0 - g0) * kAmxPanelPairs;
-          const auto tile = [&](int h, int w) {
-            const int i0 = r0 + kAmxTile * h, c0 = j0 + kAmxTile * w;
-            return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile),
-                         i0 - c0, tri == Triangle::c_lower};
-          };
-          const CTile c00 = tile(0, 0), c01 = tile(0, 1), c10 = tile(1, 0), c11 = tile(1, 1);
-          begin_c_tile<Tiles, 0>(c00, into, scratch);
-          begin_c_tile<Tiles, 1>(c01, into, scratch);
-          begin_c_tile<Tiles, 2>(c10, into, scratch);
-          begin_c_tile<Tiles, 3>(c11, into, scratch);
-          for (int s = first; s < last; ++s)
-            for (int order = Parts - 1; order >= 0; --order)  // the passes A_i B_j, i + j = order
-              for (int i = 0; i <= order; ++i) {
-                const uint32_t* a_part =
-                    a_block + size_t(i) * kAmxGroupRows * kAmxPanelPairs + size_t(s) * kAmxTile;
-                const uint32_t* b_part =
-                    b_pack + size_t(order - i) * kAmxPanelPairs * kAmxBlock + size_t(s) * kAmxTile * kAmxBlock;
-                const size_t stride_a = kAmxPanelPairs * sizeof(uint32_t), stride_b = kAmxBlock * sizeof(uint32_t);
-                Tiles::template load<4>(a_part, stride_a);
-                Tiles::template load<5>(a_part + size_t(kAmxTile) * kAmxPanelPairs, stride_a);
-                Tiles::template load<6>(b_part, stride_b);
-                Tiles::template load<7>(b_part + kAmxTile, stride_b);
-                Tiles::template dpbf16ps<0, 4, 6>();
-                Tiles::template dpbf16ps<1, 4, 7>();
-                Tiles::template dpbf16ps<2, 5, 6>();
-                Tiles::template dpbf16ps<3, 5, 7>();
-              }
-          end_c_tile<Tiles, 0>(c00, scratch);
-          end_c_tile<Tiles, 1>(c01, scratch);
-          end_c_tile<Tiles, 2>(c10, scratch);
-          end_c_tile<Tiles, 3>(c11, scratch);
+          const StepRange range = nonzero_steps(tri, r0, k0, steps);
+          if (range.first == range.last && into) continue;
+          const CTile tiles[4] = {c_tile(r0, j0), c_tile(r0, j0 + kAmxTile), c_tile(r0 + kAmxTile, j0),
+                                  c_tile(r0 + kAmxTile, j0 + kAmxTile)};
+          block_32x32__amx<Tiles, Parts>(a_pack + size_t(r0 - g0) * kAmxPanelPairs, b_pack, range, tiles, into,
+                                         scratch);
         }
       }
     }
