@@ -1,50 +1,81 @@
-"""Context parallelism on ``torch.distributed``: one sequence cut along T across the ranks of a
-process group, only states crossing between them (flat.torch.context_parallel).
+"""Context parallelism on ``torch.distributed``: a batch's sequences cut along T across the ranks of
+a process group, only states crossing between them (flat.torch.context_parallel).
 
     cp = flat.torch.context_parallel(group)          # None: the default group
     o, final_state = cp.gated_deltanet(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, final_state = cp.gated_deltanet(q, k, v, g, beta, cu_seqlens=cu_seqlens, output_final_state=True)
 
-Every rank passes its share of the tokens, rank 0 the first (``[B, T_r, H, K]``; the shares may be
-uneven, shorter than a chunk or empty) and every other argument as flat.torch takes it. The
-functions are flat.torch's (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla, and the
-short convolution conv), with the same arguments, and return the rank's share of ``o`` and, on every
-rank, the final state of the whole sequence. Forward and backward equal one process's on the whole
-sequence within rounding. The convolution exchanges each rank's last W-1 inputs the same way (one
-all-gather), each rank taking its predecessors' as its initial state.
+Every rank passes its share of the tokens, rank 0 the first, and every other argument as flat.torch
+takes it: a dense batch ``[B, T_r, H, K]``, each batch row one sequence, or a packed one
+``[1, T_r, H, K]`` with ``cu_seqlens`` the WHOLE batch's offsets ``[N + 1]`` (N sequences; offsets
+into the concatenation of every rank's share, ``cu_seqlens[N]`` the sum of the ``T_r``; the same
+tensor values on every rank). The shares may be uneven, shorter than a chunk or empty; a sequence
+may lie in one share or run across several, a share may hold only the middle of one, and sequences
+may be shorter than a chunk or empty. The functions are flat.torch's (la, retnet, mamba2, gla,
+deltanet, gated_deltanet, kda, gdn2, sla, and the short convolution conv), with the same arguments,
+and return the rank's share of ``o`` and, on every rank, every sequence's final state
+``[N, H, K, V]`` (``N = B`` for a dense batch). Forward and backward equal one process's on the whole
+batch within rounding.
 
 How (the seed's all-gather of states; FLA's context parallelism and LASP-2 do the same): every
 variant's state update is ``H_t = A_t H_{t-1} + k_t u_t^T``, with ``A_t`` acting on the state's K
-rows alone and its V columns independent. So a share's effect on any state is ``H -> M H + S``:
-``S`` the share's final state from zero, ``M`` its transition (K x K: the product of its ``A_t``;
-a decay vector for the additive family, ``prod (I - beta k k^T) Diag(decay)`` for the delta family).
-Both come from one run of the fused kernels over the share with K columns appended to the values
-(zero values, gdn2's write gate one) and the initial state ``[0, I]``: the final state is ``[S, M]``,
-formed chunkwise by the same kernels, never token by token. One all-gather of ``[S, M]`` (and rank
-0's initial state) per call, of ``B H K (2V + K)`` floats whatever T is; each rank folds its
-predecessors' into its true initial state and runs its share from it. The backward is autograd's
-through the same steps: the all-gather's gradient is one all-reduce of that size.
+rows alone and its V columns independent. So a rank's part of a sequence acts on that sequence's
+state as ``H -> M H + S``: ``S`` the part's final state from zero, ``M`` its transition (K x K: the
+product of its ``A_t``; a decay vector for the additive family, ``prod (I - beta k k^T) Diag(decay)``
+for the delta family). A rank cuts its share by the global offsets (the local ``cu_seqlens``: the
+global ones clipped to the share, so a part for every sequence, most of them empty) and runs the
+fused kernels once over it with K columns appended to the values (zero values, gdn2's write gate
+one), each sequence from ``[0, I]``, or from ``[h0_n, 0]`` (its initial state, no transition) where
+the sequence starts: the final states are every sequence's ``[S, M]``, ``M = 0`` where it starts,
+formed chunkwise by the same kernels, never token by token. One all-gather of them per call,
+``N H K (V + K)`` floats per rank whatever T is. Every rank folds them in rank order from zero,
+``H <- M H + S``, which gives the states entering each rank and every sequence's final state, and
+runs its share from the states entering it (a sequence starting there from its h0). A dense batch is
+the case of B sequences that all start on rank 0. The backward is autograd's through the same
+steps: the all-gather's gradient is one all-reduce of that size.
 
-Cost per rank: the share's forward twice (once V + K wide, once V wide) and the backward of both.
+The convolution's state is a sequence's last W-1 inputs, which a rank's part of a sequence sets to
+the last W-1 of (the state, the part's inputs). One run of the convolution over the share, each
+sequence from zero, or from its h0 where it starts, gives those inputs as its final states; they
+are gathered with how many of them the part sets (W-1 where the sequence starts, else as many as
+it holds): ``N C (W-1) + N`` floats per rank, folded the same way, so a window reaching back across
+several short shares reads every one of them.
 
-The initial state is read on rank 0 (the other ranks' ``initial_state`` is ignored and may be None),
-and its gradient arrives whole on rank 0's tensor. The final state is computed on every rank from
-the gathered states: a loss that uses it on every rank counts it once per rank.
+Cost per rank: the share's forward twice (once V + K wide, once V wide; the convolution's twice) and
+the backward of both, and the collectives above.
+
+The initial state (``[N, H, K, V]``; conv ``[N, C, W-1]``) may be passed on every rank, the same:
+sequence n's row is read on the rank where it starts, the first rank whose share ends at or after
+its offset ``cu_seqlens[n]`` (the rank holding its first token, or an earlier one where the sequence
+starts exactly at the end of that one's share, an empty sequence too; rank 0 for every row of a
+dense batch), and the row's gradient arrives on that rank's tensor, zero on the others' (sum the
+ranks' gradients, as data parallelism sums a parameter's). A rank where no sequence starts ignores
+its ``initial_state``, which may be None. The final states are computed on every rank from the
+gathered states: a loss that uses them on every rank counts them once per rank.
 
 The backward's all-reduce is a collective: every rank must run its backward through its outputs
 (as every rank of data parallelism runs its backward), or the others wait for it.
 
-Before the all-gather every rank says whether its own share's pass succeeded (a one-element
-all-reduce): a rank whose arguments are refused raises its own error and the others raise one that
-names it, so no rank waits on the all-gather. Not yet: ``cu_seqlens`` and state pools (refused),
-la's ``normalize`` (refused).
+Before the all-gather of states the ranks exchange, in one all-gather of four integers, whether
+each accepted its arguments, its share's length (the offsets the cut needs), the size of its states
+and a fingerprint of its ``cu_seqlens`` (refused unless every rank's are the same); the all-gather of
+states then carries whether each rank's first run succeeded. A rank whose arguments are refused
+raises its own error and the others one that names it, so no rank waits on a collective. Not
+supported: state pools (``initial_state_indices``, ``final_state_indices``, ``token_state_indices``:
+they are for serving, which cuts no sequence across ranks, not for training), la's ``normalize``
+(refused).
 """
 
 from types import SimpleNamespace
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from ._args import Sequences, check_sequences
+
+_NAME = "flat.torch.context_parallel"
 
 
 class _AllGather(torch.autograd.Function):
@@ -73,24 +104,110 @@ class _AllGather(torch.autograd.Function):
         return None, grad[dist.get_rank(ctx.group)]
 
 
-def _agree(group, error: Optional[BaseException]) -> None:
-    """Raises on every rank when any rank's share failed: the failing rank its own error, the
-    others one naming the first rank that failed."""
-    failed = torch.tensor([dist.get_world_size(group) if error is None else dist.get_rank(group)], dtype=torch.int64)
-    dist.all_reduce(failed, op=dist.ReduceOp.MIN, group=group)
+def _stop_if_any_failed(error: Optional[BaseException], failed: List[bool]) -> None:
+    """Raises on every rank when any rank failed (failed: one flag per rank): the failing rank its
+    own error, the others one naming the first rank that failed."""
     if error is not None:
         raise error
-    if failed.item() < dist.get_world_size(group):
-        raise RuntimeError(f"flat.torch.context_parallel: rank {failed.item()} of the group raised on its share "
-                           "(its own error says why); this rank stops too")
+    if any(failed):
+        raise RuntimeError(f"{_NAME}: rank {failed.index(True)} of the group raised on its share (its own error says "
+                           "why); this rank stops too")
 
 
-def _attached(out: Tensor, state: Tensor) -> Tensor:
-    """out, made to depend on the gathered states when it is empty (a share of no tokens), so that
-    this rank's backward reaches the all-gather's gradient, a collective every rank must join."""
-    if out.numel():
-        return out
-    return out + (state.sum() * 0).to(out.dtype)
+def _depending_on(x: Tensor, gathered: Tensor) -> Tensor:
+    """x, made to depend on the gathered states (by zero), so that this rank's backward reaches the
+    all-gather's gradient, a collective every rank must join."""
+    return x + (gathered.sum() * 0).to(x.dtype)
+
+
+def _across_ranks(group, call, output_final_state: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """A call split across `group`, `call` holding its math (_Recurrence, _Convolution):
+
+    - call.share() -> (T_r, size, fingerprint): the share's length, the floats of its effect and a
+      fingerprint of the batch's cu_seqlens (0 for a dense batch); raises on refused arguments;
+    - call.effect(offsets, rank) -> [size]: the share's effect on every sequence's state, given the
+      ranks' offsets [world + 1] into the whole batch;
+    - call.before_rank_0() -> every sequence's state before rank 0 (zero: an initial state enters
+      where its sequence starts);
+    - call.fold(state, effect) -> every sequence's state after a rank of that effect;
+    - call.own_pass(state) -> the share's output from the states entering it.
+
+    Returns (the share's output, every sequence's final state or None). Two collectives: the ranks'
+    (failed, T_r, size, fingerprint) in one small all-gather, then every rank's effect and whether it
+    failed."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    error, length, size, fingerprint = None, 0, 0, 0
+    try:
+        length, size, fingerprint = call.share()
+    except Exception as e:  # every rank learns of it before the next collective, so none waits there
+        error = e
+    parts = [torch.empty(4, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(parts, torch.tensor([error is not None, length, size, fingerprint], dtype=torch.int64),
+                    group=group)
+    failed, lengths, sizes, fingerprints = zip(*torch.stack(parts).tolist())  # each [world]
+    _stop_if_any_failed(error, [bool(flag) for flag in failed])
+    if len(set(fingerprints)) > 1:
+        others = [r for r in range(world) if fingerprints[r] != fingerprint]
+        raise ValueError(f"{_NAME}: cu_seqlens: expected the whole batch's offsets, the same on every rank, got "
+                         f"other ones (or none) than this rank's on ranks {others}")
+    if len(set(sizes)) > 1:
+        raise ValueError(f"{_NAME}: expected every rank to pass the same batch (B or num_seqs) and state (H, K, V; "
+                         f"conv: C, W), got states of {list(sizes)} floats on ranks 0 to {world - 1}")
+    offsets = [0]
+    for share_length in lengths:
+        offsets.append(offsets[-1] + share_length)
+    try:
+        effect = call.effect(offsets, rank)
+    except Exception as e:  # carried by the all-gather: every rank raises before any other collective
+        error, effect = e, torch.zeros(size)
+    # [world, size + 1]: every rank's effect, then whether it failed.
+    gathered = _AllGather.apply(group, torch.cat([effect.float(), torch.tensor([float(error is not None)])]))
+    _stop_if_any_failed(error, [bool(flag) for flag in gathered[:, -1].tolist()])
+    # Rank 0's entering states depend on no rank's effect: made to, so that its output does (an empty
+    # share's too: the kernels' output depends on the initial state even without tokens).
+    state = _depending_on(call.before_rank_0(), gathered)
+    for j in range(world):
+        if j == rank:
+            out = call.own_pass(state)
+            if not output_final_state:
+                return out, None
+        state = call.fold(state, gathered[j, :-1])
+    return out, state
+
+
+def _check_no_pool(sequences: Sequences, function: str) -> None:
+    """Refuses a state pool; function: "" (a variant's) or "conv: "."""
+    pool = [name for name, x in sequences._asdict().items() if name != "cu_seqlens" and x is not None]
+    if pool:
+        raise ValueError(f"{_NAME}: {function}{', '.join(pool)}: state pools are for serving, which cuts no "
+                         "sequence across ranks; not supported (pass cu_seqlens alone, or a dense batch)")
+
+
+def _sequence_count(sequences: Sequences, batch: int, problem) -> Tuple[int, int]:
+    """N: the batch rows of a dense batch, else cu_seqlens's sequences (checked as a 1-D CPU integer
+    tensor); and a fingerprint of cu_seqlens's offsets (0 without), which every rank must share."""
+    check_sequences(sequences, "a CPU tensor", problem)
+    if sequences.cu_seqlens is None:
+        return batch, 0
+    # A tuple of ints hashes alike in every process; a packed batch's fingerprint is never 0.
+    return sequences.cu_seqlens.shape[0] - 1, hash(tuple(sequences.cu_seqlens.tolist())) or 1
+
+
+def _segments(cu_seqlens: Optional[Tensor], count: int, offsets: List[int],
+              rank: int) -> Tuple[Optional[Tensor], Tensor]:
+    """The rank's part of each of the `count` sequences: its local cu_seqlens [N + 1] (the global
+    ones clipped to the share; None for a dense batch, whose rows are the sequences) and which
+    sequences start on it [N] (bool): those whose offset the rank's share is the first to reach."""
+    if cu_seqlens is None:
+        return None, torch.full((count,), rank == 0)
+    whole = cu_seqlens.tolist()
+    if whole[0] != 0 or whole[-1] != offsets[-1] or any(a > b for a, b in zip(whole, whole[1:])):
+        raise ValueError(f"{_NAME}: cu_seqlens: expected the whole batch's non-decreasing offsets from 0 to "
+                         f"T = {offsets[-1]} (every rank's share, rank 0 the first), got {whole}")
+    begin, end = offsets[rank], offsets[rank + 1]
+    starts = cu_seqlens[:-1]
+    starts_here = (starts <= end) & ((starts > begin) | (rank == 0))
+    return cu_seqlens.clamp(begin, end) - begin, starts_here
 
 
 def _widened(x: Optional[Tensor], columns: int, fill: float) -> Optional[Tensor]:
@@ -100,115 +217,149 @@ def _widened(x: Optional[Tensor], columns: int, fill: float) -> Optional[Tensor]
     return torch.cat([x, x.new_full((*x.shape[:-1], columns), fill)], dim=-1)
 
 
-def _context_parallel_run(run, group):
-    """flat.torch's _run with the sequence split across `group` (the module's docstring)."""
+class _Recurrence:
+    """A variant's call on the rank's share: its effect on each sequence's state [S, M] from one
+    run V + K wide, its output from the states entering it (the module's docstring)."""
 
-    def cp_run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
-               **options):
-        rank = dist.get_rank(group)
-        error, local = None, None
-        try:
-            if any(x is not None for x in sequences):
-                raise ValueError("flat.torch.context_parallel: cu_seqlens and state pools are not supported yet: "
-                                 "pass each rank's share of one dense batch")
-            # The state's heads: the most of any input's (one with fewer is shared, python/flat/_api.py).
-            H = max(x.shape[2] for x in (q, k, v, g, beta, b, w) if x is not None and x.dim() >= 3)
-            B, K, V = v.shape[0], k.shape[3], v.shape[3]
-            # [S, M]: the share's final state from zero and its transition, in one run V + K wide.
-            start = torch.cat([torch.zeros(B, H, K, V), torch.eye(K).expand(B, H, K, K)], dim=-1)
-            _, local = run(variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0), initial_state=start,
-                           output_final_state=True, sequences=sequences, **options)
-            first = initial_state if rank == 0 and initial_state is not None else torch.zeros(B, H, K, V)
-            if tuple(first.shape) != (B, H, K, V):
-                raise ValueError(f"flat.torch.context_parallel: initial_state: expected [B, H, K, V] = "
-                                 f"{[B, H, K, V]}, got {list(first.shape)}")
-        except Exception as e:  # every rank learns of it before the all-gather, so none waits there
-            error = e
-        _agree(group, error)
-        # [world, B, H, K, 2V + K]: every rank's S, M and (rank 0's) initial state.
-        gathered = _AllGather.apply(group, torch.cat([local, first.float()], dim=-1))
-        state = gathered[0, ..., V + K:]
-        for j in range(dist.get_world_size(group)):
-            if j == rank:
-                o, _ = run(variant, q, k, v, g, beta, b, w, initial_state=state, output_final_state=False,
-                           sequences=sequences, **options)
-                o = _attached(o, state)
-                if not output_final_state:
-                    return o, None
-            state = gathered[j, ..., V:V + K] @ state + gathered[j, ..., :V]
-        return o, state
+    def __init__(self, run, problem, variant, inputs, initial_state, sequences, options):
+        self.run, self.problem, self.variant = run, problem, variant
+        self.inputs = inputs  # q, k, v, g, beta, b, w
+        self.initial_state, self.sequences, self.options = initial_state, sequences, options
 
-    return cp_run
+    def share(self) -> Tuple[int, int, int]:
+        _check_no_pool(self.sequences, "")
+        k, v = self.inputs[1], self.inputs[2]
+        # The state's heads: the most of any input's (one with fewer is shared, python/flat/_api.py).
+        H = max(x.shape[2] for x in self.inputs if x is not None and x.dim() >= 3)
+        (N, fingerprint), K, V = _sequence_count(self.sequences, v.shape[0], self.problem), k.shape[3], v.shape[3]
+        self.shape = (N, H, K, V)
+        self.h0 = torch.zeros(self.shape) if self.initial_state is None else self.initial_state
+        if tuple(self.h0.shape) != self.shape:
+            rows = "B" if self.sequences.cu_seqlens is None else "num_seqs"
+            raise ValueError(f"{_NAME}: initial_state: expected [{rows}, H, K, V] = {list(self.shape)}, got "
+                             f"{list(self.h0.shape)}")
+        return v.shape[1], N * H * K * (V + K), fingerprint
+
+    def effect(self, offsets: List[int], rank: int) -> Tensor:
+        N, H, K, V = self.shape
+        local, starts_here = _segments(self.sequences.cu_seqlens, N, offsets, rank)
+        self.local_sequences, self.starts_here = Sequences(local), starts_here.reshape(N, 1, 1, 1)
+        # [N, H, K, V + K]: [h0, 0] for a sequence starting here, [0, I] for any other.
+        start = torch.cat([torch.where(self.starts_here, self.h0, 0.0),
+                           torch.where(self.starts_here, 0.0, torch.eye(K).expand(N, H, K, K))], dim=-1)
+        q, k, v, g, beta, b, w = self.inputs
+        _, state = self.run(self.variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
+                            initial_state=start, output_final_state=True, sequences=self.local_sequences,
+                            **self.options)
+        return state.reshape(-1)
+
+    def before_rank_0(self) -> Tensor:
+        return torch.zeros(self.shape)
+
+    def fold(self, state: Tensor, effect: Tensor) -> Tensor:
+        N, H, K, V = self.shape
+        effect = effect.reshape(N, H, K, V + K)
+        return effect[..., V:] @ state + effect[..., :V]
+
+    def own_pass(self, state: Tensor) -> Tensor:
+        o, _ = self.run(self.variant, *self.inputs, initial_state=torch.where(self.starts_here, self.h0, state),
+                        output_final_state=False, sequences=self.local_sequences, **self.options)
+        return o
 
 
-def _context_parallel_conv(conv, group):
-    """flat.torch.conv with the sequence split across `group`: each rank's last W-1 inputs (and rank
-    0's initial state) in one all-gather, folded into each rank's initial state."""
+class _Convolution:
+    """The short convolution on the rank's share: its effect on each sequence's state (its last W-1
+    inputs and how many of them the share sets) from one run, its output from the states entering it."""
 
-    def cp_conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None,
-                cu_seqlens=None, **pool):
-        if weight.shape[-1] == 1:  # no window reaches back: nothing to exchange
-            return conv(x, weight, bias, initial_state, output_final_state, activation, cu_seqlens, **pool)
-        rank = dist.get_rank(group)
-        error, payload = None, None
-        try:
-            if cu_seqlens is not None or any(v is not None for v in pool.values()):
-                raise ValueError("flat.torch.context_parallel: conv: cu_seqlens and state pools are not supported "
-                                 "yet: pass each rank's share of one dense batch")
-            B, T, C = x.shape
-            width = weight.shape[1] - 1  # the state's inputs
-            kept = min(T, width)
-            # The share's last W-1 inputs [B, C, W-1], those it lacks zero (its length says how many hold).
-            tail = torch.zeros(B, C, width)
-            if kept:
-                tail = torch.cat([torch.zeros(B, C, width - kept), x[:, T - kept:].float().transpose(1, 2)], dim=-1)
-            first = initial_state if rank == 0 and initial_state is not None else torch.zeros(B, C, width)
-            if tuple(first.shape) != (B, C, width):
-                raise ValueError(f"flat.torch.context_parallel: conv: initial_state: expected [B, C, W-1] = "
-                                 f"{[B, C, width]}, got {list(first.shape)}")
-            payload = torch.cat([tail.reshape(-1), first.float().reshape(-1), torch.tensor([float(kept)])])
-        except Exception as e:  # every rank learns of it before the all-gather, so none waits there
-            error = e
-        _agree(group, error)
-        gathered = _AllGather.apply(group, payload)  # [world, 2 B C (W-1) + 1]
-        size = B * C * width
-        state = gathered[0, size:2 * size].reshape(B, C, width)
-        for j in range(dist.get_world_size(group)):
-            if j == rank:
-                y, _ = conv(x, weight, bias, initial_state=state, activation=activation)
-                y = _attached(y, state)
-                if not output_final_state:
-                    return y, None
-            held = int(gathered[j, -1].item())
-            share = gathered[j, :size].reshape(B, C, width)[..., width - held:]
-            state = torch.cat([state, share], dim=-1)[..., held:]
-        return y, state
+    def __init__(self, conv, problem, x, weight, bias, initial_state, activation, sequences):
+        self.conv, self.problem = conv, problem
+        self.x, self.weight, self.bias, self.initial_state = x, weight, bias, initial_state
+        self.activation, self.sequences = activation, sequences
 
-    return cp_conv
+    def share(self) -> Tuple[int, int, int]:
+        _check_no_pool(self.sequences, "conv: ")
+        B, T, C = self.x.shape
+        (N, fingerprint), width = _sequence_count(self.sequences, B, self.problem), self.weight.shape[1] - 1
+        self.shape = (N, C, width)
+        self.h0 = torch.zeros(self.shape) if self.initial_state is None else self.initial_state
+        if tuple(self.h0.shape) != self.shape:
+            rows = "B" if self.sequences.cu_seqlens is None else "num_seqs"
+            raise ValueError(f"{_NAME}: conv: initial_state: expected [{rows}, C, W-1] = {list(self.shape)}, got "
+                             f"{list(self.h0.shape)}")
+        return T, N * C * width + N, fingerprint
+
+    def effect(self, offsets: List[int], rank: int) -> Tensor:
+        N, C, width = self.shape
+        self.local_cu_seqlens, starts_here = _segments(self.sequences.cu_seqlens, N, offsets, rank)
+        self.starts_here = starts_here.reshape(N, 1, 1)
+        # [N, C, W-1]: each sequence's last W-1 inputs here, after its h0 where it starts, else after zeros.
+        _, last = self.conv(self.x, self.weight, self.bias, torch.where(self.starts_here, self.h0, 0.0), True,
+                            self.activation, self.local_cu_seqlens)
+        T = self.x.shape[1]
+        lengths = torch.full((N,), T) if self.local_cu_seqlens is None else self.local_cu_seqlens.diff()
+        # How many of them the share sets: all where the sequence starts here, else as many as it holds.
+        held = torch.where(starts_here, width, lengths.clamp(max=width))
+        return torch.cat([last.reshape(-1), held.float()])
+
+    def before_rank_0(self) -> Tensor:
+        return torch.zeros(self.shape)
+
+    def fold(self, state: Tensor, effect: Tensor) -> Tensor:
+        N, C, width = self.shape
+        last, held = effect[:-N].reshape(N, C, width), effect[-N:].detach().long().reshape(N, 1)
+        # The state after: the last W-1 of (state, the share's `held` inputs): state[i + held], then the share's.
+        column = torch.arange(width)
+        kept = state.gather(-1, (column + held).clamp(max=width - 1).unsqueeze(1).expand(N, C, width))
+        return torch.where((column < width - held).unsqueeze(1), kept, last)
+
+    def own_pass(self, state: Tensor) -> Tensor:
+        y, _ = self.conv(self.x, self.weight, self.bias, torch.where(self.starts_here, self.h0, state), False,
+                         self.activation, self.local_cu_seqlens)
+        return y
 
 
 def context_parallel(group=None) -> SimpleNamespace:
-    """flat.torch's variant functions, each running one sequence split along T across the ranks of
-    `group` (a torch.distributed process group; None: the default one). See the module's docstring
+    """flat.torch's variant functions and conv, each running a batch's sequences split along T across
+    the ranks of `group` (a torch.distributed process group; None: the default one): each rank passes
+    its share of the tokens (``[B, T_r, ...]``, or ``[1, T_r, ...]`` with the whole batch's
+    ``cu_seqlens`` on every rank) and gets its share of the output and every sequence's final state.
+    State pools (serving) and la's normalize are refused. See the module's docstring
     (python/flat/context_parallel.py) and docs/python.md, "Context parallelism"."""
     from . import _api
     from . import torch as flat_torch
 
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("flat.torch.context_parallel: torch.distributed is not initialised "
-                           "(torch.distributed.init_process_group first)")
-    functions = _api.variant_functions(_context_parallel_run(flat_torch._run, group), flat_torch._XP)
+        raise RuntimeError(f"{_NAME}: torch.distributed is not initialised (torch.distributed.init_process_group "
+                           "first)")
+
+    def run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
+            **options):
+        call = _Recurrence(flat_torch._run, flat_torch._problem, variant, (q, k, v, g, beta, b, w), initial_state,
+                           sequences, options)
+        return _across_ranks(group, call, output_final_state)
+
+    def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, cu_seqlens=None,
+             **pool):
+        sequences = Sequences(cu_seqlens, **pool)
+        if weight.shape[-1] == 1 and not any(v is not None for v in pool.values()):
+            # No window reaches back: no state, nothing to exchange, each token alone.
+            return flat_torch.conv(x, weight, bias, activation=activation)
+        call = _Convolution(flat_torch.conv, flat_torch._problem, x, weight, bias, initial_state, activation,
+                            sequences)
+        return _across_ranks(group, call, output_final_state)
+
+    functions = _api.variant_functions(run, flat_torch._XP)
     la = functions["la"]
 
     def la_without_normalize(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False,
                              **kwargs):
         if normalize:
-            raise ValueError("flat.torch.context_parallel: la: normalize divides by the sum of every key before each "
-                             "token, which the states exchanged do not carry; not supported")
+            raise ValueError(f"{_NAME}: la: normalize divides by the sum of every key before each token, which the "
+                             "states exchanged do not carry; not supported")
         return la(q, k, v, scale, initial_state, output_final_state, **kwargs)
 
     la_without_normalize.__doc__ = la.__doc__
     functions["la"] = la_without_normalize
-    functions["conv"] = _context_parallel_conv(flat_torch.conv, group)
-    functions["conv"].__doc__ = flat_torch.conv.__doc__
+    conv.__doc__ = flat_torch.conv.__doc__
+    functions["conv"] = conv
     return SimpleNamespace(**functions)
