@@ -233,6 +233,8 @@ _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
 
 globals().update(_api.variant_functions(_run, _XP))
 
+from .jax_context_parallel import context_parallel  # noqa: E402  (the same functions across a mesh axis)
+
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
     """As flat.torch.accepted_state_indices: the pool row each sequence's next step starts from
