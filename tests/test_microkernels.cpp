@@ -78,15 +78,16 @@ struct GemmCase {
   }
 };
 
-template <class Draw>
-GemmCase gemm_case(int m, int n, int k, const GemmDesc& d, Draw&& draw) {
+// A's elements from draw_a, B's from draw_b.
+template <class DrawA, class DrawB>
+GemmCase gemm_case(int m, int n, int k, const GemmDesc& d, DrawA&& draw_a, DrawB&& draw_b) {
   const bool a_transposed = d.a == Layout::columns;
   const int lda = a_transposed ? m + 3 : k + 5;
   GemmCase g{m, n, k, d, lda, n + 2, n + 1, a_transposed ? 1 : lda, a_transposed ? lda : 1, {}, {}};
   g.a.resize(size_t(a_transposed ? k : m) * lda + 1);
   g.b.resize(size_t(k) * g.ldb + 1);
-  for (float& x : g.a) x = draw();
-  for (float& x : g.b) x = draw();
+  for (float& x : g.a) x = draw_a();
+  for (float& x : g.b) x = draw_b();
   for (int i = 0; i < m; ++i)
     for (int p = 0; p < k; ++p)
       if (is_zero(d.triangle, i, p)) g.a[size_t(i) * g.a_rs + size_t(p) * g.a_cs] = 0.0f;
@@ -105,7 +106,7 @@ struct ProductError {
 };
 
 ProductError product_error(bool on_tiles, const GemmDesc& d) {
-  if (d.operands == Operands::bf16_values) return {1, 0.0};
+  if (cpu::bf16_operands(d)) return {1, 0.0};
   if (d.precision == Precision::fast) return {1, std::ldexp(1.0, -7) + std::ldexp(1.0, -16)};
   return on_tiles ? ProductError{cpu::amx_passes_of(d), std::ldexp(1.0, -23) + std::ldexp(1.0, -32)}
                   : ProductError{1, 0.0};
@@ -120,12 +121,20 @@ struct GemmSizes {
   std::vector<int> m = {1, 6, 7, 97}, n = {1, 15, 17, 64, 65}, k = {0, 1, 2, 3, 31, 128, 129, 257};
 };
 
-void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands, Precision precision = Precision::exact,
+// What the two operands of a product hold (GemmDesc::a_values, b_values).
+struct OperandValues {
+  Operands a, b;
+};
+constexpr OperandValues kF32Operands{Operands::f32, Operands::f32};
+constexpr OperandValues kBf16Operands{Operands::bf16_values, Operands::bf16_values};
+
+void check_gemm(cpu::MicroKernels::ChooseGemm choose, OperandValues values, Precision precision = Precision::exact,
                 bool on_tiles = false, const GemmSizes& sizes = {}) {
-  const bool bf16_values = operands == Operands::bf16_values;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  const auto draw = [&] { return bf16_values ? to_bf16_value(uniform(rng)) : uniform(rng); };
+  const auto draw_as = [&](Operands held) {
+    return [&, held] { return held == Operands::bf16_values ? to_bf16_value(uniform(rng)) : uniform(rng); };
+  };
   for (int m : sizes.m)
     for (int n : sizes.n)
       for (int k : sizes.k)
@@ -133,12 +142,13 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands, Precisi
           for (bool a_transposed : {false, true})
             for (bool accumulate : {false, true}) {
               const GemmCase g = gemm_case(m, n, k,
-                                           {.operands = operands,
+                                           {.a_values = values.a,
+                                            .b_values = values.b,
                                             .precision = precision,
                                             .a = a_transposed ? Layout::columns : Layout::rows,
                                             .accumulate = accumulate,
                                             .triangle = tri},
-                                           draw);
+                                           draw_as(values.a), draw_as(values.b));
               const ProductError error = product_error(on_tiles, g.d);
               const int ldc = g.ldc;
               std::vector<float> c(size_t(m) * ldc);
@@ -167,15 +177,19 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, Operands operands, Precisi
 }
 
 TEST(MicroKernels, GemmMatchesFloat64) {
-  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, Operands::f32, Precision::exact, t.tile_products); });
+  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, kF32Operands, Precision::exact, t.tile_products); });
 }
 
 TEST(MicroKernels, GemmAtFastPrecisionMatchesFloat64) {
-  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, Operands::f32, Precision::fast, t.tile_products); });
+  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, kF32Operands, Precision::fast, t.tile_products); });
 }
 
 TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
-  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, Operands::bf16_values); });
+  on_every_target([](const cpu::Target& t) {
+    for (OperandValues values : {kBf16Operands, OperandValues{Operands::f32, Operands::bf16_values},
+                                 OperandValues{Operands::bf16_values, Operands::f32}})
+      check_gemm(t.micro.gemm, values, Precision::exact, t.tile_products);
+  });
 }
 
 // The tile product's own edges: C tiles of 16 and blocks of 32 rows and columns, row groups of 64,
@@ -184,8 +198,11 @@ TEST(MicroKernels, TileGemmOnTheModelMatchesFloat64) {
   const OnTheTileModel model;
   const GemmSizes edges{.m = {1, 15, 16, 17, 33, 64, 97}, .n = {1, 16, 17, 33, 65}, .k = {0, 1, 2, 31, 32, 33, 257}};
   for (Precision precision : {Precision::exact, Precision::fast})
-    check_gemm(OnTheTileModel::choose, Operands::f32, precision, true, edges);
-  check_gemm(OnTheTileModel::choose, Operands::bf16_values, Precision::exact, true, edges);
+    check_gemm(OnTheTileModel::choose, kF32Operands, precision, true, edges);
+  // One operand of bf16 values: one part of it, the passes with the other's parts alone.
+  for (OperandValues values : {kBf16Operands, OperandValues{Operands::f32, Operands::bf16_values},
+                               OperandValues{Operands::bf16_values, Operands::f32}})
+    check_gemm(OnTheTileModel::choose, values, Precision::exact, true, edges);
 }
 
 // Where this CPU runs the amx target: its tile product on the hardware against the same kernel on
@@ -209,11 +226,12 @@ TEST(MicroKernels, TileGemmOnTheHardwareMatchesTheModel) {
           for (bool a_transposed : {false, true})
             for (bool accumulate : {false, true}) {
               const GemmCase g = gemm_case(m, n, k,
-                                           {.operands = Operands::bf16_values,
+                                           {.a_values = Operands::bf16_values,
+                                            .b_values = Operands::bf16_values,
                                             .a = a_transposed ? Layout::columns : Layout::rows,
                                             .accumulate = accumulate,
                                             .triangle = tri},
-                                           draw);
+                                           draw, draw);
               std::vector<float> c0(size_t(m) * g.ldc);
               for (float& x : c0) x = draw();
               std::vector<float> on_hardware = c0, on_model = c0;

@@ -43,7 +43,7 @@ void chunk_state_gradient(const Params& p, int b, int m, int c, void* workspace,
   if (ch.delta) {
     prepare_delta<Ops>(p, ch);
     scale_rows(ch.kd, ch.k, ch.suffix, ch.L, ch.K, ch.W);
-    intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk);
+    intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.q_values, ch.k_values);
     gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.scores, ch.C, ch.dy, ch.VW, ch.drv, ch.VW, false, Triangle::a_upper);
     gemm_nn<Ops>(ch, ch.L, ch.VW, ch.K, ch.kd, ch.K, dH, ch.VW, ch.drv, ch.VW, true);
     gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.solved, ch.C, ch.drv, ch.VW, ch.dz, ch.VW, false, Triangle::a_upper);

@@ -1,9 +1,11 @@
-// C[m, n] (+)= A B on the tile unit (tdpbf16ps), every chunk product of the amx target. Operands
-// that are bf16 values (Operands::bf16_values: bf16 q, k, v as loaded) are packed without loss and
-// the tiles sum their exact products in fp32 (in the order tiles__model.h gives). Any other
-// operand is split into bf16 parts x = x0 + x1 (+ x2), each the rounding of what the parts before
-// it leave, and the product is the passes A_i B_j with i + j < parts, the smallest first
-// (docs/algorithm.md, "Precision"): Precision::exact takes kExactParts parts, Precision::fast one.
+// C[m, n] (+)= A B on the tile unit (tdpbf16ps), every chunk product of the amx target. An operand
+// that holds bf16 values (GemmDesc::a_values, b_values: bf16 q, k, v as loaded) is packed without
+// loss as one part, and the tiles sum exact products in fp32 (in the order tiles__model.h gives).
+// Any other operand is split into bf16 parts x = x0 + x1 (+ x2), each the rounding of what the
+// parts before it leave, and the product is the passes A_i B_j with i + j < kExactParts over the
+// parts each operand has, the smallest first (docs/algorithm.md, "Precision"): Precision::exact
+// splits into kExactParts parts, Precision::fast rounds once. An operand of one part makes the
+// passes with its missing parts (zero) none: three passes instead of six.
 // Written once over `Tiles`: AmxTiles in the amx target, ModelTiles in the tests (tiles.h).
 //
 // Register blocking: a 32 x 32 block of C in four accumulator tiles (0-3, 16 x 16 fp32 each), fed
@@ -58,11 +60,23 @@ static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
 // 3e-5 where the suite's fp32 bound is 1e-5 (tests/harness.h).
 constexpr int kExactParts = 3;
 
-constexpr int amx_parts_of(const GemmDesc& d) {
-  return d.operands == Operands::bf16_values || d.precision == Precision::fast ? 1 : kExactParts;
+// The bf16 parts of an operand holding `values` at `precision`.
+constexpr int amx_parts_of(Operands values, Precision precision) {
+  return values == Operands::bf16_values || precision == Precision::fast ? 1 : kExactParts;
 }
-// The tile passes of a product so described: A_i B_j for every i + j < parts.
-constexpr int amx_passes_of(const GemmDesc& d) { return amx_parts_of(d) * (amx_parts_of(d) + 1) / 2; }
+// The tile passes A_i B_j (i < a_parts, j < b_parts, i + j < the most parts of either) of a
+// product of operands of so many parts, each pass index counted once.
+constexpr int amx_passes(int a_parts, int b_parts) {
+  const int most = a_parts > b_parts ? a_parts : b_parts;
+  int passes = 0;
+  for (int i = 0; i < a_parts; ++i)
+    for (int j = 0; j < b_parts; ++j) passes += i + j < most;
+  return passes;
+}
+// The tile passes of a product so described.
+constexpr int amx_passes_of(const GemmDesc& d) {
+  return amx_passes(amx_parts_of(d.a_values, d.precision), amx_parts_of(d.b_values, d.precision));
+}
 
 // x's bf16 parts: part 0 is x rounded, each next one the rounding of what those before leave
 // (exact in fp32: x less its leading parts fits in x's significand). Past fp32's range (x within
@@ -169,8 +183,8 @@ inline StepRange nonzero_steps(Triangle tri, int r0, int k0, int steps) {
 
 // One 32 x 32 block of C, its four tiles `c` (rows 0-15: c[0], c[1]; rows 16-31: c[2], c[3])
 // begun as zero or as C, then every pass of `steps` on A's packed rows (a_block, its 32 rows of the
-// group's pack) and B's packed strip, stored back.
-template <class Tiles, int Parts>
+// group's pack, AParts parts) and B's packed strip (BParts parts), stored back.
+template <class Tiles, int AParts, int BParts>
 void block_32x32__amx(const uint32_t* a_block, const uint32_t* b_strip, StepRange steps, const CTile (&c)[4],
                       bool into, float* scratch) {
   constexpr size_t a_part_words = size_t(kAmxGroupRows) * kAmxPanelPairs;
@@ -180,9 +194,10 @@ void block_32x32__amx(const uint32_t* a_block, const uint32_t* b_strip, StepRang
   begin_c_tile<Tiles, 1>(c[1], into, scratch);
   begin_c_tile<Tiles, 2>(c[2], into, scratch);
   begin_c_tile<Tiles, 3>(c[3], into, scratch);
+  constexpr int most = AParts > BParts ? AParts : BParts;
   for (int s = steps.first; s < steps.last; ++s)
-    for (int order = Parts - 1; order >= 0; --order)  // the passes A_i B_j, i + j = order
-      for (int i = 0; i <= order; ++i) {
+    for (int order = most - 1; order >= 0; --order)  // the passes A_i B_j, i + j = order
+      for (int i = order < BParts ? 0 : order - BParts + 1; i <= order && i < AParts; ++i) {
         const uint32_t* a_part = a_block + i * a_part_words + size_t(s) * kAmxTile;
         const uint32_t* b_part = b_strip + (order - i) * b_part_words + size_t(s) * kAmxTile * kAmxBlock;
         Tiles::template load<4>(a_part, stride_a);
@@ -200,15 +215,15 @@ void block_32x32__amx(const uint32_t* a_block, const uint32_t* b_strip, StepRang
   end_c_tile<Tiles, 3>(c[3], scratch);
 }
 
-// C[m, n] (+)= A B with A and B as Parts bf16 parts (gemm_bf16_32x32__amx): per panel of k, A
-// packed per group of rows, B per strip of 32 columns, each block of the group on that strip.
-template <class Tiles, int Parts>
+// C[m, n] (+)= A B with A as AParts and B as BParts bf16 parts (gemm_bf16_32x32__amx): per panel
+// of k, A packed per group of rows, B per strip of 32 columns, each block of the group on that strip.
+template <class Tiles, int AParts, int BParts>
 void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
                                 int ldb, float* c, int ldc) {
   const auto [a_rs, a_cs] = a_strides(d, lda);
   const Triangle tri = d.triangle;
-  alignas(64) uint32_t a_pack[Parts * kAmxGroupRows * kAmxPanelPairs];
-  alignas(64) uint32_t b_pack[Parts * kAmxPanelPairs * kAmxBlock];
+  alignas(64) uint32_t a_pack[AParts * kAmxGroupRows * kAmxPanelPairs];
+  alignas(64) uint32_t b_pack[BParts * kAmxPanelPairs * kAmxBlock];
   alignas(64) float scratch[kAmxTile * kAmxTile];
   const auto c_tile = [&](int i0, int c0) {
     return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile), i0 - c0,
@@ -221,17 +236,17 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const fl
     if (steps == 0 && into) break;  // k = 0 and C += nothing
     for (int g0 = 0; g0 < m; g0 += kAmxGroupRows) {
       const int group_end = std::min(m, g0 + kAmxGroupRows);
-      pack_amx_a<Parts>(m - g0, depth, pairs, a + size_t(g0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
+      pack_amx_a<AParts>(m - g0, depth, pairs, a + size_t(g0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
       for (int j0 = 0; j0 < n; j0 += kAmxBlock) {
         if (tri == Triangle::c_lower && j0 > group_end - 1) break;  // the strip is above the group's diagonal
-        pack_amx_b<Parts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
+        pack_amx_b<BParts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
         for (int r0 = g0; r0 < group_end; r0 += kAmxBlock) {
           if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
           const StepRange range = nonzero_steps(tri, r0, k0, steps);
           if (range.first == range.last && into) continue;
           const CTile tiles[4] = {c_tile(r0, j0), c_tile(r0, j0 + kAmxTile), c_tile(r0 + kAmxTile, j0),
                                   c_tile(r0 + kAmxTile, j0 + kAmxTile)};
-          block_32x32__amx<Tiles, Parts>(a_pack + size_t(r0 - g0) * kAmxPanelPairs, b_pack, range, tiles, into,
+          block_32x32__amx<Tiles, AParts, BParts>(a_pack + size_t(r0 - g0) * kAmxPanelPairs, b_pack, range, tiles, into,
                                          scratch);
         }
       }
@@ -240,14 +255,21 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const fl
 }
 
 // C[m, n] (+)= A B as gemm_f32_1xn__generic describes it (both layouts of A, the triangles, only
-// C(i, j <= i) written for c_lower), A and B as amx_parts_of(d) bf16 parts. Needs kGemmTiles loaded.
+// C(i, j <= i) written for c_lower), each operand as amx_parts_of its values bf16 parts. Needs
+// kGemmTiles loaded.
 template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
-  if (amx_parts_of(d) == 1)
-    gemm_bf16_parts_32x32__amx<Tiles, 1>(d, m, n, k, a, lda, b, ldb, c, ldc);
+  const bool a_split = amx_parts_of(d.a_values, d.precision) > 1, b_split = amx_parts_of(d.b_values, d.precision) > 1;
+  const auto run = [&](auto product) { product(d, m, n, k, a, lda, b, ldb, c, ldc); };
+  if (a_split && b_split)
+    run(gemm_bf16_parts_32x32__amx<Tiles, kExactParts, kExactParts>);
+  else if (a_split)
+    run(gemm_bf16_parts_32x32__amx<Tiles, kExactParts, 1>);
+  else if (b_split)
+    run(gemm_bf16_parts_32x32__amx<Tiles, 1, kExactParts>);
   else
-    gemm_bf16_parts_32x32__amx<Tiles, kExactParts>(d, m, n, k, a, lda, b, ldb, c, ldc);
+    run(gemm_bf16_parts_32x32__amx<Tiles, 1, 1>);
 }
 
 }  // namespace

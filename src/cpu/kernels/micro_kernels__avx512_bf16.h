@@ -11,8 +11,7 @@ namespace flat::cpu {
 namespace {
 
 constexpr GemmKernel choose_gemm__avx512_bf16(const GemmDesc& d) {
-  return d.operands == Operands::bf16_values || d.precision == Precision::fast ? gemm_bf16_6x64__avx512bf16
-                                                                              : gemm_f32_6x64__avx512;
+  return bf16_operands(d) || d.precision == Precision::fast ? gemm_bf16_6x64__avx512bf16 : gemm_f32_6x64__avx512;
 }
 
 constexpr MicroKernels micro_kernels__avx512_bf16 = avx512_micro_kernels_with(choose_gemm__avx512_bf16);

@@ -13,7 +13,7 @@ namespace flat::cpu {
 // j <= i is wanted (c_lower; tiles entirely above the diagonal are left unwritten).
 enum class Triangle : uint8_t { none, a_lower, a_upper, c_lower };
 
-// What a product's operands hold: any fp32 values, or only bf16 values (the rows of bf16 q, k and
+// What a product's operand holds: any fp32 values, or only bf16 values (the rows of bf16 q, k and
 // v as loaded), which a kernel on narrower units (bf16 dot products, tiles) packs without loss.
 enum class Operands : uint8_t { f32, bf16_values };
 
@@ -25,7 +25,8 @@ enum class Layout : uint8_t { rows, columns };
 // kernel by it (MicroKernels::gemm) and the kernel runs it. A new operand type or kernel (fp16,
 // AMX tiles) is a value here and a target's choice, not a new slot in the table.
 struct GemmDesc {
-  Operands operands = Operands::f32;
+  Operands a_values = Operands::f32;  // what A holds
+  Operands b_values = Operands::f32;  // what B holds
   // How a kernel on a bf16 unit takes f32 operands: as sums of bf16 parts (exact) or rounded once
   // (fast); fp32 FMA kernels compute exactly either way.
   Precision precision = Precision::exact;
@@ -33,6 +34,11 @@ struct GemmDesc {
   bool accumulate = false;  // C += A B, else C = A B
   Triangle triangle = Triangle::none;
 };
+
+// Both operands bf16 values: a bf16 dot-product unit takes the product exactly in one pass.
+constexpr bool bf16_operands(const GemmDesc& d) {
+  return d.a_values == Operands::bf16_values && d.b_values == Operands::bf16_values;
+}
 
 // A product microkernel: the leaf (m, n, k, a, lda, b, ldb, c, ldc) of the product `d` describes;
 // no threads, no allocation.

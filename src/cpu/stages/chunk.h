@@ -37,6 +37,12 @@ size_t solve_scratch(int C) {
 // item is R heads that share q, k, g and beta / b ("packed" heads, p.pack): their values, outputs
 // and states sit side by side, VW = R * V wide, so one set of scores, one chunk solve and one
 // pass of every product serve all of them (SLA's value heads sharing a key head).
+// What rows loaded from an input of `dtype` hold: its bf16 values when bf16 and `as_loaded` (no
+// arithmetic between the load and the product).
+constexpr Operands held_as_loaded(DType dtype, bool as_loaded) {
+  return dtype == DType::bf16 && as_loaded ? Operands::bf16_values : Operands::f32;
+}
+
 struct Chunk {
   Chunk(const Params& p, void* workspace)
       : C(p.chunk),
@@ -47,11 +53,11 @@ struct Chunk {
         W(p.gate == GateKind::channel ? p.K : 1),
         delta(p.delta != Delta::none),
         precision(p.precision),
-        qk(p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16 && !p.l2norm_qk ? Operands::bf16_values
-                                                                                 : Operands::f32),
-        kv(p.gate == GateKind::none && !delta && qk == Operands::bf16_values && p.v.dtype == DType::bf16
-               ? Operands::bf16_values
-               : Operands::f32) {
+        q_values(held_as_loaded(p.q.dtype, !p.l2norm_qk)),
+        k_values(held_as_loaded(p.k.dtype, !p.l2norm_qk)),
+        values_values(held_as_loaded(p.v.dtype, !delta)),
+        qg_values(p.gate == GateKind::none ? q_values : Operands::f32),
+        kd_values(p.gate == GateKind::none ? k_values : Operands::f32) {
     Arena arena(workspace);
     const size_t CK = size_t(C) * K, CV = size_t(C) * VW, CW = size_t(C) * W, CC = size_t(C) * C;
     for (float** t : {&q, &k, &qg, &kd, &qs, &post, &dq, &dk, &dk_state}) *t = arena.take<float>(CK);
@@ -81,10 +87,11 @@ struct Chunk {
   const int W;               // decay width: K for per-channel (and grouped) gates, 1 otherwise
   const bool delta;
   const Precision precision;  // of every product (Params::precision)
-  // What the products of loaded rows alone hold: the scores q k^T (bf16 values for bf16 q and k,
-  // not normalised), and the state update k^T v where k enters it as loaded (no gate, no delta
-  // rule); a target runs bf16 values on its bf16 products, exactly.
-  const Operands qk, kv;
+  // What the rows the products read hold (GemmDesc::a_values, b_values): bf16 values where they
+  // are bf16 inputs as loaded: q and k when not normalised, values() when they are v (no delta
+  // rule), qg and kd when no gate scales q and k. A target runs bf16 values on its bf16 products,
+  // exactly (one pass on the tiles).
+  const Operands q_values, k_values, values_values, qg_values, kd_values;
   int L = 0;  // tokens in this chunk
   size_t bytes = 0;
 

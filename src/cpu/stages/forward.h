@@ -37,9 +37,10 @@ template <class Ops>
 void output(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
   scale_rows(ch.qg, ch.q, ch.prefix, L, K, ch.W);
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.qk);
-  gemm_nn<Ops>(ch, L, VW, K, ch.qg, K, H0, VW, ch.out, VW, false);
-  gemm_nn<Ops>(ch, L, VW, L, ch.scores, C, ch.values(), VW, ch.out, VW, true, Triangle::a_lower);
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.q_values, ch.k_values);
+  gemm_nn<Ops>(ch, L, VW, K, ch.qg, K, H0, VW, ch.out, VW, false, Triangle::none, ch.qg_values);
+  gemm_nn<Ops>(ch, L, VW, L, ch.scores, C, ch.values(), VW, ch.out, VW, true, Triangle::a_lower, Operands::f32,
+               ch.values_values);
   for (int i = 0; i < L; ++i) {
     float* row = ch.out + size_t(i) * VW;
     for (int j = 0; j < VW; ++j) row[j] *= p.scale;
@@ -53,7 +54,8 @@ template <class Ops>
 void update_state(Chunk& ch, float* H) {
   scale_rows(ch.kd, ch.k, ch.suffix, ch.L, ch.K, ch.W);
   decay_state(ch, H);
-  gemm_tn<Ops>(ch, ch.K, ch.VW, ch.L, ch.kd, ch.K, ch.values(), ch.VW, H, ch.VW, true, Triangle::none, ch.kv);
+  gemm_tn<Ops>(ch, ch.K, ch.VW, ch.L, ch.kd, ch.K, ch.values(), ch.VW, H, ch.VW, true, Triangle::none, ch.kd_values,
+               ch.values_values);
 }
 
 // Item `index` of the sequence stages: batch index / (N / pack), heads from (index % (N / pack)) * pack.

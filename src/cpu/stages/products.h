@@ -18,17 +18,27 @@ namespace {
 
 // Every product of a chunk runs at the call's precision (Params::precision).
 
+// `a_values`, `b_values`: what A and B hold (GemmDesc), f32 unless a caller knows better.
+
 // C[m, n] (+)= A[m, k] B[k, n], A and B row-major.
 template <class Ops>
 void gemm_nn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc, bool accumulate, Triangle tri = Triangle::none) {
-  Ops::gemm({.precision = ch.precision, .accumulate = accumulate, .triangle = tri}, m, n, k, a, lda, b, ldb, c, ldc);
+             int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
+             Operands b_values = Operands::f32) {
+  Ops::gemm({.a_values = a_values,
+             .b_values = b_values,
+             .precision = ch.precision,
+             .accumulate = accumulate,
+             .triangle = tri},
+            m, n, k, a, lda, b, ldb, c, ldc);
 }
 // C[m, n] (+)= A^T B with A stored [k, m].
 template <class Ops>
 void gemm_tn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc, bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
-  Ops::gemm({.operands = operands,
+             int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
+             Operands b_values = Operands::f32) {
+  Ops::gemm({.a_values = a_values,
+             .b_values = b_values,
              .precision = ch.precision,
              .a = Layout::columns,
              .accumulate = accumulate,
@@ -52,17 +62,18 @@ PackedB pack_transposed(int n, int k, const float* b, int ldb, float* out) {
 // C[m, n] (+)= A B with B packed.
 template <class Ops>
 void gemm_packed(const Chunk& ch, int m, int n, int k, const float* a, int lda, PackedB b, float* c, int ldc,
-                 bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
-  Ops::gemm({.operands = operands, .precision = ch.precision, .accumulate = accumulate, .triangle = tri}, m, n, k, a,
-            lda, b.data, b.ld, c, ldc);
+                 bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
+                 Operands b_values = Operands::f32) {
+  gemm_nn<Ops>(ch, m, n, k, a, lda, b.data, b.ld, c, ldc, accumulate, tri, a_values, b_values);
 }
 
 // C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
 template <class Ops>
 void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc, bool accumulate, Triangle tri = Triangle::none, Operands operands = Operands::f32) {
+             int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
+             Operands b_values = Operands::f32) {
   gemm_packed<Ops>(ch, m, n, k, a, lda, pack_transposed<Ops>(n, k, b, ldb, ch.packed), c, ldc, accumulate, tri,
-                   operands);
+                   a_values, b_values);
 }
 
 }  // namespace

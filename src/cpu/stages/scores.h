@@ -47,13 +47,14 @@ void apply_scalar_decay(Chunk& ch, float* m, bool strict) {
 }
 
 // out_ij = <queries_i * F_ij, keys_j> for j <= i (j < i when strict), 0 elsewhere: [L, L].
-// `operands`: what queries and keys hold (their bf16 values reach the product only where the gate
-// is scalar: the decay is applied to the product).
+// `queries_values`, `keys_values`: what queries and keys hold (their bf16 values reach the product
+// only where the gate is scalar: the decay is applied to the product).
 template <class Ops>
-void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out, bool strict, Operands operands) {
+void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out, bool strict,
+                  Operands queries_values, Operands keys_values) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (ch.W == 1) {
-    gemm_nt<Ops>(ch, L, L, K, queries, K, keys, K, out, C, false, Triangle::c_lower, operands);
+    gemm_nt<Ops>(ch, L, L, K, queries, K, keys, K, out, C, false, Triangle::c_lower, queries_values, keys_values);
     apply_scalar_decay(ch, out, strict);
     return;
   }
@@ -77,14 +78,14 @@ void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out
 // so it is added only after that); a strict dS has none.
 template <class Ops>
 void intra_backward(Chunk& ch, float* dS, const float* queries, const float* keys, float* dqueries, float* dkeys,
-                    float* diagonal) {
+                    float* diagonal, Operands queries_values, Operands keys_values) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (diagonal)
     for (int i = 0; i < L; ++i) diagonal[i] = dS[size_t(i) * C + i];
   if (ch.W == 1) {
     apply_scalar_decay(ch, dS, true);
-    gemm_nn<Ops>(ch, L, K, L, dS, C, keys, K, dqueries, K, true, Triangle::a_lower);
-    gemm_tn<Ops>(ch, L, K, L, dS, C, queries, K, dkeys, K, true, Triangle::a_upper);
+    gemm_nn<Ops>(ch, L, K, L, dS, C, keys, K, dqueries, K, true, Triangle::a_lower, Operands::f32, keys_values);
+    gemm_tn<Ops>(ch, L, K, L, dS, C, queries, K, dkeys, K, true, Triangle::a_upper, Operands::f32, queries_values);
     return;
   }
   for (int j0 = 0; j0 < L; j0 += kDiagBlock) {

@@ -93,7 +93,7 @@ void prepare_delta(const Params& p, Chunk& ch) {
     for (size_t e = 0; e < size_t(L) * K; ++e) ch.bt[e] = ch.erase[e] * ch.k[e];
     for (size_t e = 0; e < size_t(L) * VW; ++e) ch.vt[e] = ch.write[e] * ch.v[e];
   }
-  intra_scores<Ops>(ch, ch.bt, ch.k, ch.lower, true, Operands::f32);
+  intra_scores<Ops>(ch, ch.bt, ch.k, ch.lower, true, Operands::f32, ch.k_values);
   solve<Ops>(p, ch);
   scale_rows(ch.bp, ch.bt, ch.prefix, L, K, ch.W);
 }
