@@ -2,6 +2,8 @@
 python -m flat.bench --layer [--layer-shape B,T,D,H] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
 python -m flat.bench --transformers [--quick] [--dtype bf16|f32] [--models M,..] [--rows KIND,..] [--repeats N]
                      [--json FILE]   (flat/bench_transformers.py)
+python -m flat.bench --context-parallel [--cp-shape B,T,H,K,V] [--variants V,..] [--dtype bf16|f32] [--repeats N]
+                     [--json FILE]   (flat/bench_context_parallel.py)
 
 Times, side by side in one process on the same inputs (gla, bf16, PyTorch's threads):
 
@@ -207,6 +209,10 @@ def main(argv=None):
     parser.add_argument("--transformers", action="store_true",
                         help="transformers' Qwen3.5 and Mamba-2 models, their PyTorch path against flat's kernels")
     parser.add_argument("--quick", action="store_true", help="tiny models and lengths for --transformers")
+    parser.add_argument("--context-parallel", action="store_true",
+                        help="flat.torch.context_parallel on 1 and 2 processes (flat/bench_context_parallel.py)")
+    parser.add_argument("--cp-shape", default="1,16384,4,128,128", help="B,T,H,K,V of --context-parallel")
+    parser.add_argument("--variants", help="with --context-parallel: some of gla,gated_deltanet (default both)")
     parser.add_argument("--dtype", choices=["bf16", "f32"],
                         help="bf16 unless given; with --transformers both unless given")
     parser.add_argument("--models", help="with --transformers: some of qwen3_5,mamba2 (default both)")
@@ -227,6 +233,12 @@ def main(argv=None):
             write_json(results, args.json)
         return
     args.dtype = args.dtype or "bf16"
+    if args.context_parallel:
+        from flat.bench_context_parallel import context_parallel_bench, write_json
+        rows = context_parallel_bench(args)
+        if args.json:
+            write_json(args, rows, args.json)
+        return
     if args.layer:
         results = layer_bench(args, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
         if args.json:

@@ -98,3 +98,28 @@ def test_bench_transformers_selection():
     for option, value in (("--models", "qwen"), ("--rows", "prefill,decoding")):
         with pytest.raises(SystemExit, match=f"{option} expects some of .*, got '{value}'"):
             pick(**{"models" if option == "--models" else "kinds": value})
+
+
+def test_bench_context_parallel(tmp_path):
+    """python -m flat.bench --context-parallel at a tiny shape: a row per process count with every
+    time positive, and the bytes each rank sends those of the formula: the forward's ranks' four
+    integers then one all-gather of B H K (V + K) + 1 floats, the backward's one all-reduce of world
+    times that."""
+    out = tmp_path / "context_parallel.json"
+    run = subprocess.run([sys.executable, "-m", "flat.bench", "--context-parallel", "--cp-shape", "1,64,2,8,16",
+                          "--variants", "gated_deltanet", "--repeats", "1", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())
+    assert [(row["variant"], row["processes"]) for row in results["rows"]] == [("gated_deltanet", 1),
+                                                                              ("gated_deltanet", 2)]
+    states = 4 * (1 * 2 * 8 * (16 + 8) + 1)
+    for row in results["rows"]:
+        world = row["processes"]
+        assert row["formula_states_bytes"] == states and row["formula_backward_bytes"] == world * states
+        assert row["forward_all_gathers_bytes"] == [4 * 8, states] and row["forward_all_reduces_bytes"] == []
+        assert row["backward_all_gathers_bytes"] == [] and row["backward_all_reduces_bytes"] == [world * states]
+        for name in ("context_parallel_forward_ms", "context_parallel_forward_backward_ms", "local_forward_ms",
+                     "transition_forward_backward_ms", "all_gather_ms", "all_reduce_ms"):
+            assert row[name] > 0, name
+    assert results["rows"][0]["whole_forward_ms"] > 0
