@@ -9,10 +9,10 @@ rank's:
 
 - the context-parallel call, forward (no gradient) and forward+backward;
 - its pieces, timed alone on the rank's share: the local pass (flat.torch on the share from a
-  given state, V wide: what the rank's output needs), the transition pass (the share from [0, I]
-  with the values widened by K zero columns: its final state and transition [S, M]), and the
-  collectives (an all-gather of the call's payload; in the backward an all-reduce of the
-  gathered size);
+  given state, V wide: the work without context parallelism), the transition pass (the share from
+  [0, I] with the values widened by K zero columns, the one pass the call runs: its final state and
+  transition [S, M], and its output's two parts), and the collectives (an all-gather of the call's
+  payload; in the backward an all-reduce of the gathered size);
 - the bytes each rank sends per call, counted on the collectives the call makes (the forward's
   two all-gathers: the ranks' four integers, then the states; the backward's all-reduce), against
   the formula: B H K (V + K) + 1 floats per rank (the share's S and M, and a flag) in the

@@ -29,10 +29,14 @@ one), each sequence from ``[0, I]``, or from ``[h0_n, 0]`` (its initial state, n
 the sequence starts: the final states are every sequence's ``[S, M]``, ``M = 0`` where it starts,
 formed chunkwise by the same kernels, never token by token. One all-gather of them per call,
 ``N H K (V + K)`` floats per rank whatever T is. Every rank folds them in rank order from zero,
-``H <- M H + S``, which gives the states entering each rank and every sequence's final state, and
-runs its share from the states entering it (a sequence starting there from its h0). A dense batch is
-the case of B sequences that all start on rank 0. The backward is autograd's through the same
-steps: the all-gather's gradient is one all-reduce of that size.
+``H <- M H + S``, which gives the states entering each rank and every sequence's final state. The
+same run gives the share's output: ``o_t = scale H_t^T q_t`` is affine in the entering state, and
+the run's output columns are ``[o_t from the start, scale q_t^T A]`` (``A`` the product of the
+part's ``A_t`` through t, what the K identity columns became), so the true output is the first V
+plus the last K times the entering state ``[K, V]``: one small product per token, no second pass
+(only a share's first part can continue a sequence; every later one starts there, its last K
+columns zero). A dense batch is the case of B sequences that all start on rank 0. The backward is
+autograd's through the same steps: the all-gather's gradient is one all-reduce of that size.
 
 The convolution's state is a sequence's last W-1 inputs, which a rank's part of a sequence sets to
 the last W-1 of (the state, the part's inputs). One run of the convolution over the share, each
@@ -41,8 +45,9 @@ are gathered with how many of them the part sets (W-1 where the sequence starts,
 it holds): ``N C (W-1) + N`` floats per rank, folded the same way, so a window reaching back across
 several short shares reads every one of them.
 
-Cost per rank: the share's forward twice (once V + K wide, once V wide; the convolution's twice) and
-the backward of both, and the collectives above.
+Cost per rank: the share's forward and backward once, V + K wide (1.6-1.75 times V wide for K = V,
+docs/performance.md), a product of ``[T_r, K]`` by ``[K, V]`` per head, the convolution's forward
+twice, and the collectives above.
 
 The initial state (``[N, H, K, V]``; conv ``[N, C, W-1]``) may be passed on every rank, the same:
 sequence n's row is read on the rank where it starts, the first rank whose share ends at or after
@@ -248,9 +253,11 @@ class _Recurrence:
         start = torch.cat([torch.where(self.starts_here, self.h0, 0.0),
                            torch.where(self.starts_here, 0.0, torch.eye(K).expand(N, H, K, K))], dim=-1)
         q, k, v, g, beta, b, w = self.inputs
-        _, state = self.run(self.variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
-                            initial_state=start, output_final_state=True, sequences=self.local_sequences,
-                            **self.options)
+        # o [B, T_r, H, V + K]: the share's output from [h0, 0] or [0, I], and scale A^T q per token
+        # (A the product of the part's A_t so far): o's part from the state entering the rank.
+        self.o, state = self.run(self.variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
+                                 initial_state=start, output_final_state=True, sequences=self.local_sequences,
+                                 **self.options)
         return state.reshape(-1)
 
     def before_rank_0(self) -> Tensor:
@@ -262,9 +269,18 @@ class _Recurrence:
         return effect[..., V:] @ state + effect[..., :V]
 
     def own_pass(self, state: Tensor) -> Tensor:
-        o, _ = self.run(self.variant, *self.inputs, initial_state=torch.where(self.starts_here, self.h0, state),
-                        output_final_state=False, sequences=self.local_sequences, **self.options)
-        return o
+        # o_t = scale H_t^T q_t is affine in the entering state: the widened run's first V columns
+        # plus its last K times the entering state [K, V]. Only the share's first part can continue
+        # a sequence (every later part starts here, its last K columns zero): that sequence's state
+        # serves every token, a dense batch's row by row.
+        N, H, K, V = self.shape
+        entering = state
+        if self.local_sequences.cu_seqlens is not None:  # [1, H, K, V]: the first part's sequence
+            parts = self.local_sequences.cu_seqlens.diff()
+            first = int(parts.nonzero()[0]) if parts.any() else 0
+            entering = state[first:first + 1]
+        correction = torch.einsum("bthk,bhkv->bthv", self.o[..., V:].float(), entering)
+        return (self.o[..., :V].float() + correction).to(self.o.dtype)
 
 
 class _Convolution:
