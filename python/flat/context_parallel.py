@@ -270,17 +270,25 @@ class _Recurrence:
 
     def own_pass(self, state: Tensor) -> Tensor:
         # o_t = scale H_t^T q_t is affine in the entering state: the widened run's first V columns
-        # plus its last K times the entering state [K, V]. Only the share's first part can continue
-        # a sequence (every later part starts here, its last K columns zero): that sequence's state
-        # serves every token, a dense batch's row by row.
+        # plus its last K times the entering state [K, V], for the tokens of a sequence that
+        # continues here: a dense batch's rows (none on rank 0), a packed share's first part (every
+        # later part starts here, its last K columns zero). Made to depend on `state` where nothing
+        # continues too, so that every rank's backward joins the all-gather's all-reduce.
         N, H, K, V = self.shape
-        entering = state
-        if self.local_sequences.cu_seqlens is not None:  # [1, H, K, V]: the first part's sequence
-            parts = self.local_sequences.cu_seqlens.diff()
-            first = int(parts.nonzero()[0]) if parts.any() else 0
-            entering = state[first:first + 1]
-        correction = torch.einsum("bthk,bhkv->bthv", self.o[..., V:].float(), entering)
-        return (self.o[..., :V].float() + correction).to(self.o.dtype)
+        head = self.o[..., :V]
+        # (batch row, sequence) of each row whose first `tokens` continue a sequence here.
+        if self.local_sequences.cu_seqlens is None:  # every row continues, or (rank 0) none
+            tokens, rows = self.o.shape[1], [] if self.starts_here.all() else [(n, n) for n in range(N)]
+        else:
+            parts = self.local_sequences.cu_seqlens.diff().tolist()
+            first = next((n for n, length in enumerate(parts) if length), None)
+            tokens, rows = (0, []) if first is None or self.starts_here[first] else (parts[first], [(0, first)])
+        if not rows:
+            return _depending_on(head, state)
+        # [rows, tokens, H, V]: the last K columns times the entering state, head by head.
+        correction = torch.stack([torch.stack([self.o[row, :tokens, h, V:].float() @ state[sequence, h]
+                                               for h in range(H)], dim=1) for row, sequence in rows])
+        return torch.cat([head[:, :tokens].float() + correction, head[:, tokens:].float()], dim=1).to(self.o.dtype)
 
 
 class _Convolution:
