@@ -6,11 +6,16 @@ per variant, a JSON log and a plot of the curves.
 
 Every argument is checked, and every model built, before the first step. Results are the same
 for a given seed and thread count (``--threads``, default PyTorch's).
+
+Under ``torchrun --nproc-per-node N`` it trains on N processes (gloo), data-parallel (PyTorch's
+DDP), context-parallel (``--context-parallel``: ranks that split every sequence along T) or both,
+with the results of one process within rounding (docs/training.md, "Multi-process training").
 """
 
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,10 +23,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from .. import PRECISIONS
-from .model import MIXERS, LanguageModel, state_floats
+from ..nn import context_parallel
+from .model import MIXERS, SOFTMAX, LanguageModel, state_floats
 from .tasks import IGNORE, MQAR, CharLM
 
 # Defaults sized for a 2-core CPU: a variant trains in a minute or two.
@@ -55,6 +63,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="activations (bfloat16: autocast, float32 master weights)")
     p.add_argument("--precision", choices=PRECISIONS, default=PRECISIONS[0],
                    help="the linear-attention kernels' chunk products (flat.torch's precision=; docs/algorithm.md)")
+    p.add_argument("--context-parallel", type=int, default=1, metavar="N",
+                   help="under torchrun: ranks per context-parallel group, which split every sequence along T; "
+                        "the world's processes / N groups are data-parallel (1: data parallelism alone)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="PyTorch's threads (default: its own choice)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
@@ -87,7 +98,67 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--text: only for --task charlm, got --task {args.task}")
     if args.plot and not args.plot.endswith(".png"):
         p.error(f"--plot: expected a .png file name, got {args.plot}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.context_parallel < 1 or world % args.context_parallel:
+        p.error(f"--context-parallel: expected a divisor of the {world} processes (torchrun --nproc-per-node), "
+                f"got {args.context_parallel}")
+    if args.context_parallel > 1 and SOFTMAX in args.variants:
+        p.error("--context-parallel: softmax attention cannot split its sequences (each token attends to every "
+                "earlier one, at rotary positions counted from the sequence's start); train it with "
+                "--context-parallel 1")
+    if args.seq_len < args.context_parallel:
+        p.error(f"--seq-len {args.seq_len}: fewer tokens than the --context-parallel {args.context_parallel} ranks "
+                "that share each sequence")
+    if args.batch_size < world // args.context_parallel:
+        p.error(f"--batch-size {args.batch_size}: fewer sequences than the {world // args.context_parallel} "
+                "data-parallel ranks that share each batch")
     return args
+
+
+class Parallel:
+    """This process's part under torchrun (WORLD_SIZE, RANK and the rendezvous in the environment):
+    the world is ``data`` groups of ``context`` consecutive ranks; each group takes its slice of
+    every batch's sequences, each rank of a group its share of their tokens. One process alone
+    without torchrun (or with one process)."""
+
+    def __init__(self, context: int):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.context, self.data = context, self.world // context
+        self.data_rank, self.context_rank = divmod(self.rank, context)
+        self.ops = "kernels"
+        if self.world > 1:
+            dist.init_process_group("gloo")
+            if context > 1:  # every rank creates every group, in the same order
+                groups = [dist.new_group(list(range(first, first + context)))
+                          for first in range(0, self.world, context)]
+                self.ops = context_parallel(groups[self.data_rank])
+
+    @property
+    def is_main(self) -> bool:
+        """The rank that prints and writes (logs, checkpoints, plot)."""
+        return self.rank == 0
+
+    def share(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a batch [B, T]: its data group's slice of the sequences, its share of
+        their tokens (as even as they divide)."""
+        return x.tensor_split(self.data, dim=0)[self.data_rank].tensor_split(self.context, dim=1)[self.context_rank]
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model whose backward averages every parameter's gradient over the world (DDP)."""
+        return DistributedDataParallel(model) if self.world > 1 else model
+
+    def total(self, *values: float) -> List[float]:
+        """The sums of values over the world's ranks (float64)."""
+        summed = torch.tensor(values, dtype=torch.float64)
+        if self.world > 1:
+            dist.all_reduce(summed)
+        return summed.tolist()
+
+    def close(self) -> None:
+        if self.world > 1:
+            dist.barrier()  # no rank tears its connections down while another still uses them
+            dist.destroy_process_group()
 
 
 def make_task(args):
@@ -96,10 +167,10 @@ def make_task(args):
     return CharLM(args.seq_len, args.text)
 
 
-def build(args, task, variant: str) -> LanguageModel:
-    torch.manual_seed(args.seed)
+def build(args, task, variant: str, ops="kernels") -> LanguageModel:
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
     return LanguageModel(variant, task.vocab_size, args.hidden_size, args.layers, args.heads, args.state_size,
-                         args.precision)
+                         args.precision, ops)
 
 
 def learning_rate(args, step: int) -> float:
@@ -112,8 +183,8 @@ def learning_rate(args, step: int) -> float:
 
 
 def scored(logits: torch.Tensor, targets: torch.Tensor):
-    """(mean cross-entropy over the scored positions, correct predictions, scored positions)."""
-    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+    """(summed cross-entropy over the scored positions, correct predictions, scored positions)."""
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
     mask = targets != IGNORE
     correct = int((logits.argmax(-1) == targets)[mask].sum())
     return loss, correct, int(mask.sum())
@@ -123,17 +194,19 @@ def autocast(args):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
 
 
-def evaluate(args, model, held_out) -> Dict[str, float]:
-    """Held-out loss and accuracy (MQAR) or bits per character (charlm)."""
+def evaluate(args, model, held_out, parallel: Parallel) -> Dict[str, float]:
+    """Held-out loss and accuracy (MQAR) or bits per character (charlm), each rank scoring its share
+    of every batch."""
     model.eval()
     total_loss = total_correct = total_scored = 0.0
     with torch.no_grad(), autocast(args):
         for tokens, targets in held_out:
-            loss, correct, count = scored(model(tokens), targets)
-            total_loss += float(loss) * count
+            loss, correct, count = scored(model(parallel.share(tokens)), parallel.share(targets))
+            total_loss += float(loss)
             total_correct += correct
             total_scored += count
     model.train()
+    total_loss, total_correct, total_scored = parallel.total(total_loss, total_correct, total_scored)
     loss = total_loss / total_scored
     if args.task == "mqar":
         return {"loss": loss, "accuracy": total_correct / total_scored}
@@ -154,9 +227,10 @@ def evaluation_sets(args, task):
 class Progress:
     """tqdm's bar, or a plain line per evaluation without it."""
 
-    def __init__(self, args, variant: str):
+    def __init__(self, args, variant: str, shown: bool):
         self.bar = None
-        if not args.no_progress:
+        self.shown = shown
+        if shown and not args.no_progress:
             from tqdm import tqdm
             self.bar = tqdm(total=args.steps, desc=f"{args.task} {variant}", unit="step", file=sys.stderr,
                             dynamic_ncols=True)
@@ -168,7 +242,7 @@ class Progress:
             self.bar.update(1)
 
     def note(self, step: int, postfix: dict):
-        if self.bar is None:
+        if self.shown and self.bar is None:
             items = " ".join(f"{k}={v}" for k, v in postfix.items())
             print(f"{self.variant} step {step}: {items}", file=sys.stderr, flush=True)
 
@@ -177,42 +251,50 @@ class Progress:
             self.bar.close()
 
 
-def train_one(args, task, model: LanguageModel, scoring) -> dict:
+def train_one(args, task, model: LanguageModel, scoring, parallel: Parallel) -> dict:
+    """Trains model on args.steps batches; under torchrun each rank on its share of every batch, its
+    loss the sum over its share's scored positions divided by the whole batch's, times the world
+    size, which DDP's average of the gradients over the world divides back out: the gradient of the
+    whole batch's mean loss, as one process takes it."""
     variant = model.variant
+    trained = parallel.wrap(model)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(0.9, 0.95))
     rng = np.random.default_rng(args.seed)
     metric = "accuracy" if args.task == "mqar" else "bpc"
-    curves = {"step": [], "loss": [], "held_out_loss": [], metric: []}
+    curves = {"step": [], "loss": [], "gradient_norm": [], "held_out_loss": [], metric: []}
     if "training" in scoring:
         curves["training_bpc"] = []
-    progress = Progress(args, variant)
+    progress = Progress(args, variant, parallel.is_main)
     tokens_seen, start = 0, time.perf_counter()
     for step in range(args.steps):
         tokens, targets = task.batch(rng, args.batch_size)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(args, step)
         with autocast(args):
-            loss, correct, count = scored(model(tokens), targets)
-        if not torch.isfinite(loss):
+            share_loss, share_correct, share_count = scored(trained(parallel.share(tokens)), parallel.share(targets))
+        loss, correct, count = parallel.total(share_loss.item(), share_correct, share_count)
+        loss /= count
+        if not math.isfinite(loss):  # on every rank alike, the sums being the world's
             progress.close()
-            raise FloatingPointError(f"flat.train: {variant}: the loss is {loss.item()} at step {step}")
+            raise FloatingPointError(f"flat.train: {variant}: the loss is {loss} at step {step}")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        (share_loss * (parallel.world / count)).backward()
+        gradient_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # before clipping
         optimizer.step()
         tokens_seen += tokens.numel()
         elapsed = time.perf_counter() - start
-        postfix = {"loss": f"{loss.item():.3f}", "acc": f"{correct / max(count, 1):.3f}",
+        postfix = {"loss": f"{loss:.3f}", "acc": f"{correct / max(count, 1):.3f}",
                    "tok/s": f"{tokens_seen / elapsed:,.0f}"}
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            result = evaluate(args, model, scoring["held_out"])
+            result = evaluate(args, model, scoring["held_out"], parallel)
             if "training" in scoring:
-                curves["training_bpc"].append(evaluate(args, model, scoring["training"])["bpc"])
+                curves["training_bpc"].append(evaluate(args, model, scoring["training"], parallel)["bpc"])
             curves["step"].append(step + 1)
-            curves["loss"].append(loss.item())
+            curves["loss"].append(loss)
+            curves["gradient_norm"].append(gradient_norm.item())
             curves["held_out_loss"].append(result["loss"])
             curves[metric].append(result[metric])
             postfix["held-out " + metric] = f"{result[metric]:.3f}"
@@ -266,10 +348,10 @@ def plot(args, results: Dict[str, dict], floor: Optional[float]) -> None:
     plt.close(fig)
 
 
-def settings(args) -> dict:
+def settings(args, parallel: Parallel) -> dict:
     keys = ("task", "text", "steps", "seq_len", "pairs", "vocab_size", "batch_size", "lr", "hidden_size", "layers",
-            "heads", "state_size", "dtype", "precision", "seed", "threads", "eval_every")
-    return {k: getattr(args, k) for k in keys}
+            "heads", "state_size", "dtype", "precision", "seed", "threads", "eval_every", "context_parallel")
+    return {**{k: getattr(args, k) for k in keys}, "processes": parallel.world}
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, dict]:
@@ -278,18 +360,24 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, dict]:
         torch.set_num_threads(args.threads)
     args.threads = torch.get_num_threads()
     torch.use_deterministic_algorithms(True)
+    parallel = Parallel(args.context_parallel)
     try:
         task = make_task(args)
         args.vocab_size = task.vocab_size
-        models = {v: build(args, task, v) for v in args.variants}  # every size checked before any step
-    except ValueError as e:
+        # Every size checked before any step.
+        models = {v: build(args, task, v, parallel.ops) for v in args.variants}
+    except ValueError as e:  # on every rank alike
         print(f"error: {e}", file=sys.stderr)
+        parallel.close()
         raise SystemExit(2)
     scoring = evaluation_sets(args, task)
     results = {}
     for variant, model in models.items():
-        results[variant] = train_one(args, task, model, scoring)
-        results[variant]["checkpoint"] = save_checkpoint(args, variant, model)
+        results[variant] = train_one(args, task, model, scoring, parallel)
+        results[variant]["checkpoint"] = save_checkpoint(args, variant, model) if parallel.is_main else None
+    parallel.close()
+    if not parallel.is_main:
+        return results
     metric = "accuracy" if args.task == "mqar" else "bpc"
     reach = metric == "accuracy"
     floor = getattr(task, "floor_bpc", None)
@@ -308,7 +396,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, dict]:
         print(f"{variant:16} {r[metric]:18.4f}{second} {state:>7} {r['parameters']:8d} "
               f"{r['tokens_per_second']:9.0f} {r['seconds']:6.1f}s")
     if args.json:
-        log = {"settings": settings(args), "results": results}
+        log = {"settings": settings(args, parallel), "results": results}
         if floor is not None:
             log["floor_bpc"] = floor
         Path(args.json).write_text(json.dumps(log, indent=1))

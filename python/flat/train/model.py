@@ -11,13 +11,14 @@ themselves.
 """
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn import KERNELS, LAYERS, ShortConvolution
+from ..nn.ops import Ops
 
 SOFTMAX = "softmax"
 MIXERS = tuple(LAYERS) + (SOFTMAX,)
@@ -130,14 +131,21 @@ class Block(nn.Module):
 
 class LanguageModel(nn.Module):
     """Embedding, ``layers`` blocks with a ``variant`` mixer, final norm, output head: tokens [B, T]
-    to logits [B, T, vocab_size]. ``precision``: the linear-attention mixers' (flat.nn's precision=)."""
+    to logits [B, T, vocab_size]. ``precision`` and ``ops``: the linear-attention mixers' (flat.nn's
+    precision= and ops=; ``flat.nn.context_parallel(group)`` splits every sequence along T across a
+    group, each rank passing its share of the tokens, which the token-wise rest of the model takes
+    as it is)."""
 
     def __init__(self, variant: str, vocab_size: int, hidden_size: int, layers: int, num_heads: int,
-                 state_size: int, precision: str = "exact"):
+                 state_size: int, precision: str = "exact", ops: Union[str, Ops] = "kernels"):
         super().__init__()
         config = mixer_config(variant, hidden_size, num_heads, state_size)
+        if variant == SOFTMAX and ops != "kernels":
+            raise ValueError("flat.train: ops is for the linear-attention mixers; softmax attention runs on whole "
+                             "sequences (each token attends to every earlier one, at rotary positions counted from "
+                             "the sequence's start)")
         if variant != SOFTMAX:
-            config["precision"] = precision
+            config.update(precision=precision, ops=ops)
         mixer = SoftmaxAttention if variant == SOFTMAX else LAYERS[variant]
         self.variant = variant
         self.embeddings = nn.Embedding(vocab_size, hidden_size)
@@ -157,8 +165,4 @@ def state_floats(model: LanguageModel) -> Optional[int]:
     """The recurrent state per layer in floats (N K V), None for softmax attention."""
     if model.variant == SOFTMAX:
         return None
-    mixer = model.blocks[0].mixer
-    with torch.no_grad():
-        x = torch.zeros(1, 1, model.embeddings.embedding_dim, dtype=model.lm_head.weight.dtype)
-        _, state = mixer(x, output_final_state=True)
-    return int(state.recurrent[0].numel())
+    return int(model.blocks[0].mixer.state_pool(1).recurrent[0].numel())
