@@ -144,6 +144,22 @@ def _state_in(xp: Xp, initial_state, sequences: Sequences, state_v_first: bool):
     return xp.float32(initial_state) if xp.narrow_float(initial_state) else initial_state
 
 
+def without_normalize(la, name: str):
+    """la refusing normalize=True, for functions whose sequences are cut across ranks or shards (`name`
+    their module's): the normalizer's sum of every key before each token is not in the states
+    exchanged."""
+
+    def la_without_normalize(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False,
+                             **kwargs):
+        if normalize:
+            raise ValueError(f"{name}: la: normalize divides by the sum of every key before each token, which the "
+                             "states exchanged do not carry; not supported")
+        return la(q, k, v, scale, initial_state, output_final_state, **kwargs)
+
+    la_without_normalize.__doc__ = la.__doc__
+    return la_without_normalize
+
+
 def variant_functions(_run, xp: Xp):
     """The functions of every variant on a framework's _run(variant, q, k, v, g, beta, b, w, **options)
     and its array operations xp."""

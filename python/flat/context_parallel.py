@@ -373,17 +373,7 @@ def context_parallel(group=None) -> SimpleNamespace:
         return _across_ranks(group, call, output_final_state)
 
     functions = _api.variant_functions(run, flat_torch._XP)
-    la = functions["la"]
-
-    def la_without_normalize(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False,
-                             **kwargs):
-        if normalize:
-            raise ValueError(f"{_NAME}: la: normalize divides by the sum of every key before each token, which the "
-                             "states exchanged do not carry; not supported")
-        return la(q, k, v, scale, initial_state, output_final_state, **kwargs)
-
-    la_without_normalize.__doc__ = la.__doc__
-    functions["la"] = la_without_normalize
+    functions["la"] = _api.without_normalize(functions["la"], _NAME)
     conv.__doc__ = flat_torch.conv.__doc__
     functions["conv"] = conv
     return SimpleNamespace(**functions)

@@ -155,17 +155,7 @@ def context_parallel(axis_name) -> SimpleNamespace:
     from . import jax as flat_jax
 
     functions = _api.variant_functions(_context_parallel_run(flat_jax._run, axis_name), flat_jax._XP)
-    la = functions["la"]
-
-    def la_without_normalize(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False,
-                             **kwargs):
-        if normalize:
-            raise ValueError(f"{_NAME}: la: normalize divides by the sum of every key before each token, which the "
-                             "states exchanged do not carry; not supported")
-        return la(q, k, v, scale, initial_state, output_final_state, **kwargs)
-
-    la_without_normalize.__doc__ = la.__doc__
-    functions["la"] = la_without_normalize
+    functions["la"] = _api.without_normalize(functions["la"], _NAME)
     functions["conv"] = _context_parallel_conv(flat_jax.conv, axis_name)
     functions["conv"].__doc__ = flat_jax.conv.__doc__
     return SimpleNamespace(**functions)

@@ -175,6 +175,16 @@ def _check_packed_variant(cp, rank, variant, dtype, splits, with_initial_state):
                             np.where(starts_here, dh0, 0.0) if with_initial_state else None)
 
 
+def _check_conv_gradients(what, tx, tw, tb, dx, dweight, dbias):
+    """The share's input gradient against dx (its share of the oracle's) and the weight's and bias's,
+    each rank's share summed over the ranks, against the oracle's."""
+    if tx.shape[1]:
+        expect_close(f"{what}: dx", tx.grad, dx, 1e-5)
+    for name, got, want in (("dweight", tw.grad, dweight), ("dbias", tb.grad, dbias)):
+        dist.all_reduce(got)
+        expect_close(f"{what}: {name}", got, want, 1e-5)
+
+
 def _check_conv(cp, rank, split, W):
     """The short convolution (W taps) split as `split` against the oracle on the whole sequence;
     weight and bias gradients are each rank's share, summed over the ranks."""
@@ -200,11 +210,7 @@ def _check_conv(cp, rank, split, W):
         outputs.append(got_state)
         cotangents.append(torch.tensor(dstate, dtype=torch.float32))
     torch.autograd.backward(outputs, cotangents)
-    if end > start:
-        expect_close(f"{what}: dx", tx.grad, dx[:, start:end], 1e-5)
-    for name, got, want in (("dweight", tw.grad, dweight), ("dbias", tb.grad, dbias)):
-        dist.all_reduce(got)
-        expect_close(f"{what}: {name}", got, want, 1e-5)
+    _check_conv_gradients(what, tx, tw, tb, dx[:, start:end], dweight, dbias)
     if ts is not None:
         expect_close(f"{what}: dstate0", ts.grad, dstate0, 1e-5)
 
@@ -249,11 +255,7 @@ def _check_packed_conv(cp, rank, split, W, with_initial_state):
             outputs.append(got_state)
             cotangents.append(torch.tensor(dstate, dtype=torch.float32))
     torch.autograd.backward(outputs, cotangents)
-    if end > start:
-        expect_close(f"{what}: dx", tx.grad, dx[:, start:end], 1e-5)
-    for name, got, want in (("dweight", tw.grad, dweight), ("dbias", tb.grad, dbias)):
-        dist.all_reduce(got)
-        expect_close(f"{what}: {name}", got, want, 1e-5)
+    _check_conv_gradients(what, tx, tw, tb, dx[:, start:end], dweight, dbias)
     if ts is not None and W > 1:
         starts_here = (_starts_on(cu, split) == rank).reshape(-1, 1, 1)
         expect_close(f"{what}: dstate0", ts.grad, np.where(starts_here, dstate0, 0.0), 1e-5)
