@@ -37,6 +37,7 @@ import flat
 import flat.torch as ft
 
 from .bench import model_gates
+from .context_parallel import _widened
 
 VARIANTS = ("gla", "gated_deltanet")
 
@@ -134,7 +135,7 @@ def _worker(rank, world, port, args, variant, results):
 
         state = torch.zeros(B, H, K, V)
         start = torch.cat([torch.zeros(B, H, K, V), torch.eye(K).expand(B, H, K, K)], dim=-1)
-        widened = dict(inputs, v=torch.cat([inputs["v"], inputs["v"].new_zeros(B, share, H, K)], dim=-1))
+        widened = dict(inputs, v=_widened(inputs["v"], K, 0.0))
         for piece, piece_inputs, initial_state in (("local", inputs, state), ("transition", widened, start)):
             with torch.no_grad():
                 row[f"{piece}_forward_ms"] = _slowest_median_ms(

@@ -288,7 +288,7 @@ class _Recurrence:
         # [rows, tokens, H, V]: the last K columns times the entering state, head by head.
         correction = torch.stack([torch.stack([self.o[row, :tokens, h, V:].float() @ state[sequence, h]
                                                for h in range(H)], dim=1) for row, sequence in rows])
-        return torch.cat([head[:, :tokens].float() + correction, head[:, tokens:].float()], dim=1).to(self.o.dtype)
+        return torch.cat([(head[:, :tokens].float() + correction).to(self.o.dtype), head[:, tokens:]], dim=1)
 
 
 class _Convolution:
