@@ -145,21 +145,6 @@ void window_ring(const ConvParams& p, const ConvBlock& blk, float* ring, float* 
   }
 }
 
-// Asks for the rows [t, t + R) of a tensor's block (n channels) ahead of use, into L2 (locality
-// 2) so the current group keeps L1. The backward streams three tensors, 8 rows each, at once;
-// fetching the next group's rows while this one computes gained about 4% there (measured; none
-// in the forward, which goes without).
-void prefetch_rows(const RowView& view, int b, int t, int R, int c0, int n, int S, bool write) {
-  const int64_t bytes = int64_t(n) * view.element_bytes();
-  for (int r = 0; r < R && t + r < S; ++r) {
-    const char* row = view.row(b, t + r, c0);
-    for (int64_t off = 0; off < bytes; off += 64) {
-      if (write) __builtin_prefetch(row + off, 1, 2);
-      else __builtin_prefetch(row + off, 0, 2);
-    }
-  }
-}
-
 // The rings (W-1 values per channel each, packed) and three rows: x_t, dy_t and dx_q for the
 // positions that go one at a time (and the prologue).
 size_t workspace_floats(int W, int channels) {
@@ -207,9 +192,6 @@ void backward(const ConvParams& p, const ConvTaps& taps, const ConvBlock& blk, f
   for (int t = blk.t0; t < blk.t1 + W - 1;) {
     const int q = t - (W - 1);
     if (q >= blk.t0 && t + R <= group_end && (!p.dstate.present() || t + R - W < first_final)) {
-      prefetch_rows(p.x, b, t + R, R, blk.c0, n, p.S, false);
-      prefetch_rows(p.dy, b, t + R, R, blk.c0, n, p.S, false);
-      prefetch_rows(p.dx, b, q + R, R, blk.c0, n, p.S, true);
       group(n, p.x.row(b, t, blk.c0), xs, p.dy.row(b, t, blk.c0), dys, xring, dzring, tap, partial,
             p.dx.row(b, q, blk.c0), dxs);
       t += R;
