@@ -29,6 +29,13 @@
 #include "cpu/kernels/product.h"
 #include "cpu/kernels/tiles.h"
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#include "cpu/kernels/lanes__avx512.h"
+#include "cpu/kernels/pack_bf16_pairs__avx512bf16.h"
+#endif
+
 namespace flat::cpu {
 namespace {
 
@@ -78,6 +85,94 @@ constexpr int amx_passes_of(const GemmDesc& d) {
   return amx_passes(amx_parts_of(d.a_values, d.precision), amx_parts_of(d.b_values, d.precision));
 }
 
+// A's rows [0, rows) (at most kAmxGroupRows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as
+// Parts bf16 parts, part t at out + t * kAmxGroupRows * kAmxPanelPairs as [kAmxGroupRows,
+// kAmxPanelPairs] words (k 2q in the low half of word q), zero past them up to `pairs` and up to
+// whole blocks of rows. B's k [0, depth) of columns [0, cols) as Parts bf16 parts, part t at out +
+// t * kAmxPanelPairs * kAmxBlock as [pairs, kAmxBlock] words (column j's k 2q and 2q + 1 in word
+// (q, j)), zero past them. Each part of x is the rounding (to nearest even) of what the parts
+// before it leave (exact in fp32: x less its leading parts fits in x's significand); past fp32's
+// range (x within half a bf16 step of the largest float rounds to infinity) the first part stands
+// alone. On AVX512-BF16 (the amx and amx_model targets) 16 lanes at a time, where a subnormal
+// input part is rounded to zero (vcvtneps2bf16 reads subnormals as zero) rather than to a
+// subnormal bf16: the tiles read both as zero, so the products are the same.
+#if defined(__AVX512BF16__)
+
+// x's bf16 parts, each but the last as the fp32 value it holds, the last as what the others leave:
+// the packing's conversion rounds it (one part: x itself).
+template <int Parts>
+inline void bf16_parts(__m512 x, __m512 (&parts)[Parts]) {
+  constexpr int kNotFinite = 0x01 | 0x08 | 0x10 | 0x80;  // vfpclassps: quiet NaN, +inf, -inf, signalling NaN
+  __m512 rest = x;
+  for (int t = 0; t + 1 < Parts; ++t) {
+    const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(rest));
+    parts[t] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
+    rest = _mm512_maskz_sub_ps(~_mm512_fpclass_ps_mask(parts[t], kNotFinite), rest, parts[t]);
+  }
+  parts[Parts - 1] = rest;
+}
+
+inline __mmask16 lanes_from(int first, int count) { return first_lanes(count > first ? count - first : 0); }
+
+template <int Parts>
+void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_cs, uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxGroupRows) * kAmxPanelPairs;
+  const int stored = std::min(rows, kAmxGroupRows);
+  const int padded = std::min(kAmxGroupRows, (rows + kAmxBlock - 1) / kAmxBlock * kAmxBlock);
+  __m512 x0[Parts], x1[Parts];
+  if (a_cs == 1) {  // rows of A: a row's 32 k are 16 words as they lie
+    for (int i = 0; i < padded; ++i)
+      for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
+        const float* row = a + size_t(i) * a_rs + 2 * q0;
+        const bool inside = i < stored;
+        bf16_parts(_mm512_maskz_loadu_ps(inside ? lanes_from(2 * q0, depth) : 0, row), x0);
+        bf16_parts(_mm512_maskz_loadu_ps(inside ? lanes_from(2 * q0 + 16, depth) : 0, row + 16), x1);
+        for (int t = 0; t < Parts; ++t)
+          _mm512_store_si512(out + t * part_words + size_t(i) * kAmxPanelPairs + q0,
+                             reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1[t], x0[t])));
+      }
+    return;
+  }
+  // Columns of A: 16 rows' words of one pair per vector, 16 pairs transposed into 16 rows.
+  __m512 words[Parts][16];
+  for (int i0 = 0; i0 < padded; i0 += kAmxTile) {
+    const __mmask16 lanes = lanes_from(i0, stored);
+    for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
+      for (int q = 0; q < kAmxTile; ++q) {
+        const int p = 2 * (q0 + q);
+        const float* column = a + i0 + size_t(p) * a_cs;
+        bf16_parts(_mm512_maskz_loadu_ps(p < depth ? lanes : 0, p < depth ? column : a), x0);
+        bf16_parts(_mm512_maskz_loadu_ps(p + 1 < depth ? lanes : 0, p + 1 < depth ? column + a_cs : a), x1);
+        for (int t = 0; t < Parts; ++t) words[t][q] = _mm512_castsi512_ps(interleave_pairs(x0[t], x1[t]));
+      }
+      for (int t = 0; t < Parts; ++t) {
+        transpose16(words[t]);
+        for (int r = 0; r < kAmxTile; ++r)
+          _mm512_store_ps(out + t * part_words + size_t(i0 + r) * kAmxPanelPairs + q0, words[t][r]);
+      }
+    }
+  }
+}
+
+template <int Parts>
+void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
+  __m512 x0[Parts], x1[Parts];
+  for (int q = 0; q < pairs; ++q) {
+    const int p = 2 * q;
+    for (int j = 0; j < kAmxBlock; j += 16) {
+      const float* row = b + size_t(p) * ldb + j;
+      const __mmask16 lanes = lanes_from(j, cols);
+      bf16_parts(_mm512_maskz_loadu_ps(p < depth ? lanes : 0, p < depth ? row : b), x0);
+      bf16_parts(_mm512_maskz_loadu_ps(p + 1 < depth ? lanes : 0, p + 1 < depth ? row + ldb : b), x1);
+      for (int t = 0; t < Parts; ++t)
+        _mm512_store_si512(out + t * part_words + size_t(q) * kAmxBlock + j, interleave_pairs(x0[t], x1[t]));
+    }
+  }
+}
+
+#else
+
 // x's bf16 parts: part 0 is x rounded, each next one the rounding of what those before leave
 // (exact in fp32: x less its leading parts fits in x's significand). Past fp32's range (x within
 // half a bf16 step of the largest float rounds to infinity) the first part stands alone. A
@@ -92,10 +187,6 @@ inline void bf16_parts(float x, uint16_t* out) {
   }
 }
 
-// A's rows [0, rows) (at most kAmxGroupRows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as
-// Parts bf16 parts, part t at out + t * kAmxGroupRows * kAmxPanelPairs as [kAmxGroupRows,
-// kAmxPanelPairs] words (k 2q in the low half of word q), zero past them up to `pairs` and up to
-// whole blocks of rows.
 template <int Parts>
 void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_cs, uint32_t* out) {
   constexpr size_t part_words = size_t(kAmxGroupRows) * kAmxPanelPairs;
@@ -111,8 +202,6 @@ void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_
     }
 }
 
-// B's k [0, depth) of columns [0, cols) as Parts bf16 parts, part t at out + t * kAmxPanelPairs *
-// kAmxBlock as [pairs, kAmxBlock] words (column j's k 2q and 2q + 1 in word (q, j)), zero past them.
 template <int Parts>
 void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
   constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
@@ -126,6 +215,8 @@ void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_
         out[t * part_words + size_t(p / 2) * kAmxBlock + j] |= uint32_t(x[t]) << (16 * (p & 1));
     }
 }
+
+#endif
 
 // One accumulator tile's place in C: its corner, the rows and columns of it inside C (at most 16;
 // none past C's edge), and whether its elements are written whole (else only j <= i, for c_lower).
