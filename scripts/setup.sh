@@ -25,14 +25,16 @@ fi
 venv="${FLAT_VENV:-$HOME/.cache/flat-venv}"
 # transformers 5.25 (with the kernels library 0.19 it requires) turns the kernel functions into
 # modules of kernels' that flat.transformers' tests do not take yet: 5.24 until they do.
-python_packages=(torch jax numpy pytest nanobind scikit-build-core tqdm safetensors matplotlib "transformers>=5.24,<5.25")
+transformers_series=5.24
+python_packages=(torch jax numpy pytest nanobind scikit-build-core tqdm safetensors matplotlib
+                 "transformers==${transformers_series}.*")
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating the Python environment $venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
 fi
 if ! "$venv/bin/python" -c "import torch, jax, numpy, pytest, nanobind, scikit_build_core, tqdm, safetensors, matplotlib, transformers
-assert transformers.__version__.startswith('5.24.')" 2> /dev/null; then
+assert transformers.__version__.startswith('${transformers_series}.')" 2> /dev/null; then
   echo "setup: installing ${python_packages[*]} into $venv (torch brings about 3.5 GB, once)"
   "$venv/bin/python" -m pip install -q "${python_packages[@]}"
 fi

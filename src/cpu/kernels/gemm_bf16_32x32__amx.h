@@ -173,10 +173,8 @@ void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_
 
 #else
 
-// x's bf16 parts: part 0 is x rounded, each next one the rounding of what those before leave
-// (exact in fp32: x less its leading parts fits in x's significand). Past fp32's range (x within
-// half a bf16 step of the largest float rounds to infinity) the first part stands alone. A
-// compile-time count: one part is a single rounding, the rest's arithmetic gone.
+// x's bf16 parts, as the contract above says. A compile-time count: one part is a single rounding,
+// the rest's arithmetic gone.
 template <int Parts>
 inline void bf16_parts(float x, uint16_t* out) {
   float rest = x;
