@@ -76,7 +76,8 @@ struct GemmCase {
     return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
            " tri=" + std::to_string(int(d.triangle)) + (d.a == Layout::columns ? " A^T" : " A") +
            (d.accumulate ? " +=" : " =") + (d.a_values == Operands::f32 ? " A f32" : " A bf16") +
-           (d.b_values == Operands::f32 ? " B f32 " : " B bf16 ") + std::string(precision_name(d.precision));
+           (d.b_values == Operands::f32 ? " B f32 " : " B bf16 ") + std::string(precision_name(d.precision)) +
+           (d.bf16_outputs ? " for bf16 outputs" : "");
   }
 };
 
@@ -100,8 +101,9 @@ GemmCase gemm_case(int m, int n, int k, const GemmDesc& d, DrawA&& draw_a, DrawB
 // sum as `terms` terms (one on fp32 FMA and for bf16 values; the tile unit's passes over the bf16
 // parts of fp32 operands at exact precision), all of them together off by at most `relative` of the
 // product: at exact precision the passes dropped (x1 y2 + x2 y1 + x2 y2, the parts summing to x
-// exactly: 2^-23 + 2^-32, docs/algorithm.md); at fast precision both operands rounded to bf16
-// once, each by at most 2^-8 (2^-7 + 2^-16).
+// exactly: 2^-23 + 2^-32, docs/algorithm.md); for bf16 outputs, of two parts, x1 y1 and what each
+// operand's parts leave (at most 2^-16 of it): under 2^-14; at fast precision both operands
+// rounded to bf16 once, each by at most 2^-8 (2^-7 + 2^-16).
 struct ProductError {
   int terms;
   double relative;
@@ -110,8 +112,8 @@ struct ProductError {
 ProductError product_error(bool on_tiles, const GemmDesc& d) {
   if (cpu::bf16_operands(d)) return {1, 0.0};
   if (d.precision == Precision::fast) return {1, std::ldexp(1.0, -7) + std::ldexp(1.0, -16)};
-  return on_tiles ? ProductError{cpu::amx_passes_of(d), std::ldexp(1.0, -23) + std::ldexp(1.0, -32)}
-                  : ProductError{1, 0.0};
+  if (!on_tiles) return {1, 0.0};
+  return {cpu::amx_passes_of(d), d.bf16_outputs ? std::ldexp(1.0, -14) : std::ldexp(1.0, -23) + std::ldexp(1.0, -32)};
 }
 
 // C (+)= A B on the kernel the target chooses for each description against float64, every
@@ -123,15 +125,15 @@ struct GemmSizes {
   std::vector<int> m = {1, 6, 7, 97}, n = {1, 15, 17, 64, 65}, k = {0, 1, 2, 3, 31, 128, 129, 257};
 };
 
-// What the two operands of a product hold (GemmDesc::a_values, b_values).
-struct OperandValues {
-  Operands a, b;
-};
-constexpr OperandValues kF32Operands{Operands::f32, Operands::f32};
-constexpr OperandValues kBf16Operands{Operands::bf16_values, Operands::bf16_values};
+// What a product is checked for: what its operands hold, its precision and its outputs' dtype
+// (GemmDesc::a_values, b_values, precision, bf16_outputs); check_gemm sweeps the rest.
+constexpr GemmDesc kF32Exact{}, kF32Fast{.precision = Precision::fast}, kF32ForBf16Outputs{.bf16_outputs = true};
+constexpr GemmDesc kBf16Values{.a_values = Operands::bf16_values, .b_values = Operands::bf16_values};
+constexpr GemmDesc kBf16A{.a_values = Operands::bf16_values}, kBf16B{.b_values = Operands::bf16_values};
+constexpr GemmDesc kBf16AForBf16Outputs{.a_values = Operands::bf16_values, .bf16_outputs = true};
 
-void check_gemm(cpu::MicroKernels::ChooseGemm choose, OperandValues values, Precision precision = Precision::exact,
-                bool on_tiles = false, const GemmSizes& sizes = {}) {
+void check_gemm(cpu::MicroKernels::ChooseGemm choose, const GemmDesc& kind, bool on_tiles = false,
+                const GemmSizes& sizes = {}) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const auto draw_as = [&](Operands held) {
@@ -144,13 +146,14 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, OperandValues values, Prec
           for (bool a_transposed : {false, true})
             for (bool accumulate : {false, true}) {
               const GemmCase g = gemm_case(m, n, k,
-                                           {.a_values = values.a,
-                                            .b_values = values.b,
-                                            .precision = precision,
+                                           {.a_values = kind.a_values,
+                                            .b_values = kind.b_values,
+                                            .precision = kind.precision,
+                                            .bf16_outputs = kind.bf16_outputs,
                                             .a = a_transposed ? Layout::columns : Layout::rows,
                                             .accumulate = accumulate,
                                             .triangle = tri},
-                                           draw_as(values.a), draw_as(values.b));
+                                           draw_as(kind.a_values), draw_as(kind.b_values));
               const ProductError error = product_error(on_tiles, g.d);
               const int ldc = g.ldc;
               std::vector<float> c(size_t(m) * ldc);
@@ -179,18 +182,18 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, OperandValues values, Prec
 }
 
 TEST(MicroKernels, GemmMatchesFloat64) {
-  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, kF32Operands, Precision::exact, t.tile_products); });
+  on_every_target([](const cpu::Target& t) {
+    for (const GemmDesc& kind : {kF32Exact, kF32ForBf16Outputs}) check_gemm(t.micro.gemm, kind, t.tile_products);
+  });
 }
 
 TEST(MicroKernels, GemmAtFastPrecisionMatchesFloat64) {
-  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, kF32Operands, Precision::fast, t.tile_products); });
+  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, kF32Fast, t.tile_products); });
 }
 
 TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
   on_every_target([](const cpu::Target& t) {
-    for (OperandValues values : {kBf16Operands, OperandValues{Operands::f32, Operands::bf16_values},
-                                 OperandValues{Operands::bf16_values, Operands::f32}})
-      check_gemm(t.micro.gemm, values, Precision::exact, t.tile_products);
+    for (const GemmDesc& kind : {kBf16Values, kBf16A, kBf16B}) check_gemm(t.micro.gemm, kind, t.tile_products);
   });
 }
 
@@ -199,18 +202,18 @@ TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
 TEST(MicroKernels, TileGemmOnTheModelMatchesFloat64) {
   const OnTheTileModel model;
   const GemmSizes edges{.m = {1, 15, 16, 17, 33, 64, 97}, .n = {1, 16, 17, 33, 65}, .k = {0, 1, 2, 31, 32, 33, 257}};
-  for (Precision precision : {Precision::exact, Precision::fast})
-    check_gemm(OnTheTileModel::choose, kF32Operands, precision, true, edges);
+  for (const GemmDesc& kind : {kF32Exact, kF32Fast, kF32ForBf16Outputs})
+    check_gemm(OnTheTileModel::choose, kind, true, edges);
   // One operand of bf16 values: one part of it, the passes with the other's parts alone.
-  for (OperandValues values : {kBf16Operands, OperandValues{Operands::f32, Operands::bf16_values},
-                               OperandValues{Operands::bf16_values, Operands::f32}})
-    check_gemm(OnTheTileModel::choose, values, Precision::exact, true, edges);
+  for (const GemmDesc& kind : {kBf16Values, kBf16A, kBf16B, kBf16AForBf16Outputs})
+    check_gemm(OnTheTileModel::choose, kind, true, edges);
 }
 
 // Where this CPU runs the amx target: its tile product on the hardware against the same kernel on
 // the model, bitwise, across the blocking's edges, the triangles, accumulation, magnitudes that
-// round, and operands of bf16 values and of fp32 values split into parts at either precision (the
-// hardware's operands packed 16 lanes at a time, the model's in this unit by the portable loops).
+// round, and operands of bf16 values and of fp32 values split into parts at either precision and
+// for either outputs' dtype (the hardware's operands packed 16 lanes at a time, the model's in this
+// unit by the portable loops).
 // The model follows the order of tdpbf16ps's sums found on a Sapphire or Emerald Rapids Xeon
 // (docs/algorithm.md).
 TEST(MicroKernels, TileGemmOnTheHardwareMatchesTheModel) {
@@ -221,26 +224,20 @@ TEST(MicroKernels, TileGemmOnTheHardwareMatchesTheModel) {
   std::uniform_int_distribution<int> sign(0, 1);
   const auto draw_f32 = [&] { return (sign(rng) ? -1.0f : 1.0f) * mantissa(rng) * std::exp2(exponent(rng)); };
   const auto draw_bf16 = [&] { return to_bf16_value(draw_f32()); };
-  struct OperandKinds {
-    Operands a, b;
-    Precision precision;
-  };
-  for (const OperandKinds kinds : {OperandKinds{Operands::bf16_values, Operands::bf16_values, Precision::exact},
-                                   OperandKinds{Operands::f32, Operands::bf16_values, Precision::exact},
-                                   OperandKinds{Operands::f32, Operands::f32, Precision::exact},
-                                   OperandKinds{Operands::f32, Operands::f32, Precision::fast}})
+  for (const GemmDesc& kind : {kBf16Values, kBf16B, kF32Exact, kF32Fast, kF32ForBf16Outputs, kBf16AForBf16Outputs})
     for (int m : {1, 16, 33, 70})
       for (int n : {1, 17, 32, 65})
         for (int k : {0, 1, 31, 33, 256, 300})
           for (Triangle tri : {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower})
             for (bool a_transposed : {false, true})
               for (bool accumulate : {false, true}) {
-                const auto draw_a = [&] { return kinds.a == Operands::f32 ? draw_f32() : draw_bf16(); };
-                const auto draw_b = [&] { return kinds.b == Operands::f32 ? draw_f32() : draw_bf16(); };
+                const auto draw_a = [&] { return kind.a_values == Operands::f32 ? draw_f32() : draw_bf16(); };
+                const auto draw_b = [&] { return kind.b_values == Operands::f32 ? draw_f32() : draw_bf16(); };
                 const GemmCase g = gemm_case(m, n, k,
-                                             {.a_values = kinds.a,
-                                              .b_values = kinds.b,
-                                              .precision = kinds.precision,
+                                             {.a_values = kind.a_values,
+                                              .b_values = kind.b_values,
+                                              .precision = kind.precision,
+                                              .bf16_outputs = kind.bf16_outputs,
                                               .a = a_transposed ? Layout::columns : Layout::rows,
                                               .accumulate = accumulate,
                                               .triangle = tri},

@@ -104,7 +104,8 @@ Solve parse_solve(std::string_view name);
 // states, gradients, fp32 inputs), as XLA states matmul precision on a bf16 matrix unit
 // (docs/algorithm.md, "Precision"):
 enum class Precision {
-  exact,  // as fp32 products: a bf16 unit takes each such operand as a sum of bf16 parts
+  exact,  // as fp32 products (within 2^-14 of them for bf16 outputs, far below their rounding): a
+          // bf16 unit takes each such operand as a sum of bf16 parts
   fast,   // one bf16 rounding of each operand, fp32 sums, as GPU kernels do, where a target has a
           // bf16 unit (amx, avx512_bf16); the others compute exactly
 };

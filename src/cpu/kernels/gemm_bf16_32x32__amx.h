@@ -2,10 +2,11 @@
 // that holds bf16 values (GemmDesc::a_values, b_values: bf16 q, k, v as loaded) is packed without
 // loss as one part, and the tiles sum exact products in fp32 (in the order tiles__model.h gives).
 // Any other operand is split into bf16 parts x = x0 + x1 (+ x2), each the rounding of what the
-// parts before it leave, and the product is the passes A_i B_j with i + j < kExactParts over the
-// parts each operand has, the smallest first (docs/algorithm.md, "Precision"): Precision::exact
-// splits into kExactParts parts, Precision::fast rounds once. An operand of one part makes the
-// passes with its missing parts (zero) none: three passes instead of six.
+// parts before it leave, and the product is the passes A_i B_j with i + j < the parts of either
+// over the parts each operand has, the smallest first (docs/algorithm.md, "Precision"):
+// Precision::exact splits into three parts (six passes), or two (three passes) where the call's
+// outputs are bf16; Precision::fast rounds once. An operand of one part makes the passes with its
+// missing parts (zero) none: three passes instead of six.
 // Written once over `Tiles`: AmxTiles in the amx target, ModelTiles in the tests (tiles.h).
 //
 // Register blocking: a 32 x 32 block of C in four accumulator tiles (0-3, 16 x 16 fp32 each), fed
@@ -63,13 +64,17 @@ static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
 
 // The bf16 parts of an operand that is not a bf16 value under Precision::exact: three parts of 8
 // significant bits hold an fp32 value's 24 exactly, and the passes dropped (x1 y2 + x2 y1 + x2 y2)
-// are below 2^-23 of each product. Two parts (3 passes, 2^-15) leave the delta rule's outputs at
-// 3e-5 where the suite's fp32 bound is 1e-5 (tests/harness.h).
+// are below 2^-23 of each product. Two parts (3 passes) leave the delta rule's outputs at 3e-5
+// where the suite's fp32 bound is 1e-5 (tests/harness.h), so fp32 outputs take three; bf16 outputs
+// (GemmDesc::bf16_outputs), which round at 2^-9, take two: what two parts drop (x1 y1 and what
+// each operand's two parts leave, each at most 2^-16 of its value) is under 2^-14 of each product.
 constexpr int kExactParts = 3;
+constexpr int kExactPartsForBf16Outputs = 2;
 
-// The bf16 parts of an operand holding `values` at `precision`.
-constexpr int amx_parts_of(Operands values, Precision precision) {
-  return values == Operands::bf16_values || precision == Precision::fast ? 1 : kExactParts;
+// The bf16 parts of an operand holding `values` in a product so described.
+constexpr int amx_parts_of(Operands values, const GemmDesc& d) {
+  if (values == Operands::bf16_values || d.precision == Precision::fast) return 1;
+  return d.bf16_outputs ? kExactPartsForBf16Outputs : kExactParts;
 }
 // The tile passes A_i B_j (i < a_parts, j < b_parts, i + j < the most parts of either) of a
 // product of operands of so many parts, each pass index counted once.
@@ -82,7 +87,7 @@ constexpr int amx_passes(int a_parts, int b_parts) {
 }
 // The tile passes of a product so described.
 constexpr int amx_passes_of(const GemmDesc& d) {
-  return amx_passes(amx_parts_of(d.a_values, d.precision), amx_parts_of(d.b_values, d.precision));
+  return amx_passes(amx_parts_of(d.a_values, d), amx_parts_of(d.b_values, d));
 }
 
 // A's rows [0, rows) (at most kAmxGroupRows) and k [0, depth) (A(i, p) = a[i*a_rs + p*a_cs]) as
@@ -349,16 +354,17 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const fl
 template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
-  const bool a_split = amx_parts_of(d.a_values, d.precision) > 1, b_split = amx_parts_of(d.b_values, d.precision) > 1;
   const auto run = [&](auto product) { product(d, m, n, k, a, lda, b, ldb, c, ldc); };
-  if (a_split && b_split)
-    run(gemm_bf16_parts_32x32__amx<Tiles, kExactParts, kExactParts>);
-  else if (a_split)
-    run(gemm_bf16_parts_32x32__amx<Tiles, kExactParts, 1>);
-  else if (b_split)
-    run(gemm_bf16_parts_32x32__amx<Tiles, 1, kExactParts>);
-  else
-    run(gemm_bf16_parts_32x32__amx<Tiles, 1, 1>);
+  constexpr int three = kExactParts, two = kExactPartsForBf16Outputs;
+  switch (3 * amx_parts_of(d.a_values, d) + amx_parts_of(d.b_values, d)) {
+    case 3 * three + three: return run(gemm_bf16_parts_32x32__amx<Tiles, three, three>);
+    case 3 * three + 1: return run(gemm_bf16_parts_32x32__amx<Tiles, three, 1>);
+    case 3 * 1 + three: return run(gemm_bf16_parts_32x32__amx<Tiles, 1, three>);
+    case 3 * two + two: return run(gemm_bf16_parts_32x32__amx<Tiles, two, two>);
+    case 3 * two + 1: return run(gemm_bf16_parts_32x32__amx<Tiles, two, 1>);
+    case 3 * 1 + two: return run(gemm_bf16_parts_32x32__amx<Tiles, 1, two>);
+    default: return run(gemm_bf16_parts_32x32__amx<Tiles, 1, 1>);
+  }
 }
 
 }  // namespace

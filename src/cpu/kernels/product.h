@@ -30,6 +30,9 @@ struct GemmDesc {
   // How a kernel on a bf16 unit takes f32 operands: as sums of bf16 parts (exact) or rounded once
   // (fast); fp32 FMA kernels compute exactly either way.
   Precision precision = Precision::exact;
+  // The call's token outputs are bf16 (Chunk::bf16_outputs): at exact precision a product need
+  // only be exact far below their rounding (2^-9), so a bf16 unit may take fewer parts.
+  bool bf16_outputs = false;
   Layout a = Layout::rows;
   bool accumulate = false;  // C += A B, else C = A B
   Triangle triangle = Triangle::none;

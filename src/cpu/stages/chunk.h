@@ -43,6 +43,15 @@ constexpr Operands held_as_loaded(DType dtype, bool as_loaded) {
   return dtype == DType::bf16 && as_loaded ? Operands::bf16_values : Operands::f32;
 }
 
+// Whether every token output of the call is bf16: y in a forward, dq, dk and dv (q's, k's and v's
+// dtypes) in a backward. The spec bounds such a call's outputs as bf16 I/O (docs/algorithm.md,
+// "Precision"), whatever the dtype of its states and gate gradients.
+inline bool bf16_token_outputs(const Params& p) {
+  const auto bf16_or_absent = [](const RowView& r) { return !r.present() || r.dtype == DType::bf16; };
+  return (p.y.present() || p.dq.present()) && bf16_or_absent(p.y) && bf16_or_absent(p.dq) &&
+         bf16_or_absent(p.dk) && bf16_or_absent(p.dv);
+}
+
 struct Chunk {
   Chunk(const Params& p, void* workspace)
       : C(p.chunk),
@@ -53,6 +62,7 @@ struct Chunk {
         W(p.gate == GateKind::channel ? p.K : 1),
         delta(p.delta != Delta::none),
         precision(p.precision),
+        bf16_outputs(bf16_token_outputs(p)),
         q_values(held_as_loaded(p.q.dtype, !p.l2norm_qk)),
         k_values(held_as_loaded(p.k.dtype, !p.l2norm_qk)),
         values_values(held_as_loaded(p.v.dtype, !delta)),
@@ -87,6 +97,7 @@ struct Chunk {
   const int W;               // decay width: K for per-channel (and grouped) gates, 1 otherwise
   const bool delta;
   const Precision precision;  // of every product (Params::precision)
+  const bool bf16_outputs;    // bf16_token_outputs: the products' error budget (GemmDesc::bf16_outputs)
   // What the rows the products read hold (GemmDesc::a_values, b_values): bf16 values where they
   // are bf16 inputs as loaded: q and k when not normalised, values() when they are v (no delta
   // rule), qg and kd when no gate scales q and k. A target runs bf16 values on its bf16 products,

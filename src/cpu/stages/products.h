@@ -16,7 +16,8 @@
 namespace flat::cpu::stages {
 namespace {
 
-// Every product of a chunk runs at the call's precision (Params::precision).
+// Every product of a chunk runs at the call's precision (Params::precision), for its outputs'
+// dtype (Chunk::bf16_outputs).
 
 // `a_values`, `b_values`: what A and B hold (GemmDesc), f32 unless a caller knows better.
 
@@ -28,6 +29,7 @@ void gemm_nn(const Chunk& ch, int m, int n, int k, const float* a, int lda, cons
   Ops::gemm({.a_values = a_values,
              .b_values = b_values,
              .precision = ch.precision,
+             .bf16_outputs = ch.bf16_outputs,
              .accumulate = accumulate,
              .triangle = tri},
             m, n, k, a, lda, b, ldb, c, ldc);
@@ -40,6 +42,7 @@ void gemm_tn(const Chunk& ch, int m, int n, int k, const float* a, int lda, cons
   Ops::gemm({.a_values = a_values,
              .b_values = b_values,
              .precision = ch.precision,
+             .bf16_outputs = ch.bf16_outputs,
              .a = Layout::columns,
              .accumulate = accumulate,
              .triangle = tri},
