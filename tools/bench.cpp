@@ -227,12 +227,16 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
     if (o.against) {
       ExecutionContext context;
       context.threads = threads;
-      k.against = Timing{measure(label + ", fused on " + o.against->name, repeats,
-                                 [&] {
-                                   backward ? cpu::backward_on(*o.against, bp, context)
-                                            : cpu::forward_on(*o.against, fp, context);
-                                 }),
-                         flops, bytes};
+      const auto on_driver = [&](const cpu::Target& target) {
+        return Timing{measure(label + ", fused on " + target.name + " (driver)", repeats,
+                              [&] {
+                                backward ? cpu::backward_on(target, bp, context)
+                                         : cpu::forward_on(target, fp, context);
+                              }),
+                      flops, bytes};
+      };
+      k.compared = on_driver(cpu::default_target());
+      k.against = on_driver(*o.against);
     }
     if (threads > 1)
       k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(1)),
@@ -286,7 +290,8 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
   }
   report.kernels.push_back({name, "fwd+bwd", forward.fused + backward.fused,
                             forward.fused_1thread + backward.fused_1thread, forward.unfused + backward.unfused,
-                            forward.recurrent + backward.recurrent, forward.against + backward.against});
+                            forward.recurrent + backward.recurrent, forward.against + backward.against,
+                            forward.compared + backward.compared});
   report.kernels.push_back(bench_pass(Pass::decode));
 }
 
@@ -333,7 +338,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.products = cpu::default_target().products;
   if (o.against) report.against = o.against->name;
 
-  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 3 : 0), per_gated_variant = 4;
+  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 6 : 0), per_gated_variant = 4;
   int measurements = 1;
   for (Variant variant : o.variants) measurements += per_variant + (has_model_gates(info(variant)) ? per_gated_variant : 0);
   Progress progress(err, measurements);

@@ -22,7 +22,10 @@ struct KernelResult {
   Timing fused;                              // on the bench's threads
   std::optional<Timing> fused_1thread;       // absent when the bench runs on 1 thread
   std::optional<Timing> unfused, recurrent;  // absent when a baseline could not run
-  std::optional<Timing> against;             // the fused kernels on BenchReport::against, when given
+  // With BenchReport::against: the fused kernels on that target and on the bench's own, both
+  // through the driver's entry (cpu::forward_on: no argument or value checks, which `fused`
+  // includes), so that their ratio compares the targets' kernels alone.
+  std::optional<Timing> against, compared;
 };
 
 // One pass of a variant with the weak gates of the tables above and with gates as the models
