@@ -42,7 +42,7 @@ std::string Case::name() const {
   s << "_K" << K << "_V" << V;
   if (info(variant).gate == Gate::grouped) s << "_G" << gate_group();
   s << "_C" << chunk << (h0 ? "_h0" : "") << (dht ? "_dht" : "") << (strided ? "_strided" : "")
-    << (l2norm ? "_l2" : "") << "_" << (decay == Decay::mild ? "mild" : decay == Decay::medium ? "medium" : "strong");
+    << (l2norm ? "_l2" : "") << (y_f32 ? "_yf32" : "") << "_" << (decay == Decay::mild ? "mild" : decay == Decay::medium ? "medium" : "strong");
   if (is_delta() && beta_max != 1.0) s << "_beta" << beta_max;
   if (solve != Solve::automatic) s << "_" << solve_name(solve);
   if (precision != Precision::exact) s << "_" << precision_name(precision);
@@ -362,7 +362,7 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const cp
   // y: strided with padding when the case is strided.
   const int64_t y_row = N * c.V + (c.strided ? 5 : 0);
   const Placement y_place{c.B, c.S, N, c.V, y_row, c.strided ? 2 : 0};
-  Buffer y(c.dtype, size_t(c.B * c.S * y_row));
+  Buffer y(c.y_f32 ? DType::f32 : c.dtype, size_t(c.B * c.S * y_row));
   std::vector<float> ht(state, std::numeric_limits<float>::quiet_NaN());
 
   ForwardArgs fa;

@@ -48,6 +48,7 @@ struct Case {
   bool h0 = false, dht = false;
   bool strided = false;  // q, k, v, beta, b, w (and y, their gradients) as column blocks of fused buffers
   bool l2norm = false;
+  bool y_f32 = false;  // y in fp32 whatever the inputs' dtype
   Decay decay = Decay::medium;
   int threads = 2;
   uint64_t seed = 1;
