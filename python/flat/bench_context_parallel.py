@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 import flat
 import flat.torch as ft
 
+from ._process import exit_after_process_group
 from .bench import model_gates
 from .context_parallel import _widened
 
@@ -161,6 +162,7 @@ def _worker(rank, world, port, args, variant, results):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_after_process_group()
 
 
 def _free_port():

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from flat._process import exit_after_process_group
 from oracle import NAMES, Problem, bound, expect_close, reference, round_to
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -395,6 +396,7 @@ def _worker(rank, world, port, variants):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_after_process_group()
 
 
 def _free_port() -> int:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import PRECISIONS
+from .._process import exit_after_process_group
 from ..nn import context_parallel
 from .model import MIXERS, SOFTMAX, LanguageModel, state_floats
 from .tasks import IGNORE, MQAR, CharLM
@@ -406,9 +407,21 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, dict]:
 
 
 def console() -> None:
-    """The console script flat-train: main() without its return value, which a console script would
-    take for an exit status."""
-    main()
+    """The command (python -m flat.train, the console script flat-train): main() without its return
+    value, which a console script would take for an exit status. A rank of a torchrun world ends
+    without the interpreter's finalization once main() is done (flat._process: gloo's threads
+    otherwise abort the process now and then as it exits), with main()'s exit status."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        main()
+        return
+    try:
+        main()
+    except SystemExit as e:  # a refused argument: the status main() gives, as Python would end
+        if e.code is None or isinstance(e.code, int):
+            exit_after_process_group(e.code or 0)
+        print(e.code, file=sys.stderr)
+        exit_after_process_group(1)
+    exit_after_process_group()
 
 
 if __name__ == "__main__":
