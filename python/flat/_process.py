@@ -5,7 +5,7 @@ the caller's wait returned. When it holds the last reference to a tensor that Py
 release takes the GIL; if the interpreter is finalizing by then, CPython ends that thread inside a
 noexcept destructor and the process aborts ("terminate called without an active exception"; a core
 of flat.bench --context-parallel showed c10d::ProcessGroupGloo::runLoop destroying an
-AsyncBarrierWork under Py_FinalizeEx; pytorch/pytorch#179291). About one run in twenty did so on
+AsyncBarrierWork under Py_FinalizeEx; pytorch/pytorch#179291). About one run in forty did so on
 our 2-core machines. A process whose work is done, results handed over and process group destroyed,
 ends without finalization instead."""
 
