@@ -85,8 +85,7 @@ TEST(ExactPrecision, Fp32OutputsOfBf16InputsHoldTheFp32Bound) {
       SCOPED_TRACE("target " + target);
       EXPECT_TRUE(e.y <= 1e-5) << "y " << e.y;
       EXPECT_TRUE(e.ht <= 1e-5) << "ht " << e.ht;
-      for (const double error : {e.dq, e.dk, e.dv, e.dg, e.dh0, e.dbeta, e.db, e.dw}) EXPECT_TRUE(error <= 1e-2) << error;
-      EXPECT_TRUE(e.padding_intact);
+      expect_within_bounds(e, DType::bf16);  // the gradients, and nothing written outside the views
     }
   }
 }

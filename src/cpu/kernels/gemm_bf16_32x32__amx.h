@@ -351,20 +351,28 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const fl
 // C[m, n] (+)= A B as gemm_f32_1xn__generic describes it (both layouts of A, the triangles, only
 // C(i, j <= i) written for c_lower), each operand as amx_parts_of its values bf16 parts. Needs
 // kGemmTiles loaded.
+// The same with each operand as one part or, where amx_parts_of splits it, as Split parts.
+template <class Tiles, int Split>
+void gemm_bf16_split_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
+                                int ldb, float* c, int ldc) {
+  const bool a_split = amx_parts_of(d.a_values, d) > 1, b_split = amx_parts_of(d.b_values, d) > 1;
+  const auto run = [&](auto product) { product(d, m, n, k, a, lda, b, ldb, c, ldc); };
+  if (a_split && b_split)
+    run(gemm_bf16_parts_32x32__amx<Tiles, Split, Split>);
+  else if (a_split)
+    run(gemm_bf16_parts_32x32__amx<Tiles, Split, 1>);
+  else if (b_split)
+    run(gemm_bf16_parts_32x32__amx<Tiles, 1, Split>);
+  else
+    run(gemm_bf16_parts_32x32__amx<Tiles, 1, 1>);
+}
+
 template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
-  const auto run = [&](auto product) { product(d, m, n, k, a, lda, b, ldb, c, ldc); };
-  constexpr int three = kExactParts, two = kExactPartsForBf16Outputs;
-  switch (3 * amx_parts_of(d.a_values, d) + amx_parts_of(d.b_values, d)) {
-    case 3 * three + three: return run(gemm_bf16_parts_32x32__amx<Tiles, three, three>);
-    case 3 * three + 1: return run(gemm_bf16_parts_32x32__amx<Tiles, three, 1>);
-    case 3 * 1 + three: return run(gemm_bf16_parts_32x32__amx<Tiles, 1, three>);
-    case 3 * two + two: return run(gemm_bf16_parts_32x32__amx<Tiles, two, two>);
-    case 3 * two + 1: return run(gemm_bf16_parts_32x32__amx<Tiles, two, 1>);
-    case 3 * 1 + two: return run(gemm_bf16_parts_32x32__amx<Tiles, 1, two>);
-    default: return run(gemm_bf16_parts_32x32__amx<Tiles, 1, 1>);
-  }
+  const GemmKernel split = d.bf16_outputs ? gemm_bf16_split_32x32__amx<Tiles, kExactPartsForBf16Outputs>
+                                          : gemm_bf16_split_32x32__amx<Tiles, kExactParts>;
+  split(d, m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 }  // namespace
