@@ -39,13 +39,13 @@ void chunk_state_gradient(const Params& p, int b, int m, int c, void* workspace,
   const Item item{p, b, m * p.pack};
   const int t0 = c * ch.C;
   Loader<Ops>{p, item}.chunk(ch, t0, (ch.delta ? Loader<Ops>::keys_values : 0) | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads);
-  scale_rows(ch.qg, ch.q, ch.prefix, ch.L, ch.K, ch.W);
+  ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
   if (ch.delta) {
     prepare_delta<Ops>(p, ch);
-    scale_rows(ch.kd, ch.k, ch.suffix, ch.L, ch.K, ch.W);
-    intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.q_values, ch.k_values);
-    gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.scores, ch.C, ch.dy, ch.VW, ch.drv, ch.VW, false, Triangle::a_upper);
-    gemm_nn<Ops>(ch, ch.L, ch.VW, ch.K, ch.kd, ch.K, dH, ch.VW, ch.drv, ch.VW, true);
+    const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
+    intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
+    gemm_scaled_nn<Ops>(ch, ch.L, ch.VW, kd, dH, ch.VW, ch.drv, ch.VW);
+    gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.scores, ch.C, ch.dy, ch.VW, ch.drv, ch.VW, true, Triangle::a_upper);
     gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.solved, ch.C, ch.drv, ch.VW, ch.dz, ch.VW, false, Triangle::a_upper);
   }
   propagate_state_gradient<Ops>(ch, dH);

@@ -121,7 +121,7 @@ void delta_backward(Chunk& ch, PackedB H0_t) {
   gemm_packed<Ops>(ch, L, K, VW, ch.dz, VW, H0_t, ch.dbp, K, false);
   for (size_t e = 0; e < size_t(L) * K; ++e) ch.dbp[e] = -ch.dbp[e];
   scale_rows(ch.dbt, ch.dbp, ch.prefix, L, K, ch.W);
-  intra_backward<Ops>(ch, ch.dlower, ch.bt, ch.k, ch.dbt, ch.dk, nullptr, Operands::f32, ch.k_values);
+  intra_backward<Ops>(ch, ch.dlower, ch.bt, ch.k, ch.erase_keys, ch.keys, ch.dbt, ch.dk, nullptr);
 }
 
 // dq, dk, dv, dg (and the strengths' gradients) of the loaded chunk from its start state H0 and
@@ -138,9 +138,9 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
     delta_values<Ops>(ch, H0);
   }
   float* dvalues = ch.delta ? ch.drv : ch.dv;
-  scale_rows(ch.qg, ch.q, ch.prefix, L, K, ch.W);
-  scale_rows(ch.kd, ch.k, ch.suffix, L, K, ch.W);
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.q_values, ch.k_values);
+  ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
+  const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   gemm_nt<Ops>(ch, L, L, VW, ch.dy, VW, ch.values(), VW, ch.dscores, C, false, Triangle::c_lower, Operands::f32,
                ch.values_values);
   // H0^T packed once for dY H0^T here and, with the delta rule, dz H0^T in delta_backward (into its
@@ -151,11 +151,11 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   gemm_nt<Ops>(ch, L, K, VW, ch.values(), VW, dH, VW, ch.panel, K, false, Triangle::none, ch.values_values);
   scale_rows(ch.dk_state, ch.panel, ch.suffix, L, K, ch.W);
   zero(ch.dk, size_t(L) * K);
-  gemm_tn<Ops>(ch, L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, false, Triangle::a_upper);
-  gemm_nn<Ops>(ch, L, VW, K, ch.kd, K, dH, VW, dvalues, VW, true, Triangle::none, ch.kd_values);
+  gemm_scaled_nn<Ops>(ch, L, VW, kd, dH, VW, dvalues, VW);
+  gemm_tn<Ops>(ch, L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, true, Triangle::a_upper);
   const bool rectangle = p.gate == GateKind::scalar && !ch.delta;
   if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0);
-  intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.dq, ch.dk, ch.diag, ch.q_values, ch.k_values);
+  intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.queries, ch.keys, ch.dq, ch.dk, ch.diag);
   if (ch.delta) delta_backward<Ops>(ch, H0_t);
   if (p.gate != GateKind::none) {
     if (!rectangle) channel_gate_gradient<Ops>(ch, dH, H0);
@@ -209,15 +209,15 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
 }
 
 // dH <- P_{L-1} * dH + (q * P)^T dY (- bp^T dz for the delta rule) over the loaded chunk: the
-// gradient wrt its start state. Reads ch.qg (and bp, dz), which `gradients` leaves in place;
-// consumes dz.
+// gradient wrt its start state. Reads q * P (and bp, dz), which `gradients` leaves in place
+// (ch.decayed_queries, ch.decayed_erase); consumes dz.
 template <class Ops>
 void propagate_state_gradient(Chunk& ch, float* dH) {
   decay_state(ch, dH);
-  gemm_tn<Ops>(ch, ch.K, ch.VW, ch.L, ch.qg, ch.K, ch.dy, ch.VW, dH, ch.VW, true, Triangle::none, ch.qg_values);
+  gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, ch.decayed_queries, ch.dy, ch.VW, Operands::f32, dH, ch.VW, true);
   if (ch.delta) {
     for (size_t e = 0; e < size_t(ch.L) * ch.VW; ++e) ch.dz[e] = -ch.dz[e];
-    gemm_tn<Ops>(ch, ch.K, ch.VW, ch.L, ch.bp, ch.K, ch.dz, ch.VW, dH, ch.VW, true);
+    gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, ch.decayed_erase, ch.dz, ch.VW, Operands::f32, dH, ch.VW, true);
   }
 }
 

@@ -52,6 +52,18 @@ inline bool bf16_token_outputs(const Params& p) {
          bf16_or_absent(p.dk) && bf16_or_absent(p.dv);
 }
 
+// Rows x_i = factor_i * rows_i [L, K] as the products read them: `rows` (holding `values`) in the
+// product, each row's scalar factor (none: 1) applied to what the product makes of it. Normalised
+// bf16 q and k are their rows as loaded times a power of two (still bf16 values) with the rest of
+// the reciprocal norm as the factor, and a scalar gate's decays, the delta rule's beta, fold into
+// the factor too; so the products read bf16 values, which a bf16 unit takes exactly in one pass
+// (docs/algorithm.md, "Precision").
+struct ScaledRows {
+  const float* rows;
+  const float* factor;  // [L] or null
+  Operands values;
+};
+
 struct Chunk {
   Chunk(const Params& p, void* workspace)
       : C(p.chunk),
@@ -61,13 +73,11 @@ struct Chunk {
         VW(p.pack * p.V),
         W(p.gate == GateKind::channel ? p.K : 1),
         delta(p.delta != Delta::none),
+        gated(p.gate != GateKind::none),
         precision(p.precision),
         bf16_outputs(bf16_token_outputs(p)),
-        q_values(held_as_loaded(p.q.dtype, !p.l2norm_qk)),
-        k_values(held_as_loaded(p.k.dtype, !p.l2norm_qk)),
-        values_values(held_as_loaded(p.v.dtype, !delta)),
-        qg_values(p.gate == GateKind::none ? q_values : Operands::f32),
-        kd_values(p.gate == GateKind::none ? k_values : Operands::f32) {
+        factored_qk(p.l2norm_qk && p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16),
+        values_values(held_as_loaded(p.v.dtype, !delta)) {
     Arena arena(workspace);
     const size_t CK = size_t(C) * K, CV = size_t(C) * VW, CW = size_t(C) * W, CC = size_t(C) * C;
     for (float** t : {&q, &k, &qg, &kd, &qs, &post, &dq, &dk, &dk_state}) *t = arena.take<float>(CK);
@@ -78,6 +88,11 @@ struct Chunk {
     for (float** t : {&scores, &dscores}) *t = arena.take<float>(CC);
     for (float** t : {&ks, &pre}) *t = arena.take<float>(size_t(kDiagBlock) * K);
     for (float** t : {&q_rstd, &k_rstd, &diag, &beta}) *t = arena.take<float>(size_t(C));
+    for (float** t : {&q_factor, &k_factor, &bt_factor, &qg_factor, &kd_factor, &bp_factor})
+      *t = arena.take<float>(size_t(C));
+    if (factored_qk)
+      for (float** t : {&q_rows, &k_rows}) *t = arena.take<float>(CK);
+    scaled = arena.take<float>(size_t(C) * size_t(imax(C, VW)));
     for (float** t : {&pair, &gate_carry}) *t = arena.take<float>(size_t(K + 15) / 16 * 16);  // whole vectors
     for (double** t : {&gate_columns, &dgate_acc}) *t = arena.take<double>(size_t(C));
     log_total = arena.take<double>(size_t(W));
@@ -91,23 +106,38 @@ struct Chunk {
     packed = arena.take<float>(widest * longest);
     if (delta) state_t = arena.take<float>(size_t(K) * VW);
     bytes = arena.used();
+    queries = factored_qk ? ScaledRows{q_rows, q_factor, Operands::bf16_values}
+                          : ScaledRows{q, nullptr, held_as_loaded(p.q.dtype, !p.l2norm_qk)};
+    keys = factored_qk ? ScaledRows{k_rows, k_factor, Operands::bf16_values}
+                       : ScaledRows{k, nullptr, held_as_loaded(p.k.dtype, !p.l2norm_qk)};
   }
 
   const int C, K, V, R, VW;  // VW = R * V: the packed heads' values side by side
   const int W;               // decay width: K for per-channel (and grouped) gates, 1 otherwise
   const bool delta;
+  const bool gated;           // a forget gate (else every decay is 1)
   const Precision precision;  // of every product (Params::precision)
   const bool bf16_outputs;    // bf16_token_outputs: the products' error budget (GemmDesc::bf16_outputs)
-  // What the rows the products read hold (GemmDesc::a_values, b_values): bf16 values where they
-  // are bf16 inputs as loaded: q and k when not normalised, values() when they are v (no delta
-  // rule), qg and kd when no gate scales q and k. A target runs bf16 values on its bf16 products,
-  // exactly (one pass on the tiles).
-  const Operands q_values, k_values, values_values, qg_values, kd_values;
+  // q and k L2-normalised from bf16 inputs: the products read them as bf16 rows and factors
+  // (q_rows, q_factor; k_rows, k_factor).
+  const bool factored_qk;
+  // What values() holds (GemmDesc::b_values): v's bf16 values without the delta rule. A target
+  // runs bf16 values on its bf16 products, exactly (one pass on the tiles).
+  const Operands values_values;
+  // q and k as the products read them (ScaledRows): their bf16 rows and factors, or q and k; and
+  // set per chunk, bt (erase_keys, by prepare_delta), q * P and bp (by whichever stage forms them,
+  // for propagate_state_gradient).
+  ScaledRows queries, keys, erase_keys{}, decayed_queries{}, decayed_erase{};
   int L = 0;  // tokens in this chunk
   size_t bytes = 0;
 
   float *q, *k, *v, *dy;        // [C, K], [C, K], [C, VW], [C, VW]; dy pre-scaled
   float *q_rstd, *k_rstd;       // [C] reciprocal norms when q, k are L2-normalised
+  float *q_rows = nullptr, *k_rows = nullptr;  // [C, K] q = q_factor * q_rows, k likewise (factored_qk)
+  float *q_factor, *k_factor;   // [C]
+  // [C] the factors of bt = beta * k, q * P, k * R and bp = bt * P under a scalar gate (decayed).
+  float *bt_factor, *qg_factor, *kd_factor, *bp_factor;
+  float* scaled;                // [C, max(C, VW)] a product's operand with its factors applied
   float* decay;                 // [C, W] a_t
   float *prefix, *suffix;       // [C, W] P_i, R_i
   float *qg, *kd;               // [C, K] q * P, k * R
@@ -152,6 +182,20 @@ void scale_rows(float* out, const float* x, const float* factors, int L, int wid
       for (int c = 0; c < width; ++c) o[c] = xi[c] * f[c];
     }
   }
+}
+
+// x * D (D: the chunk's prefix or suffix decays, P or R) as the products read it, for rows x [L, K]
+// (x_full) read as `x`: under a scalar gate D folds into x's factors (into `factor` [L]), under a
+// per-channel gate the rows x * D are formed (into `full` [L, K]), and without a gate it is x.
+ScaledRows decayed(const Chunk& ch, const ScaledRows& x, const float* x_full, const float* D, float* factor,
+                   float* full) {
+  if (!ch.gated) return x;
+  if (ch.W == 1) {
+    for (int i = 0; i < ch.L; ++i) factor[i] = x.factor ? D[i] * x.factor[i] : D[i];
+    return {x.rows, factor, x.values};
+  }
+  scale_rows(full, x_full, D, ch.L, ch.K, ch.W);
+  return {full, nullptr, Operands::f32};
 }
 
 // acc += x * factors elementwise over rows [L, width] (per-channel factors).

@@ -35,10 +35,10 @@ namespace {
 // y of the loaded chunk from its start state H0: scale * ((q * P) H0 + A values).
 template <class Ops>
 void output(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0) {
-  const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
-  scale_rows(ch.qg, ch.q, ch.prefix, L, K, ch.W);
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.scores, false, ch.q_values, ch.k_values);
-  gemm_nn<Ops>(ch, L, VW, K, ch.qg, K, H0, VW, ch.out, VW, false, Triangle::none, ch.qg_values);
+  const int C = ch.C, VW = ch.VW, L = ch.L;
+  ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
+  gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out, VW);
   gemm_nn<Ops>(ch, L, VW, L, ch.scores, C, ch.values(), VW, ch.out, VW, true, Triangle::a_lower, Operands::f32,
                ch.values_values);
   for (int i = 0; i < L; ++i) {
@@ -48,14 +48,12 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch, const float* H
   }
 }
 
-// H <- P_{L-1} * H + (k * R)^T values over the loaded chunk. Without a gate (R = 1) and without
-// the delta rule the product's operands are k and v themselves.
+// H <- P_{L-1} * H + (k * R)^T values over the loaded chunk.
 template <class Ops>
 void update_state(Chunk& ch, float* H) {
-  scale_rows(ch.kd, ch.k, ch.suffix, ch.L, ch.K, ch.W);
+  const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
   decay_state(ch, H);
-  gemm_tn<Ops>(ch, ch.K, ch.VW, ch.L, ch.kd, ch.K, ch.values(), ch.VW, H, ch.VW, true, Triangle::none, ch.kd_values,
-               ch.values_values);
+  gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, kd, ch.values(), ch.VW, ch.values_values, H, ch.VW, true);
 }
 
 // Item `index` of the sequence stages: batch index / (N / pack), heads from (index % (N / pack)) * pack.

@@ -22,9 +22,12 @@ namespace {
 // Rows that do not overflow take the plain form, with no extra pass. Squares below fp32's range
 // lose nothing: eps outweighs them by 30 orders of magnitude. A row with an infinity is left to
 // the plain form, which makes it NaN.
+// Where `rows` is given, x_hat is also split as factor * rows for the products (ScaledRows): with
+// rstd' = m 2^e (m in [0.5, 1)), rows = x s 2^e, which scaling by powers of two keeps bf16 values
+// when x is, and factor = m; factor * rows rounds to x_hat's own bits.
 template <class Ops>
 void load_normalised_row(const RowView& view, int b, int t, int head, bool l2norm, float* dst,
-                         float* rstd, int K) {
+                         float* rstd, int K, float* rows = nullptr, float* factor = nullptr) {
   load_row(view, b, t, head, dst, K);
   if (!l2norm) return;
   float sum = Ops::dot(dst, dst, K), eps = kL2NormEps, s = 1.0f;
@@ -41,6 +44,12 @@ void load_normalised_row(const RowView& view, int b, int t, int head, bool l2nor
     }
   }
   const float r = 1.0f / __builtin_sqrtf(sum + eps);
+  if (rows) {
+    int e = 0;
+    *factor = __builtin_frexpf(r, &e);
+    const float power = __builtin_ldexpf(1.0f, e);
+    for (int c = 0; c < K; ++c) rows[c] = dst[c] * power;
+  }
   for (int c = 0; c < K; ++c) dst[c] *= r;
   *rstd = r * s;
 }
@@ -60,12 +69,14 @@ struct Loader {
   void queries(Chunk& ch, int t0) const {
     for (int i = 0; i < ch.L; ++i)
       load_normalised_row<Ops>(p.q, item.b, t0 + i, item.shared(p.group_q), p.l2norm_qk, ch.q + size_t(i) * ch.K,
-                          ch.q_rstd + i, ch.K);
+                               ch.q_rstd + i, ch.K, ch.factored_qk ? ch.q_rows + size_t(i) * ch.K : nullptr,
+                               ch.q_factor + i);
   }
   void keys(Chunk& ch, int t0) const {
     for (int i = 0; i < ch.L; ++i)
       load_normalised_row<Ops>(p.k, item.b, t0 + i, item.shared(p.group_k), p.l2norm_qk, ch.k + size_t(i) * ch.K,
-                          ch.k_rstd + i, ch.K);
+                               ch.k_rstd + i, ch.K, ch.factored_qk ? ch.k_rows + size_t(i) * ch.K : nullptr,
+                               ch.k_factor + i);
   }
   void values(Chunk& ch, int t0) const {
     for (int i = 0; i < ch.L; ++i) item.load_wide(p.v, t0 + i, p.group_v, ch.v + size_t(i) * ch.VW, ch.V);

@@ -79,5 +79,46 @@ void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const floa
                    a_values, b_values);
 }
 
+// ---- Products of ScaledRows (chunk.h): the rows in the product, their factors on its result or on
+// the other operand.
+
+// x [rows, cols] (ld ldx) with row i times f_i (columns: column j times f_j) into ch.scaled,
+// [rows, cols] dense; x itself when f is null.
+struct ScaledOperand {
+  const float* data;
+  int ld;
+};
+inline ScaledOperand rows_scaled(Chunk& ch, const float* x, int ldx, const float* f, int rows, int cols) {
+  if (!f) return {x, ldx};
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) ch.scaled[size_t(i) * cols + j] = x[size_t(i) * ldx + j] * f[i];
+  return {ch.scaled, cols};
+}
+inline ScaledOperand columns_scaled(Chunk& ch, const float* x, int ldx, const float* f, int rows, int cols) {
+  if (!f) return {x, ldx};
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) ch.scaled[size_t(i) * cols + j] = x[size_t(i) * ldx + j] * f[j];
+  return {ch.scaled, cols};
+}
+
+// C[m, n] = Diag(a.factor) (a.rows B): A's rows [m, K] (ch.K apart), B [K, n].
+template <class Ops>
+void gemm_scaled_nn(const Chunk& ch, int m, int n, const ScaledRows& a, const float* b, int ldb, float* c, int ldc) {
+  gemm_nn<Ops>(ch, m, n, ch.K, a.rows, ch.K, b, ldb, c, ldc, false, Triangle::none, a.values);
+  if (a.factor)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] *= a.factor[i];
+}
+
+// C[K, n] (+)= a^T B = a.rows^T (Diag(a.factor) B): A's rows [k, K], B [k, n] (holding b_values);
+// the factors, on the sum's index, scale B's rows (in ch.scaled).
+template <class Ops>
+void gemm_scaled_tn(Chunk& ch, int n, int k, const ScaledRows& a, const float* b, int ldb, Operands b_values,
+                    float* c, int ldc, bool accumulate) {
+  const ScaledOperand scaled_b = rows_scaled(ch, b, ldb, a.factor, k, n);
+  gemm_tn<Ops>(ch, ch.K, n, k, a.rows, ch.K, scaled_b.data, scaled_b.ld, c, ldc, accumulate, Triangle::none, a.values,
+               a.factor ? Operands::f32 : b_values);
+}
+
 }  // namespace
 }  // namespace flat::cpu::stages

@@ -31,14 +31,16 @@ void block_factors(Chunk& ch, const float* queries, const float* keys, int j0, i
   for (size_t e = 0; e < size_t(L - j1) * K; ++e) ch.qs[e] = queries[size_t(j1) * K + e] * ch.post[e];
 }
 
-// Scalar gate: D_ij = F_ij for j <= i (j < i when strict), 0 elsewhere, applied in place.
-void apply_scalar_decay(Chunk& ch, float* m, bool strict) {
+// Scalar gate: D_ij = F_ij for j <= i (j < i when strict), 0 elsewhere, applied in place, with
+// row i's factor and column j's (either absent: 1).
+void apply_scalar_decay(Chunk& ch, float* m, bool strict, const float* row_factor = nullptr,
+                        const float* column_factor = nullptr) {
   const int C = ch.C, L = ch.L;
   for (int i = 0; i < L; ++i) {
     float* row = m + size_t(i) * C;
-    float f = 1.0f;
+    float f = row_factor ? row_factor[i] : 1.0f;
     for (int j = i; j >= 0; --j) {
-      row[j] *= f;
+      row[j] *= column_factor ? f * column_factor[j] : f;
       f *= ch.decay[j];
     }
     for (int j = i + 1; j < L; ++j) row[j] = 0.f;
@@ -46,16 +48,18 @@ void apply_scalar_decay(Chunk& ch, float* m, bool strict) {
   }
 }
 
-// out_ij = <queries_i * F_ij, keys_j> for j <= i (j < i when strict), 0 elsewhere: [L, L].
-// `queries_values`, `keys_values`: what queries and keys hold (their bf16 values reach the product
-// only where the gate is scalar: the decay is applied to the product).
+// out_ij = <queries_i * F_ij, keys_j> for j <= i (j < i when strict), 0 elsewhere: [L, L], from the
+// rows [L, K] (`queries`, `keys`) and, where the gate is scalar (the decay applied to the
+// product), as the products read them (`queries_read`, `keys_read`: bf16 rows, their factors applied
+// with the decay).
 template <class Ops>
-void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out, bool strict,
-                  Operands queries_values, Operands keys_values) {
+void intra_scores(Chunk& ch, const float* queries, const float* keys, const ScaledRows& queries_read,
+                  const ScaledRows& keys_read, float* out, bool strict) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (ch.W == 1) {
-    gemm_nt<Ops>(ch, L, L, K, queries, K, keys, K, out, C, false, Triangle::c_lower, queries_values, keys_values);
-    apply_scalar_decay(ch, out, strict);
+    gemm_nt<Ops>(ch, L, L, K, queries_read.rows, K, keys_read.rows, K, out, C, false, Triangle::c_lower,
+                 queries_read.values, keys_read.values);
+    apply_scalar_decay(ch, out, strict, queries_read.factor, keys_read.factor);
     return;
   }
   for (int i = 0; i < L; ++i) zero(out + size_t(i) * C, size_t(L));
@@ -75,17 +79,23 @@ void intra_scores(Chunk& ch, const float* queries, const float* keys, float* out
 // Adds the strictly causal (j < i) intra-chunk parts of the gradients of the queries and keys
 // given dS, the gradient of intra_scores' output (only j <= i is read). The diagonal dS_ii goes
 // to `diagonal` when given (its share of q * dq and k * dk cancels exactly in the gate gradient,
-// so it is added only after that); a strict dS has none.
+// so it is added only after that); a strict dS has none. The rows as intra_scores takes them; under
+// a scalar gate the products read `keys_read` and `queries_read`, their factors applied to dS's
+// columns and rows (on the sums' index).
 template <class Ops>
-void intra_backward(Chunk& ch, float* dS, const float* queries, const float* keys, float* dqueries, float* dkeys,
-                    float* diagonal, Operands queries_values, Operands keys_values) {
+void intra_backward(Chunk& ch, float* dS, const float* queries, const float* keys, const ScaledRows& queries_read,
+                    const ScaledRows& keys_read, float* dqueries, float* dkeys, float* diagonal) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (diagonal)
     for (int i = 0; i < L; ++i) diagonal[i] = dS[size_t(i) * C + i];
   if (ch.W == 1) {
     apply_scalar_decay(ch, dS, true);
-    gemm_nn<Ops>(ch, L, K, L, dS, C, keys, K, dqueries, K, true, Triangle::a_lower, Operands::f32, keys_values);
-    gemm_tn<Ops>(ch, L, K, L, dS, C, queries, K, dkeys, K, true, Triangle::a_upper, Operands::f32, queries_values);
+    const ScaledOperand for_keys = columns_scaled(ch, dS, C, keys_read.factor, L, L);
+    gemm_nn<Ops>(ch, L, K, L, for_keys.data, for_keys.ld, keys_read.rows, K, dqueries, K, true, Triangle::a_lower,
+                 Operands::f32, keys_read.values);
+    const ScaledOperand for_queries = rows_scaled(ch, dS, C, queries_read.factor, L, L);
+    gemm_tn<Ops>(ch, L, K, L, for_queries.data, for_queries.ld, queries_read.rows, K, dkeys, K, true,
+                 Triangle::a_upper, Operands::f32, queries_read.values);
     return;
   }
   for (int j0 = 0; j0 < L; j0 += kDiagBlock) {

@@ -82,27 +82,31 @@ void solve(const Params& p, Chunk& ch) {
 }
 
 // bt = b * k, vt = w * v, L and T, and bp = bt * P: everything of the delta rule that does not
-// depend on the chunk-start state.
+// depend on the chunk-start state. With beta per token, bt is k's rows read with beta among their
+// factors.
 template <class Ops>
 void prepare_delta(const Params& p, Chunk& ch) {
   const int K = ch.K, VW = ch.VW, L = ch.L;
   if (p.delta == Delta::beta) {
     scale_rows(ch.bt, ch.k, ch.beta, L, K, 1);
     scale_rows(ch.vt, ch.v, ch.beta, L, VW, 1);
+    for (int i = 0; i < L; ++i) ch.bt_factor[i] = ch.keys.factor ? ch.beta[i] * ch.keys.factor[i] : ch.beta[i];
+    ch.erase_keys = {ch.keys.rows, ch.bt_factor, ch.keys.values};
   } else {
     for (size_t e = 0; e < size_t(L) * K; ++e) ch.bt[e] = ch.erase[e] * ch.k[e];
     for (size_t e = 0; e < size_t(L) * VW; ++e) ch.vt[e] = ch.write[e] * ch.v[e];
+    ch.erase_keys = {ch.bt, nullptr, Operands::f32};
   }
-  intra_scores<Ops>(ch, ch.bt, ch.k, ch.lower, true, Operands::f32, ch.k_values);
+  intra_scores<Ops>(ch, ch.bt, ch.k, ch.erase_keys, ch.keys, ch.lower, true);
   solve<Ops>(p, ch);
-  scale_rows(ch.bp, ch.bt, ch.prefix, L, K, ch.W);
+  ch.decayed_erase = decayed(ch, ch.erase_keys, ch.bt, ch.prefix, ch.bp_factor, ch.bp);
 }
 
 // The new values rv = T (vt - bp H0) for the chunk-start state H0 (dz holds vt - bp H0 on the way).
 template <class Ops>
 void delta_values(Chunk& ch, const float* H0) {
-  const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
-  gemm_nn<Ops>(ch, L, VW, K, ch.bp, K, H0, VW, ch.dz, VW, false);
+  const int C = ch.C, VW = ch.VW, L = ch.L;
+  gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_erase, H0, VW, ch.dz, VW);
   for (size_t e = 0; e < size_t(L) * VW; ++e) ch.dz[e] = ch.vt[e] - ch.dz[e];
   gemm_nn<Ops>(ch, L, VW, L, ch.solved, C, ch.dz, VW, ch.rv, VW, false, Triangle::a_lower);
 }
