@@ -261,6 +261,62 @@ TEST(MicroKernels, TileGemmOnTheHardwareMatchesTheModel) {
 }
 
 // A transpose is exact; the destination's padding stays untouched.
+// Products sharing B (MicroKernels::gemm_shared_b, where a target has it; on the model everywhere)
+// equal each product run alone, bitwise: the same passes and sums, B packed once. Products of
+// 1 to 150 rows (row groups of 64, two held at once: three products' groups in two batches),
+// both layouts of A, accumulation, operands of fp32 and of bf16 values at both precisions, and
+// nothing written past each C's columns.
+void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKernels::ChooseGemm alone) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (const GemmDesc& kind : {kF32Exact, kF32ForBf16Outputs, kF32Fast, kBf16A})
+    for (const std::vector<int>& rows : {std::vector<int>{70}, {64, 64}, {5, 150, 33}})
+      for (int n : {17, 65})
+        for (int k : {31, 300})
+          for (bool a_transposed : {false, true})
+            for (bool accumulate : {false, true}) {
+              const GemmDesc d{.a_values = kind.a_values,
+                               .precision = kind.precision,
+                               .bf16_outputs = kind.bf16_outputs,
+                               .a = a_transposed ? Layout::columns : Layout::rows,
+                               .accumulate = accumulate};
+              const auto draw_a = [&] { return kind.a_values == Operands::f32 ? uniform(rng) : to_bf16_value(uniform(rng)); };
+              std::vector<GemmCase> cases;
+              for (int m : rows) cases.push_back(gemm_case(m, n, k, d, draw_a, [&] { return uniform(rng); }));
+              for (GemmCase& g : cases) g.b = cases[0].b;  // one B, as the first case drew it
+              std::vector<std::vector<float>> together, apart;
+              std::vector<cpu::SharedBProduct> products;
+              for (const GemmCase& g : cases) {
+                std::vector<float> c(size_t(g.m) * g.ldc);
+                for (int i = 0; i < g.m; ++i)
+                  for (int j = 0; j < g.ldc; ++j) c[size_t(i) * g.ldc + j] = j < n ? uniform(rng) : kPoison;
+                together.push_back(c);
+                apart.push_back(c);
+              }
+              for (size_t p = 0; p < cases.size(); ++p) {
+                products.push_back({cases[p].m, cases[p].a.data(), cases[p].lda, together[p].data(), cases[p].ldc});
+                cases[p].run(alone(d), apart[p].data());
+              }
+              shared(d)(d, int(products.size()), products.data(), n, k, cases[0].b.data(), cases[0].ldb);
+              for (size_t p = 0; p < cases.size(); ++p)
+                for (size_t at = 0; at < apart[p].size(); ++at)
+                  ASSERT_EQ(std::bit_cast<uint32_t>(together[p][at]), std::bit_cast<uint32_t>(apart[p][at]))
+                      << cases[p].name() << ", product " << p << " of " << cases.size() << " at (" << at / cases[p].ldc
+                      << ", " << at % cases[p].ldc << ")";
+            }
+}
+
+TEST(MicroKernels, ProductsSharingBEqualEachAlone) {
+  {
+    const OnTheTileModel model;
+    check_shared_b([](const GemmDesc&) -> cpu::GemmSharedBKernel { return cpu::gemm_bf16_shared_b_32x32__amx<cpu::ModelTiles>; },
+                   OnTheTileModel::choose);
+  }
+  on_every_target([](const cpu::Target& t) {
+    if (t.micro.gemm_shared_b) check_shared_b(t.micro.gemm_shared_b, t.micro.gemm);
+  });
+}
+
 TEST(MicroKernels, TransposeIsExact) {
   on_every_target([](const cpu::Target& target) {
     for (int rows : {1, 15, 16, 17, 40})

@@ -16,6 +16,15 @@ struct TableOps {
                    int ldc) {
     M.gemm(d)(d, m, n, k, a, lda, b, ldb, c, ldc);
   }
+  static void gemm_shared_b(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k, const float* b,
+                            int ldb) {
+    if constexpr (M.gemm_shared_b != nullptr) {
+      M.gemm_shared_b(d)(d, count, products, n, k, b, ldb);
+    } else {
+      for (int p = 0; p < count; ++p)
+        gemm(d, products[p].m, n, k, products[p].a, products[p].lda, b, ldb, products[p].c, products[p].ldc);
+    }
+  }
   static void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {
     M.transpose(rows, cols, src, lds, dst, ldd);
   }

@@ -32,6 +32,10 @@ struct MicroKernels {
   // size.
   using ChooseGemm = GemmKernel (*)(const GemmDesc& d);
   ChooseGemm gemm;
+  // The kernel of products that share B (SharedBProduct), where the target's packs B: null for a
+  // target whose kernels read B as it lies, whose products then run one by one (TableOps).
+  using ChooseGemmSharedB = GemmSharedBKernel (*)(const GemmDesc& d);
+  ChooseGemmSharedB gemm_shared_b = nullptr;
   void (*transpose)(int rows, int cols, const float* src, int lds, float* dst, int ldd);
   void (*exp)(float* x, int n);
   float (*dot)(const float* a, const float* b, int n);

@@ -24,11 +24,10 @@ void chunk_output(const Params& p, int b, int m, int c, void* workspace, const f
   const Item item{p, b, m * p.pack};
   const int t0 = c * ch.C;
   Loader<Ops>{p, item}.chunk(ch, t0, Loader<Ops>::keys_values | Loader<Ops>::with_queries);
-  if (ch.delta) {
-    prepare_delta<Ops>(p, ch);
-    delta_values<Ops>(ch, H0);
-  }
-  output<Ops>(p, item, t0, ch, H0);
+  if (ch.delta) prepare_delta<Ops>(p, ch);
+  state_products<Ops>(ch, H0, true);
+  if (ch.delta) delta_values<Ops>(ch);
+  output<Ops>(p, item, t0, ch);
 }
 
 // The additive family needs only q, dy and the decays here; the delta rule's state gradient

@@ -16,8 +16,8 @@
 // 32 columns (each word two consecutive k of one column), zero past m, n and k, so edge blocks
 // need no other shape; C tiles at the edges (and across the diagonal of a c_lower product) go
 // through a 16 x 16 scratch. A is packed once per panel in groups of kAmxGroupRows rows, B once
-// per strip and group (once per product for m <= 64); packing an operand once across the products
-// that share it is the next step (issue 22, item 3).
+// per strip for every kAmxHeldGroups groups (once per product for m <= 128), and once for
+// products that share it where the stages say so (MicroKernels::gemm_shared_b).
 #pragma once
 
 #include <algorithm>
@@ -58,7 +58,7 @@ constexpr int kAmxStepDepth = 2 * kAmxTile;        // k per tdpbf16ps
 constexpr int kAmxPanelDepth = 256;                // k per packed panel
 constexpr int kAmxPanelPairs = kAmxPanelDepth / 2; // words per packed row of A
 // Rows of A packed together per panel, each block of them reused by every strip of B: a chunk of
-// 64 rows (the default) packed once per product; A's pack 98 KiB at three parts, on the stack.
+// 64 rows (the default) packed once per product; a group's pack 98 KiB at three parts.
 constexpr int kAmxGroupRows = 2 * kAmxBlock;
 static_assert(kAmxPanelDepth % kAmxStepDepth == 0, "whole steps per panel");
 
@@ -309,54 +309,83 @@ void block_32x32__amx(const uint32_t* a_block, const uint32_t* b_strip, StepRang
   end_c_tile<Tiles, 3>(c[3], scratch);
 }
 
-// C[m, n] (+)= A B with A as AParts and B as BParts bf16 parts (gemm_bf16_32x32__amx): per panel
-// of k, A packed per group of rows, B per strip of 32 columns, each block of the group on that strip.
+// Groups of A's rows (of one product or several that share B) packed and held at once, each strip
+// of B packed once for all of them: two, so a chunk's two products of 64 rows that read the same
+// B (or one product of 128 rows) pack it once. Their packs, 64-196 KiB on the stack, stay in L2.
+constexpr int kAmxHeldGroups = 2;
+
+// C_p (+)= A_p B for every product p (SharedBProduct; one for a lone product) with A as AParts and
+// B as BParts bf16 parts (gemm_bf16_32x32__amx): per panel of k, A packed per group of rows, up to
+// kAmxHeldGroups groups held, B per strip of 32 columns for them, each block of each held group on
+// that strip. Every product's passes and sums are those it would make alone.
 template <class Tiles, int AParts, int BParts>
-void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
-                                int ldb, float* c, int ldc) {
-  const auto [a_rs, a_cs] = a_strides(d, lda);
+void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+                                const float* b, int ldb) {
+  constexpr size_t a_pack_words = size_t(AParts) * kAmxGroupRows * kAmxPanelPairs;
   const Triangle tri = d.triangle;
-  alignas(64) uint32_t a_pack[AParts * kAmxGroupRows * kAmxPanelPairs];
+  alignas(64) uint32_t a_pack[kAmxHeldGroups * a_pack_words];
   alignas(64) uint32_t b_pack[BParts * kAmxPanelPairs * kAmxBlock];
   alignas(64) float scratch[kAmxTile * kAmxTile];
-  const auto c_tile = [&](int i0, int c0) {
-    return CTile{c + size_t(i0) * ldc + c0, ldc, std::min(m - i0, kAmxTile), std::min(n - c0, kAmxTile), i0 - c0,
-                 tri == Triangle::c_lower};
+  struct Group {
+    const SharedBProduct* product;
+    int first, end;  // its rows of the product
   };
+  Group held[kAmxHeldGroups];
+  int held_count = 0;
   for (int k0 = 0; k0 < k || k0 == 0; k0 += kAmxPanelDepth) {
     const int depth = k - k0 < kAmxPanelDepth ? k - k0 : kAmxPanelDepth;
     const int steps = (depth + kAmxStepDepth - 1) / kAmxStepDepth, pairs = steps * kAmxTile;
     const bool into = d.accumulate || k0 > 0;
     if (steps == 0 && into) break;  // k = 0 and C += nothing
-    for (int g0 = 0; g0 < m; g0 += kAmxGroupRows) {
-      const int group_end = std::min(m, g0 + kAmxGroupRows);
-      pack_amx_a<AParts>(m - g0, depth, pairs, a + size_t(g0) * a_rs + size_t(k0) * a_cs, a_rs, a_cs, a_pack);
+    const auto run_held = [&] {
+      int last_row = 0;  // the held groups' last row: strips past it are above every diagonal
+      for (int h = 0; h < held_count; ++h) {
+        const SharedBProduct& product = *held[h].product;
+        const auto [a_rs, a_cs] = a_strides(d, product.lda);
+        pack_amx_a<AParts>(product.m - held[h].first, depth, pairs,
+                           product.a + size_t(held[h].first) * a_rs + size_t(k0) * a_cs, a_rs, a_cs,
+                           a_pack + h * a_pack_words);
+        last_row = std::max(last_row, held[h].end - 1);
+      }
       for (int j0 = 0; j0 < n; j0 += kAmxBlock) {
-        if (tri == Triangle::c_lower && j0 > group_end - 1) break;  // the strip is above the group's diagonal
+        if (tri == Triangle::c_lower && j0 > last_row) break;  // the strip is above every group's diagonal
         pack_amx_b<BParts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
-        for (int r0 = g0; r0 < group_end; r0 += kAmxBlock) {
-          if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
-          const StepRange range = nonzero_steps(tri, r0, k0, steps);
-          if (range.first == range.last && into) continue;
-          const CTile tiles[4] = {c_tile(r0, j0), c_tile(r0, j0 + kAmxTile), c_tile(r0 + kAmxTile, j0),
-                                  c_tile(r0 + kAmxTile, j0 + kAmxTile)};
-          block_32x32__amx<Tiles, AParts, BParts>(a_pack + size_t(r0 - g0) * kAmxPanelPairs, b_pack, range, tiles, into,
-                                         scratch);
+        for (int h = 0; h < held_count; ++h) {
+          const SharedBProduct& product = *held[h].product;
+          const auto c_tile = [&](int i0, int c0) {
+            return CTile{product.c + size_t(i0) * product.ldc + c0, product.ldc, std::min(product.m - i0, kAmxTile),
+                         std::min(n - c0, kAmxTile), i0 - c0, tri == Triangle::c_lower};
+          };
+          for (int r0 = held[h].first; r0 < held[h].end; r0 += kAmxBlock) {
+            if (tri == Triangle::c_lower && j0 > r0 + kAmxBlock - 1) continue;  // the block is above the diagonal
+            const StepRange range = nonzero_steps(tri, r0, k0, steps);
+            if (range.first == range.last && into) continue;
+            const CTile tiles[4] = {c_tile(r0, j0), c_tile(r0, j0 + kAmxTile), c_tile(r0 + kAmxTile, j0),
+                                    c_tile(r0 + kAmxTile, j0 + kAmxTile)};
+            block_32x32__amx<Tiles, AParts, BParts>(a_pack + h * a_pack_words + size_t(r0 - held[h].first) * kAmxPanelPairs,
+                                                    b_pack, range, tiles, into, scratch);
+          }
         }
       }
-    }
+      held_count = 0;
+    };
+    for (int p = 0; p < count; ++p)
+      for (int g0 = 0; g0 < products[p].m; g0 += kAmxGroupRows) {
+        held[held_count++] = {&products[p], g0, std::min(products[p].m, g0 + kAmxGroupRows)};
+        if (held_count == kAmxHeldGroups) run_held();
+      }
+    if (held_count > 0) run_held();
   }
 }
 
-// C[m, n] (+)= A B as gemm_f32_1xn__generic describes it (both layouts of A, the triangles, only
-// C(i, j <= i) written for c_lower), each operand as amx_parts_of its values bf16 parts. Needs
-// kGemmTiles loaded.
-// The same with each operand as one part or, where amx_parts_of splits it, as Split parts.
+// Products sharing B as gemm_f32_1xn__generic describes each (both layouts of A, the triangles,
+// only C(i, j <= i) written for c_lower), each operand as amx_parts_of its values bf16 parts: as
+// one part or, where amx_parts_of splits it, as Split parts. Needs kGemmTiles loaded.
 template <class Tiles, int Split>
-void gemm_bf16_split_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b,
-                                int ldb, float* c, int ldc) {
+void gemm_bf16_split_32x32__amx(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+                                const float* b, int ldb) {
   const bool a_split = amx_parts_of(d.a_values, d) > 1, b_split = amx_parts_of(d.b_values, d) > 1;
-  const auto run = [&](auto product) { product(d, m, n, k, a, lda, b, ldb, c, ldc); };
+  const auto run = [&](auto product) { product(d, count, products, n, k, b, ldb); };
   if (a_split && b_split)
     run(gemm_bf16_parts_32x32__amx<Tiles, Split, Split>);
   else if (a_split)
@@ -367,12 +396,21 @@ void gemm_bf16_split_32x32__amx(const GemmDesc& d, int m, int n, int k, const fl
     run(gemm_bf16_parts_32x32__amx<Tiles, 1, 1>);
 }
 
+// Products sharing B on the tiles (MicroKernels::gemm_shared_b), at the description's precision.
+template <class Tiles>
+void gemm_bf16_shared_b_32x32__amx(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+                                   const float* b, int ldb) {
+  const GemmSharedBKernel split = d.bf16_outputs ? gemm_bf16_split_32x32__amx<Tiles, kExactPartsForBf16Outputs>
+                                                 : gemm_bf16_split_32x32__amx<Tiles, kExactParts>;
+  split(d, count, products, n, k, b, ldb);
+}
+
+// One product on the tiles (MicroKernels::gemm).
 template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
-  const GemmKernel split = d.bf16_outputs ? gemm_bf16_split_32x32__amx<Tiles, kExactPartsForBf16Outputs>
-                                          : gemm_bf16_split_32x32__amx<Tiles, kExactParts>;
-  split(d, m, n, k, a, lda, b, ldb, c, ldc);
+  const SharedBProduct product{m, a, lda, c, ldc};
+  gemm_bf16_shared_b_32x32__amx<Tiles>(d, 1, &product, n, k, b, ldb);
 }
 
 }  // namespace

@@ -11,7 +11,13 @@ namespace flat::cpu {
 namespace {
 
 template <class Tiles>
-constexpr MicroKernels amx_micro_kernels_on = avx512_micro_kernels_with(every_product<gemm_bf16_32x32__amx<Tiles>>);
+constexpr MicroKernels amx_micro_kernels_with_shared_b() {
+  MicroKernels kernels = avx512_micro_kernels_with(every_product<gemm_bf16_32x32__amx<Tiles>>);
+  kernels.gemm_shared_b = [](const GemmDesc&) -> GemmSharedBKernel { return gemm_bf16_shared_b_32x32__amx<Tiles>; };
+  return kernels;
+}
+template <class Tiles>
+constexpr MicroKernels amx_micro_kernels_on = amx_micro_kernels_with_shared_b<Tiles>();
 
 }  // namespace
 }  // namespace flat::cpu

@@ -48,6 +48,19 @@ constexpr bool bf16_operands(const GemmDesc& d) {
 using GemmKernel = void (*)(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                             float* c, int ldc);
 
+// One of several products C_p[m_p, n] (+)= A_p B that read the same B, all so described
+// (MicroKernels::gemm_shared_b): A_p's rows, where A_p and C_p lie.
+struct SharedBProduct {
+  int m;
+  const float* a;
+  int lda;
+  float* c;
+  int ldc;
+};
+// Products that share B: a kernel that packs B packs it once for all of them.
+using GemmSharedBKernel = void (*)(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+                                   const float* b, int ldb);
+
 // A's element strides (row, column) for its layout.
 struct AStrides {
   int row, column;

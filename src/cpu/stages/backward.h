@@ -135,7 +135,8 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   const int C = ch.C, K = ch.K, V = ch.V, VW = ch.VW, L = ch.L;
   if (ch.delta) {
     prepare_delta<Ops>(p, ch);
-    delta_values<Ops>(ch, H0);
+    state_products<Ops>(ch, H0, false);
+    delta_values<Ops>(ch);
   }
   float* dvalues = ch.delta ? ch.drv : ch.dv;
   ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);

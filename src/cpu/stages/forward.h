@@ -32,13 +32,25 @@ namespace {
 
 // ---- Chunk stages shared by both families -----------------------------------------------------
 
-// y of the loaded chunk from its start state H0: scale * ((q * P) H0 + A values).
+// The chunk's products with its start state H0 [K, VW]: bp H0 into dz (the delta rule) and, with
+// the output, (q * P) H0 into out, both on one pass over H0 (the target packs it once).
 template <class Ops>
-void output(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0) {
+void state_products(Chunk& ch, const float* H0, bool with_output) {
+  const int L = ch.L, VW = ch.VW;
+  if (with_output) ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
+  if (ch.delta && with_output)
+    gemm_scaled_nn_sharing_b<Ops>(ch, L, VW, ch.decayed_erase, ch.dz, ch.decayed_queries, ch.out, H0, VW, VW);
+  else if (ch.delta)
+    gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_erase, H0, VW, ch.dz, VW);
+  else if (with_output)
+    gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out, VW);
+}
+
+// y of the loaded chunk, out holding (q * P) H0 (state_products): scale * ((q * P) H0 + A values).
+template <class Ops>
+void output(const Params& p, const Item& item, int t0, Chunk& ch) {
   const int C = ch.C, VW = ch.VW, L = ch.L;
-  ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
   intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
-  gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out, VW);
   gemm_nn<Ops>(ch, L, VW, L, ch.scores, C, ch.values(), VW, ch.out, VW, true, Triangle::a_lower, Operands::f32,
                ch.values_values);
   for (int i = 0; i < L; ++i) {
@@ -75,11 +87,10 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
       float* Hi = H + size_t(i) * KV;
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
       if (states) std::memcpy(states + size_t(i) * per_item + size_t(c) * KV, Hi, sizeof(float) * KV);
-      if (ch.delta) {
-        prepare_delta<Ops>(p, ch);
-        delta_values<Ops>(ch, Hi);
-      }
-      if (write_y) output<Ops>(p, item, t0, ch, Hi);
+      if (ch.delta) prepare_delta<Ops>(p, ch);
+      state_products<Ops>(ch, Hi, write_y);
+      if (ch.delta) delta_values<Ops>(ch);
+      if (write_y) output<Ops>(p, item, t0, ch);
       update_state<Ops>(ch, Hi);
     }
   for (int i = 0; i < count; ++i) {

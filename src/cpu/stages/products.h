@@ -101,13 +101,35 @@ inline ScaledOperand columns_scaled(Chunk& ch, const float* x, int ldx, const fl
   return {ch.scaled, cols};
 }
 
+// C[m, n] rows times a's factors.
+inline void apply_row_factors(const ScaledRows& a, int m, int n, float* c, int ldc) {
+  if (a.factor)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] *= a.factor[i];
+}
+
 // C[m, n] = Diag(a.factor) (a.rows B): A's rows [m, K] (ch.K apart), B [K, n].
 template <class Ops>
 void gemm_scaled_nn(const Chunk& ch, int m, int n, const ScaledRows& a, const float* b, int ldb, float* c, int ldc) {
   gemm_nn<Ops>(ch, m, n, ch.K, a.rows, ch.K, b, ldb, c, ldc, false, Triangle::none, a.values);
-  if (a.factor)
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] *= a.factor[i];
+  apply_row_factors(a, m, n, c, ldc);
+}
+
+// gemm_scaled_nn of a0 into c0 and of a1 into c1 on the same B: one call where their rows hold the
+// same kind of values, so a target that packs B packs it once (Ops::gemm_shared_b).
+template <class Ops>
+void gemm_scaled_nn_sharing_b(const Chunk& ch, int m, int n, const ScaledRows& a0, float* c0, const ScaledRows& a1,
+                              float* c1, const float* b, int ldb, int ldc) {
+  if (a0.values != a1.values) {
+    gemm_scaled_nn<Ops>(ch, m, n, a0, b, ldb, c0, ldc);
+    gemm_scaled_nn<Ops>(ch, m, n, a1, b, ldb, c1, ldc);
+    return;
+  }
+  const SharedBProduct products[2] = {{m, a0.rows, ch.K, c0, ldc}, {m, a1.rows, ch.K, c1, ldc}};
+  Ops::gemm_shared_b({.a_values = a0.values, .precision = ch.precision, .bf16_outputs = ch.bf16_outputs}, 2, products,
+                     n, ch.K, b, ldb);
+  apply_row_factors(a0, m, n, c0, ldc);
+  apply_row_factors(a1, m, n, c1, ldc);
 }
 
 // C[K, n] (+)= a^T B = a.rows^T (Diag(a.factor) B): A's rows [k, K], B [k, n] (holding b_values);

@@ -102,11 +102,11 @@ void prepare_delta(const Params& p, Chunk& ch) {
   ch.decayed_erase = decayed(ch, ch.erase_keys, ch.bt, ch.prefix, ch.bp_factor, ch.bp);
 }
 
-// The new values rv = T (vt - bp H0) for the chunk-start state H0 (dz holds vt - bp H0 on the way).
+// The new values rv = T (vt - bp H0), dz holding bp H0 for the chunk-start state H0
+// (state_products, forward.h), and vt - bp H0 after.
 template <class Ops>
-void delta_values(Chunk& ch, const float* H0) {
+void delta_values(Chunk& ch) {
   const int C = ch.C, VW = ch.VW, L = ch.L;
-  gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_erase, H0, VW, ch.dz, VW);
   for (size_t e = 0; e < size_t(L) * VW; ++e) ch.dz[e] = ch.vt[e] - ch.dz[e];
   gemm_nn<Ops>(ch, L, VW, L, ch.solved, C, ch.dz, VW, ch.rv, VW, false, Triangle::a_lower);
 }
