@@ -22,9 +22,10 @@ namespace {
 // Rows that do not overflow take the plain form, with no extra pass. Squares below fp32's range
 // lose nothing: eps outweighs them by 30 orders of magnitude. A row with an infinity is left to
 // the plain form, which makes it NaN.
-// Where `rows` is given, x_hat is also split as factor * rows for the products (ScaledRows): with
-// rstd' = m 2^e (m in [0.5, 1)), rows = x s 2^e, which scaling by powers of two keeps bf16 values
-// when x is, and factor = m; factor * rows rounds to x_hat's own bits.
+// Where `rows` is given, x_hat = (x s) r is also split as factor * rows for the products
+// (ScaledRows): with r = 1 / sqrt(sum + eps) = m 2^e (m in [0.5, 1)), rows = x s 2^e, bf16 values
+// when x is (powers of two scale them exactly), and factor = m; factor * rows rounds to x_hat's
+// own bits.
 template <class Ops>
 void load_normalised_row(const RowView& view, int b, int t, int head, bool l2norm, float* dst,
                          float* rstd, int K, float* rows = nullptr, float* factor = nullptr) {
