@@ -108,17 +108,20 @@ void store_gate_gradient(const Params& p, const Item& item, int t0, Chunk& ch, c
   }
 }
 
-// The delta rule's backward through rv = T (vt - bp H0) and L, given drv and H0^T packed:
+// The delta rule's backward through rv = T (vt - bp H0) and L:
 //   dz = T^T drv,  dL = -(dz rv^T) (strictly lower),  dvt = dz,  dbp = -dz H0^T,
 //   dbt = P * dbp + the queries' part of dL's gradient; the keys' part goes to dk.
+// dz first (from drv), then dz rv^T into dlower and dz H0^T into dbp with the products of dY that
+// read the same operands (gradients), then the rest.
 template <class Ops>
-void delta_backward(Chunk& ch, PackedB H0_t) {
-  const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
-  gemm_tn<Ops>(ch, L, VW, L, ch.solved, C, ch.drv, VW, ch.dz, VW, false, Triangle::a_upper);
-  gemm_nt<Ops>(ch, L, L, VW, ch.dz, VW, ch.rv, VW, ch.dlower, C, false, Triangle::c_lower);
+void delta_backward_dz(Chunk& ch) {
+  gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.solved, ch.C, ch.drv, ch.VW, ch.dz, ch.VW, false, Triangle::a_upper);
+}
+template <class Ops>
+void delta_backward(Chunk& ch) {
+  const int C = ch.C, K = ch.K, L = ch.L;
   for (int i = 0; i < L; ++i)
     for (int j = 0; j < i; ++j) ch.dlower[size_t(i) * C + j] = -ch.dlower[size_t(i) * C + j];
-  gemm_packed<Ops>(ch, L, K, VW, ch.dz, VW, H0_t, ch.dbp, K, false);
   for (size_t e = 0; e < size_t(L) * K; ++e) ch.dbp[e] = -ch.dbp[e];
   scale_rows(ch.dbt, ch.dbp, ch.prefix, L, K, ch.W);
   intra_backward<Ops>(ch, ch.dlower, ch.bt, ch.k, ch.erase_keys, ch.keys, ch.dbt, ch.dk, nullptr);
@@ -128,7 +131,9 @@ void delta_backward(Chunk& ch, PackedB H0_t) {
 // dH, the gradient wrt its end state:
 //   dq = P * (dY H0^T) + intra;  dk = R * (values dH^T) + intra;  dvalues = A^T dY + (k * R) dH
 // (values: v, or the delta rule's new values, whose gradient goes on through delta_backward).
-// The state part of dk and the diagonal of the intra part stay apart until after dg.
+// The state part of dk and the diagonal of the intra part stay apart until after dg. With the
+// delta rule dY values^T and dz rv^T are one call, and dY H0^T and dz H0^T another, each operand
+// transposed once and packed once by a target that packs (Ops::gemm_shared_b).
 template <class Ops>
 void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, const float* dH,
                const GradSinks& sinks) {
@@ -142,22 +147,23 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
   const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
   intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
-  gemm_nt<Ops>(ch, L, L, VW, ch.dy, VW, ch.values(), VW, ch.dscores, C, false, Triangle::c_lower, Operands::f32,
-               ch.values_values);
-  // H0^T packed once for dY H0^T here and, with the delta rule, dz H0^T in delta_backward (into its
-  // own array; without the delta rule the product panel serves, used once).
-  const PackedB H0_t = pack_transposed<Ops>(K, VW, H0, VW, ch.delta ? ch.state_t : ch.packed);
-  gemm_packed<Ops>(ch, L, K, VW, ch.dy, VW, H0_t, ch.panel, K, false);
-  scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
   gemm_nt<Ops>(ch, L, K, VW, ch.values(), VW, dH, VW, ch.panel, K, false, Triangle::none, ch.values_values);
   scale_rows(ch.dk_state, ch.panel, ch.suffix, L, K, ch.W);
   zero(ch.dk, size_t(L) * K);
   gemm_scaled_nn<Ops>(ch, L, VW, kd, dH, VW, dvalues, VW);
   gemm_tn<Ops>(ch, L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, true, Triangle::a_upper);
+  if (ch.delta) delta_backward_dz<Ops>(ch);
+  const float* dz = ch.delta ? ch.dz : nullptr;
+  const PackedB values_t = pack_transposed<Ops>(L, VW, ch.values(), VW, ch.packed);
+  gemm_packed_sharing_b<Ops>(ch, L, L, VW, values_t, VW, ch.dy, ch.dscores, dz, ch.dlower, C, Triangle::c_lower,
+                             ch.values_values);
+  const PackedB H0_t = pack_transposed<Ops>(K, VW, H0, VW, ch.packed);
+  gemm_packed_sharing_b<Ops>(ch, L, K, VW, H0_t, VW, ch.dy, ch.panel, dz, ch.dbp, K);
+  scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
   const bool rectangle = p.gate == GateKind::scalar && !ch.delta;
   if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0);
   intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.queries, ch.keys, ch.dq, ch.dk, ch.diag);
-  if (ch.delta) delta_backward<Ops>(ch, H0_t);
+  if (ch.delta) delta_backward<Ops>(ch);
   if (p.gate != GateKind::none) {
     if (!rectangle) channel_gate_gradient<Ops>(ch, dH, H0);
     store_gate_gradient(p, item, t0, ch, sinks);

@@ -104,7 +104,6 @@ struct Chunk {
     // B^T of an A B^T product: at most [max(K, VW), max(C, K, VW)].
     const size_t widest = size_t(imax(K, VW)), longest = size_t(imax(C, imax(K, VW)));
     packed = arena.take<float>(widest * longest);
-    if (delta) state_t = arena.take<float>(size_t(K) * VW);
     bytes = arena.used();
     queries = factored_qk ? ScaledRows{q_rows, q_factor, Operands::bf16_values}
                           : ScaledRows{q, nullptr, held_as_loaded(p.q.dtype, !p.l2norm_qk)};
@@ -154,8 +153,7 @@ struct Chunk {
   float* dgate;                 // [C, K] per channel (or [C] for the additive scalar gate)
   float* dk_state;              // [C, K] the part of dk that flows through the chunk-end state
   float* diag;                  // [C] dscores_ii, kept out of dq, dk until the gate gradient
-  float* packed;                // a transposed operand, packed for one product
-  float* state_t = nullptr;     // [VW, K] the chunk-start state transposed (delta rule, backward)
+  float* packed;                // a transposed operand, packed for the products that read it
   // The delta rule (docs/algorithm.md): erase bt = b * k, write vt = w * v, L, T = (I + L)^-1,
   // bp = bt * P, new values rv = T (vt - bp H0), and their gradients.
   float* beta;                  // [C] beta per token (Delta::beta)

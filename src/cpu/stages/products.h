@@ -70,6 +70,17 @@ void gemm_packed(const Chunk& ch, int m, int n, int k, const float* a, int lda, 
   gemm_nn<Ops>(ch, m, n, k, a, lda, b.data, b.ld, c, ldc, accumulate, tri, a_values, b_values);
 }
 
+// C0 = A0 B and, where A1 is given, C1 = A1 B, B packed (A_p [m, k] rows lda apart, C_p ldc apart):
+// one call, so a target that packs B packs it once (Ops::gemm_shared_b).
+template <class Ops>
+void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int lda, const float* a0, float* c0,
+                           const float* a1, float* c1, int ldc, Triangle tri = Triangle::none,
+                           Operands b_values = Operands::f32) {
+  const SharedBProduct products[2] = {{m, a0, lda, c0, ldc}, {m, a1, lda, c1, ldc}};
+  Ops::gemm_shared_b({.b_values = b_values, .precision = ch.precision, .bf16_outputs = ch.bf16_outputs, .triangle = tri},
+                     a1 ? 2 : 1, products, n, k, b.data, b.ld);
+}
+
 // C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
 template <class Ops>
 void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
