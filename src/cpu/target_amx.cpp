@@ -17,7 +17,7 @@ const Target& target_amx() {
        .products = "every product on AMX tiles",
        .needs = kCpuAvx512 | kCpuAvx512Bf16 | kCpuAmxBf16,
        // Measured on a Sapphire/Emerald Rapids Xeon: at exact precision, the default, the delta
-       // family runs at 0.76-0.83 of avx512's speed (docs/performance.md, "The amx target on an
+       // family runs at 0.78-0.96 of avx512's speed (docs/performance.md, "The amx target on an
        // AMX Xeon").
        .only_on_request = "slower than avx512 at exact precision for the delta family on the AMX Xeon measured",
        .tile_products = true,
