@@ -43,7 +43,7 @@ void chunk_state_gradient(const Params& p, int b, int m, int c, void* workspace,
     prepare_delta<Ops>(p, ch);
     const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
     intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
-    gemm_scaled_nn<Ops>(ch, ch.L, ch.VW, kd, dH, ch.VW, ch.drv, ch.VW);
+    gemm_scaled_nn<Ops>(ch, ch.L, ch.VW, kd, dH, ch.VW, ch.drv);
     gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.scores, ch.C, ch.dy, ch.VW, ch.drv, ch.VW, true, Triangle::a_upper);
     gemm_tn<Ops>(ch, ch.L, ch.VW, ch.L, ch.solved, ch.C, ch.drv, ch.VW, ch.dz, ch.VW, false, Triangle::a_upper);
   }

@@ -150,7 +150,7 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   gemm_nt<Ops>(ch, L, K, VW, ch.values(), VW, dH, VW, ch.panel, K, false, Triangle::none, ch.values_values);
   scale_rows(ch.dk_state, ch.panel, ch.suffix, L, K, ch.W);
   zero(ch.dk, size_t(L) * K);
-  gemm_scaled_nn<Ops>(ch, L, VW, kd, dH, VW, dvalues, VW);
+  gemm_scaled_nn<Ops>(ch, L, VW, kd, dH, VW, dvalues);
   gemm_tn<Ops>(ch, L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, true, Triangle::a_upper);
   if (ch.delta) delta_backward_dz<Ops>(ch);
   const float* dz = ch.delta ? ch.dz : nullptr;

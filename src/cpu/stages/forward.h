@@ -39,11 +39,11 @@ void state_products(Chunk& ch, const float* H0, bool with_output) {
   const int L = ch.L, VW = ch.VW;
   if (with_output) ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
   if (ch.delta && with_output)
-    gemm_scaled_nn_sharing_b<Ops>(ch, L, VW, ch.decayed_erase, ch.dz, ch.decayed_queries, ch.out, H0, VW, VW);
+    gemm_scaled_nn_sharing_b<Ops>(ch, L, VW, ch.decayed_erase, ch.dz, ch.decayed_queries, ch.out, H0, VW);
   else if (ch.delta)
-    gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_erase, H0, VW, ch.dz, VW);
+    gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_erase, H0, VW, ch.dz);
   else if (with_output)
-    gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out, VW);
+    gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out);
 }
 
 // y of the loaded chunk, out holding (q * P) H0 (state_products): scale * ((q * P) H0 + A values).

@@ -75,9 +75,13 @@ void gemm_packed(const Chunk& ch, int m, int n, int k, const float* a, int lda, 
 template <class Ops>
 void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int lda, const float* a0, float* c0,
                            const float* a1, float* c1, int ldc, Triangle tri = Triangle::none,
-                           Operands b_values = Operands::f32) {
+                           Operands b_values = Operands::f32, Operands a_values = Operands::f32) {
   const SharedBProduct products[2] = {{m, a0, lda, c0, ldc}, {m, a1, lda, c1, ldc}};
-  Ops::gemm_shared_b({.b_values = b_values, .precision = ch.precision, .bf16_outputs = ch.bf16_outputs, .triangle = tri},
+  Ops::gemm_shared_b({.a_values = a_values,
+                      .b_values = b_values,
+                      .precision = ch.precision,
+                      .bf16_outputs = ch.bf16_outputs,
+                      .triangle = tri},
                      a1 ? 2 : 1, products, n, k, b.data, b.ld);
 }
 
@@ -112,35 +116,27 @@ inline ScaledOperand columns_scaled(Chunk& ch, const float* x, int ldx, const fl
   return {ch.scaled, cols};
 }
 
-// C[m, n] rows times a's factors.
-inline void apply_row_factors(const ScaledRows& a, int m, int n, float* c, int ldc) {
-  if (a.factor)
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] *= a.factor[i];
-}
-
-// C[m, n] = Diag(a.factor) (a.rows B): A's rows [m, K] (ch.K apart), B [K, n].
+// C[m, n] = Diag(a.factor) (a.rows B): A's rows [m, K] (ch.K apart), B [K, n], C dense [m, n].
 template <class Ops>
-void gemm_scaled_nn(const Chunk& ch, int m, int n, const ScaledRows& a, const float* b, int ldb, float* c, int ldc) {
-  gemm_nn<Ops>(ch, m, n, ch.K, a.rows, ch.K, b, ldb, c, ldc, false, Triangle::none, a.values);
-  apply_row_factors(a, m, n, c, ldc);
+void gemm_scaled_nn(const Chunk& ch, int m, int n, const ScaledRows& a, const float* b, int ldb, float* c) {
+  gemm_nn<Ops>(ch, m, n, ch.K, a.rows, ch.K, b, ldb, c, n, false, Triangle::none, a.values);
+  if (a.factor) scale_rows(c, c, a.factor, m, n, 1);
 }
 
 // gemm_scaled_nn of a0 into c0 and of a1 into c1 on the same B: one call where their rows hold the
 // same kind of values, so a target that packs B packs it once (Ops::gemm_shared_b).
 template <class Ops>
 void gemm_scaled_nn_sharing_b(const Chunk& ch, int m, int n, const ScaledRows& a0, float* c0, const ScaledRows& a1,
-                              float* c1, const float* b, int ldb, int ldc) {
+                              float* c1, const float* b, int ldb) {
   if (a0.values != a1.values) {
-    gemm_scaled_nn<Ops>(ch, m, n, a0, b, ldb, c0, ldc);
-    gemm_scaled_nn<Ops>(ch, m, n, a1, b, ldb, c1, ldc);
+    gemm_scaled_nn<Ops>(ch, m, n, a0, b, ldb, c0);
+    gemm_scaled_nn<Ops>(ch, m, n, a1, b, ldb, c1);
     return;
   }
-  const SharedBProduct products[2] = {{m, a0.rows, ch.K, c0, ldc}, {m, a1.rows, ch.K, c1, ldc}};
-  Ops::gemm_shared_b({.a_values = a0.values, .precision = ch.precision, .bf16_outputs = ch.bf16_outputs}, 2, products,
-                     n, ch.K, b, ldb);
-  apply_row_factors(a0, m, n, c0, ldc);
-  apply_row_factors(a1, m, n, c1, ldc);
+  gemm_packed_sharing_b<Ops>(ch, m, n, ch.K, {b, ldb}, ch.K, a0.rows, c0, a1.rows, c1, n, Triangle::none,
+                             Operands::f32, a0.values);
+  if (a0.factor) scale_rows(c0, c0, a0.factor, m, n, 1);
+  if (a1.factor) scale_rows(c1, c1, a1.factor, m, n, 1);
 }
 
 // C[K, n] (+)= a^T B = a.rows^T (Diag(a.factor) B): A's rows [k, K], B [k, n] (holding b_values);
