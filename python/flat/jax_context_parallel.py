@@ -18,13 +18,15 @@ sequence. Forward and backward equal one process's on the whole sequence within 
 ``jax.jit`` too. shard_map cuts T into equal shares (T a multiple of the axis size); a share may be
 shorter than a chunk.
 
-How: as flat.torch.context_parallel, whose module (python/flat/context_parallel.py) gives the
-method: each shard's ``[S, M]`` from one run over its share with the values widened by K zero
-columns (gdn2's write gate by K ones) from the initial state ``[0, I]``, one ``jax.lax.all_gather``
-of ``[S, M]`` and the initial state (``[N, B, H, K, 2V + K]`` whatever T is), each shard folding its
-predecessors' into its true initial state and running its share from it. The backward is JAX's
-transpose of those steps: the all-gather's is one reduce-scatter of the gathered size. The
-convolution gathers each shard's last W-1 inputs (and the initial state) the same way.
+How: as flat.torch.context_parallel for a dense batch, whose module (python/flat/context_parallel.py)
+gives the method: one run over each shard's share with the values widened by K zero columns (gdn2's
+write gate by K ones), the first shard's from ``[h0, 0]``, every other's from ``[0, I]``, gives its
+``[S, M]`` and its output's two parts; one ``jax.lax.all_gather`` of ``[S, M]`` (``B H K (V + K)``
+floats whatever T is) and of which argument values the shard refuses; each shard folds its
+predecessors' into its true initial state, and its output is the run's first V columns plus its last
+K times that state: no second pass. The backward is JAX's transpose of those steps: the all-gather's
+is one reduce-scatter of the gathered size. The convolution gathers each shard's last W-1 inputs
+(and the initial state) the same way.
 
 Call it under ``check_vma=False``: flat.jax's custom calls carry no varying-axes type, which
 shard_map's check needs for a backward (a forward passes it), and the final state, equal on every
@@ -35,19 +37,19 @@ initial state's, retnet's per-head ``g``, the convolution's weight and bias) is 
 shards by shard_map's transpose: it arrives whole.
 
 Shapes are static under shard_map, so every shard traces the same call: a refused argument raises
-its error at trace time, the same on every shard, before any collective. A value refused at run
-time (``check_values``) is found in the run after the all-gather (the first run skips the check), so
-a forward raises the error of the shard holding it; where a collective follows in the same program
-(a backward compiled with its forward, or shard_map outside ``jax.jit``, which runs op by op), the
-other shards wait for that shard until XLA's rendezvous timeout ends the process: check values
-before, or pass ``check_values=False``. Not yet: ``cu_seqlens`` and state pools (refused), la's
-``normalize`` (refused).
+its error at trace time, the same on every shard, before any collective. Values (``check_values``:
+a gate above 0, a non-finite gate, strength or initial state) are not refused by the run, which
+would stop its shard before the all-gather and leave the others waiting there: each shard gathers
+one flag per scanned argument, and after the all-gather every shard raises the same error naming
+the argument and the shard holding it (``_after_checking``), forward or backward, under ``jax.jit``
+or op by op. Not yet: ``cu_seqlens`` and state pools (refused), la's ``normalize`` (refused).
 """
 
 from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _NAME = "flat.jax.context_parallel"
 
@@ -85,6 +87,41 @@ def _this_shards(states: list, axis_name):
     return jnp.stack(states)[jax.lax.axis_index(axis_name)]
 
 
+def _checked_values(g, beta, b, w, initial_state):
+    """The arguments whose values the library scans (check_values, src/api.cpp check_input_values),
+    each (name, array, whether it must also be <= 0), the absent ones left out."""
+    named = (("g", g, True), ("beta", beta, False), ("b", b, False), ("w", w, False),
+             ("initial_state", initial_state, False))
+    return [(name, x, nonpositive) for name, x, nonpositive in named if x is not None]
+
+
+def _refusals(checked) -> jax.Array:
+    """[len(checked)] float32: 1 where this shard's argument holds a value the library refuses (a
+    non-finite value, or a gate above 0), else 0."""
+    return jnp.stack([jnp.any(~jnp.isfinite(x) | (x > 0 if nonpositive else False)).astype(jnp.float32)
+                      for _, x, nonpositive in checked])
+
+
+def _raise_refused(checked, refused) -> None:
+    """On the host, on every shard: the first refused argument's error, naming the shard holding it."""
+    shard, which = (int(i) for i in np.argwhere(np.asarray(refused) > 0)[0])
+    name, _, nonpositive = checked[which]
+    raise ValueError(f"{_NAME}: {name}: expected finite values{' <= 0 (log-space gates)' if nonpositive else ''}, "
+                     f"got another on shard {shard} of {len(refused)}")
+
+
+def _after_checking(checked, gathered, size: int):
+    """gathered [N, size + len(checked)] (every shard's states, then which of its values it refuses),
+    made to follow a check of the refusals: where any shard refused a value, every shard raises the
+    same error. Everything after, the backward's residuals and collective too, reads the result, so no
+    shard goes on to wait in a collective (a pure callback whose result nothing read would be dropped)."""
+    stop = jax.lax.cond(jnp.any(gathered[:, size:] > 0),
+                        lambda r: jax.pure_callback(lambda r: _raise_refused(checked, r) or np.float32(0),
+                                                    jax.ShapeDtypeStruct((), jnp.float32), r),
+                        lambda r: jnp.zeros((), jnp.float32), jax.lax.stop_gradient(gathered[:, size:]))
+    return gathered + stop
+
+
 def _context_parallel_run(run, axis_name):
     """flat.jax's _run with the sequence split across the shards of `axis_name` (the module's docstring)."""
 
@@ -96,20 +133,34 @@ def _context_parallel_run(run, axis_name):
         # The state's heads: the most of any input's (one with fewer is shared, python/flat/_api.py).
         H = max(x.shape[2] for x in (q, k, v, g, beta, b, w) if x is not None and x.ndim >= 3)
         B, K, V = v.shape[0], k.shape[3], v.shape[3]
-        # [S, M] [B, H, K, V + K]: the share's final state from zero and its transition, in one run V + K wide.
-        start = jnp.concatenate([jnp.zeros((B, H, K, V)), jnp.broadcast_to(jnp.eye(K), (B, H, K, K))], axis=-1)
-        # Its values unchecked: a refused one stops its shard in the second run, after the all-gather,
-        # which every shard reaches then (the module's docstring).
-        _, local = run(variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0), initial_state=start,
-                       output_final_state=True, sequences=sequences, **{**options, "check_values": False})
+        leading = jax.lax.axis_index(axis_name) == 0
         first = _initial_state(initial_state, (B, H, K, V), "[B, H, K, V]")
-        # [N, B, H, K, 2V + K]: every shard's S, M and (the first shard's) initial state.
-        gathered = jax.lax.all_gather(jnp.concatenate([local, first], axis=-1), axis_name)
-        states = [gathered[0, ..., V + K:]]  # states[i]: the state before shard i's share
+        # [B, H, K, V + K]: the first shard from [h0, 0], every other from [0, I].
+        start = jnp.where(leading, jnp.concatenate([first, jnp.zeros((B, H, K, K))], axis=-1),
+                          jnp.concatenate([jnp.zeros((B, H, K, V)), jnp.broadcast_to(jnp.eye(K), (B, H, K, K))],
+                                          axis=-1))
+        # One run V + K wide: o_wide [B, T, H, V + K], local [S, M] [B, H, K, V + K]. The run does not
+        # check the values: they are checked after the all-gather, where every shard raises alike (the
+        # module's docstring).
+        o_wide, local = run(variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
+                            initial_state=start, output_final_state=True, sequences=sequences,
+                            **{**options, "check_values": False})
+        checked = _checked_values(g, beta, b, w, None if initial_state is None else jnp.where(leading, first, 0.0))
+        refusals = _refusals(checked) if options["check_values"] and checked else jnp.zeros((0,))
+        # [N, B H K (V + K) + refusals]: every shard's S, M and which of its values it refuses.
+        gathered = jax.lax.all_gather(jnp.concatenate([local.reshape(-1), refusals]), axis_name)
+        if refusals.size:
+            gathered = _after_checking(checked, gathered, local.size)
+        states = [jnp.zeros((B, H, K, V))]  # states[i]: the state before shard i's share
         for part in gathered:
-            states.append(part[..., V:V + K] @ states[-1] + part[..., :V])
-        o, _ = run(variant, q, k, v, g, beta, b, w, initial_state=_this_shards(states[:-1], axis_name),
-                   output_final_state=False, sequences=sequences, **options)
+            part = part[:local.size].reshape(local.shape)
+            states.append(part[..., V:] @ states[-1] + part[..., :V])
+        # o_t = scale H_t^T q_t is affine in the entering state: the run's first V columns plus its
+        # last K (scale q_t^T A_t, A_t the product of the share's A_s through t; zero on the first
+        # shard) times the entering state.
+        entering = _this_shards(states[:-1], axis_name)
+        o = (o_wide[..., :V].astype(jnp.float32) +
+             jnp.einsum("bthk,bhkv->bthv", o_wide[..., V:].astype(jnp.float32), entering)).astype(o_wide.dtype)
         return o, (states[-1] if output_final_state else None)
 
     return cp_run

@@ -110,13 +110,15 @@ def _collectives(lowered) -> list:
 
 
 def _one_gather_per_call_whatever_the_length(mesh, cp, devices):
-    """The forward is one all-gather of [B, H, K, 2V + K] per shard, the backward one reduce-scatter
-    of the gathered [N, B, H, K, 2V + K] (its transpose), whatever T."""
+    """The forward is one all-gather per shard of its [S, M] ([B, H, K, V + K], flattened) and one
+    flag (whether its g holds a refused value), the backward one reduce-scatter of the gathered
+    [N, B H K (V + K) + 1] (its transpose), whatever T."""
     B, H, K, V = 2, 2, 16, 8
     tokens = P(None, "seq")
     split = jax.shard_map(lambda q, k, v, g: cp.gla(q, k, v, g)[0], mesh=mesh, in_specs=(tokens,) * 4,
                           out_specs=tokens, check_vma=False)
-    shard, gathered = f"1x{B}x{H}x{K}x{2 * V + K}", f"{devices}x{B}x{H}x{K}x{2 * V + K}"
+    size = B * H * K * (V + K) + 1
+    shard, gathered = f"1x{size}", f"{devices}x{size}"
     for T in (8 * devices, 200 * devices):
         q, k, g = (jnp.zeros((B, T, H, K)) for _ in range(3))
         v = jnp.zeros((B, T, H, V))
@@ -125,6 +127,43 @@ def _one_gather_per_call_whatever_the_length(mesh, cp, devices):
         backward = _collectives(jax.jit(jax.grad(lambda *a: jnp.sum(split(*a)), argnums=(0, 1, 2, 3)))
                                 .lower(q, k, v, g))
         assert backward == [("all_gather", shard, gathered), ("reduce_scatter", gathered, shard)], (T, backward)
+
+
+def _refused_values_raise_on_every_shard(mesh, cp, devices):
+    """A gate above 0, a non-finite strength or initial state on one shard: every shard raises the
+    same error, naming the argument and the shard, forward alone and with its backward (a collective
+    follows there), under jax.jit and op by op; none waits for the others. check_values=False runs."""
+    B, T, H, K, V = 1, 8 * devices, 2, 16, 8
+    rng = np.random.default_rng(5)
+    q, k = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((B, T, H, V)), jnp.float32)
+    g = -jnp.ones((B, T, H))
+    beta = jnp.full((B, T, H), 0.5)
+    h0 = jnp.zeros((B, H, K, V))
+    last = T - 1  # on the last shard
+    cases = [("g", dict(g=g.at[0, last, 1].set(0.5)), r"g: expected finite values <= 0 \(log-space gates\), got "
+              f"another on shard {devices - 1} of {devices}"),
+             ("beta", dict(beta=beta.at[0, last, 0].set(jnp.nan)), f"beta: expected finite values, got another on "
+              f"shard {devices - 1} of {devices}"),
+             ("initial_state", dict(h0=h0.at[0, 1, 2, 3].set(jnp.inf)), "initial_state: expected finite values, got "
+              f"another on shard 0 of {devices}")]
+    tokens = P(None, "seq")
+    for name, changed, message in cases:
+        args = {**dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0), **changed}
+        specs = {arg: P() if arg == "h0" else tokens for arg in args}
+
+        def split(args, check_values=True):
+            return jax.shard_map(lambda a: cp.gated_deltanet(a["q"], a["k"], a["v"], a["g"], a["beta"],
+                                                             initial_state=a["h0"], output_final_state=True,
+                                                             check_values=check_values),
+                                 mesh=mesh, in_specs=(specs,), out_specs=(tokens, P()), check_vma=False)(args)
+
+        for how, run in (("forward, jit", jax.jit(split)), ("forward, op by op", split),
+                         ("backward, jit", jax.jit(jax.grad(lambda a: jnp.sum(split(a)[0]) + jnp.sum(split(a)[1]))))):
+            with pytest.raises(Exception, match=message):
+                jax.block_until_ready(run(args))
+        o, _ = jax.jit(lambda a: split(a, check_values=False))(args)
+        assert o.shape == (B, T, H, V), name
 
 
 def _refused_arguments(mesh, cp):
@@ -160,6 +199,7 @@ def _checks(devices: int) -> None:
         for W in (1, 2, 4):
             _check_conv(mesh, cp, T, W)
     _one_gather_per_call_whatever_the_length(mesh, cp, devices)
+    _refused_values_raise_on_every_shard(mesh, cp, devices)
     _refused_arguments(mesh, cp)
 
 
