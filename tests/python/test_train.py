@@ -101,6 +101,12 @@ def test_every_variant_has_the_same_state(variant):
     (["--variants", "gla", "--pairs", "50"], "needs a sequence of at least"),
     (["--variants", "gla", "--lr", "-1"], "--lr: expected a positive number"),
     (["--variants", "gla", "--text", "book.txt"], "--text: only for --task charlm, got --task mqar"),
+    (["--sweep", "--pairs", "8"], "--pairs: not with --sweep"),
+    (["--sweep", "--state-size", "1024"], "--state-size: not with --sweep"),
+    (["--variants", "gla", "--quick"], "--quick, --sweep-states, --sweep-pairs: only with --sweep"),
+    (["--sweep", "--sweep-states", "512,0"], "expected comma-separated positive integers, got '512,0'"),
+    (["--sweep", "--sweep-states", "1000"], "not a whole number"),
+    (["--sweep", "--sweep-pairs", "200"], "needs a sequence of at least"),
 ])
 def test_bad_hyperparameters_stop_before_any_step(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
@@ -140,6 +146,25 @@ def test_a_run_writes_its_log_plot_and_checkpoints(tmp_path):
         assert r["steps_to_90"] == (reached[0] if reached else None)
         weights = load_file(r["checkpoint"])
         assert "blocks.0.mixer.o_norm.weight" in weights or "blocks.0.mixer.norm.weight" in weights
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_sweep_writes_every_point_its_table_and_figure(tmp_path, capsys):
+    """A tiny grid (2 state sizes, 2 key-value counts, one mixer and softmax attention): every point
+    trained and scored, softmax once per count at its KV cache's size, the JSON and the PNG."""
+    log, picture = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    cli.main(["--task", "mqar", "--sweep", "--variants", "deltanet", "--sweep-states", "512,1024", "--sweep-pairs",
+              "2,4", "--steps", "3", "--seq-len", "16", "--batch-size", "4", "--hidden-size", "32", "--no-progress",
+              "--json", str(log), "--plot", str(picture)])
+    points = json.loads(log.read_text())["points"]
+    grid = [(p["variant"], p["pairs"], p["state_size"]) for p in points]
+    assert grid == [("deltanet", 2, 512), ("deltanet", 2, 1024), ("softmax", 2, None),
+                    ("deltanet", 4, 512), ("deltanet", 4, 1024), ("softmax", 4, None)]
+    for p in points:
+        assert 0 <= p["accuracy"] <= 1 and p["held_out_loss"] > 0 and p["seconds"] > 0
+        assert p["state_floats"] == (p["state_size"] or 2 * 16 * 32)  # softmax's: 2 x tokens x width
+    table = capsys.readouterr().out
+    assert "MQAR, 4 key-value pairs in 16 tokens" in table and "its KV cache: 1024" in table
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

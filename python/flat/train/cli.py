@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import PRECISIONS
 from .._process import exit_after_process_group
 from ..nn import context_parallel
+from . import sweep
 from .model import MIXERS, SOFTMAX, LanguageModel, state_floats
 from .tasks import IGNORE, MQAR, CharLM
 
@@ -41,12 +42,24 @@ DEFAULTS = {
 HELD_OUT = {"mqar": 1024, "charlm": 64}  # held-out sequences
 
 
+def _sizes(text: str) -> List[int]:
+    """A comma-separated list of positive integers (--sweep-states, --sweep-pairs)."""
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got '{text}'")
+    return sizes
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flat.train", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=sorted(DEFAULTS), required=True)
-    p.add_argument("--variants", required=True,
-                   help=f"comma-separated mixers: {', '.join(MIXERS)} (softmax: the attention baseline)")
+    p.add_argument("--variants",
+                   help=f"comma-separated mixers: {', '.join(MIXERS)} (softmax: the attention baseline); "
+                        f"with --sweep, default {','.join(sweep.SWEEP_VARIANTS)}")
     p.add_argument("--steps", type=int, help="optimiser steps per variant (mqar 1500, charlm 600)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (mqar 128, charlm 128)")
     p.add_argument("--pairs", type=int, help="MQAR key-value pairs per sequence (32)")
@@ -58,8 +71,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=2, help="heads of each mixer (value heads for sla)")
-    p.add_argument("--state-size", type=int, default=4096,
-                   help="recurrent state per layer in floats (N K V), the same for every variant")
+    p.add_argument("--state-size", type=int,
+                   help="recurrent state per layer in floats (N K V), the same for every variant (4096)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="activations (bfloat16: autocast, float32 master weights)")
     p.add_argument("--precision", choices=PRECISIONS, default=PRECISIONS[0],
@@ -67,6 +80,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--context-parallel", type=int, default=1, metavar="N",
                    help="under torchrun: ranks per context-parallel group, which split every sequence along T; "
                         "the world's processes / N groups are data-parallel (1: data parallelism alone)")
+    p.add_argument("--sweep", action="store_true",
+                   help="mqar: accuracy against state size, every variant (and softmax attention) at every state "
+                        "size and key-value count of the grid; --json gets every point, --plot the figure")
+    p.add_argument("--sweep-states", type=_sizes, metavar="S,S,...",
+                   help=f"--sweep's state sizes, floats per layer ({','.join(map(str, sweep.GRID['states']))})")
+    p.add_argument("--sweep-pairs", type=_sizes, metavar="P,P,...",
+                   help=f"--sweep's key-value counts ({','.join(map(str, sweep.GRID['pairs']))})")
+    p.add_argument("--quick", action="store_true", help="--sweep on a coarse grid with short runs (a few minutes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="PyTorch's threads (default: its own choice)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
@@ -76,6 +97,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--plot", help="write a PNG of the loss and metric curves per variant here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a line per evaluation instead)")
     args = p.parse_args(argv)
+    if args.sweep:
+        if args.task != "mqar":
+            p.error(f"--sweep: only for --task mqar, got --task {args.task}")
+        for name in ("pairs", "state_size"):
+            if getattr(args, name) is not None:
+                p.error(f"--{name.replace('_', '-')}: not with --sweep, which takes --sweep-pairs and --sweep-states")
+        args.variants = args.variants or ",".join(sweep.SWEEP_VARIANTS)
+        sweep.defaults(args)
+    elif args.quick or args.sweep_states or args.sweep_pairs:
+        p.error("--quick, --sweep-states, --sweep-pairs: only with --sweep")
+    if args.variants is None:
+        p.error("--variants: expected comma-separated mixers (required without --sweep)")
+    if args.state_size is None:
+        args.state_size = 4096
     for name in ("pairs", "vocab_size"):
         if args.task == "charlm" and getattr(args, name) is not None:
             p.error(f"--{name.replace('_', '-')}: only for --task mqar (charlm's vocabulary is the text's bytes)")
@@ -88,6 +123,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error(f"--variants: unknown {', '.join(unknown) or '(none given)'}; expected some of {', '.join(MIXERS)}")
     if len(set(args.variants)) != len(args.variants):
         p.error("--variants: a variant is listed twice")
+    if args.sweep and SOFTMAX not in args.variants:  # the reference every panel shows
+        args.variants.append(SOFTMAX)
     for name in ("steps", "seq_len", "batch_size", "hidden_size", "layers", "heads", "state_size", "eval_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected at least 1, got {getattr(args, name)}")
@@ -100,6 +137,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.plot and not args.plot.endswith(".png"):
         p.error(f"--plot: expected a .png file name, got {args.plot}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.sweep and world > 1:
+        p.error(f"--sweep: runs in one process, got {world} (torchrun)")
     if args.context_parallel < 1 or world % args.context_parallel:
         p.error(f"--context-parallel: expected a divisor of the {world} processes (torchrun --nproc-per-node), "
                 f"got {args.context_parallel}")
@@ -252,11 +291,12 @@ class Progress:
             self.bar.close()
 
 
-def train_one(args, task, model: LanguageModel, scoring, parallel: Parallel) -> dict:
+def train_one(args, task, model: LanguageModel, scoring, parallel: Parallel, quiet: bool = False) -> dict:
     """Trains model on args.steps batches; under torchrun each rank on its share of every batch, its
     loss the sum over its share's scored positions divided by the whole batch's, times the world
     size, which DDP's average of the gradients over the world divides back out: the gradient of the
-    whole batch's mean loss, as one process takes it."""
+    whole batch's mean loss, as one process takes it. quiet: no progress bar or lines (a sweep shows
+    its own)."""
     variant = model.variant
     trained = parallel.wrap(model)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -268,7 +308,7 @@ def train_one(args, task, model: LanguageModel, scoring, parallel: Parallel) -> 
     curves = {"step": [], "loss": [], "gradient_norm": [], "held_out_loss": [], metric: []}
     if "training" in scoring:
         curves["training_bpc"] = []
-    progress = Progress(args, variant, parallel.is_main)
+    progress = Progress(args, variant, parallel.is_main and not quiet)
     tokens_seen, start = 0, time.perf_counter()
     for step in range(args.steps):
         tokens, targets = task.batch(rng, args.batch_size)
@@ -362,6 +402,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, dict]:
     args.threads = torch.get_num_threads()
     torch.use_deterministic_algorithms(True)
     parallel = Parallel(args.context_parallel)
+    if args.sweep:
+        return sweep.run(args, parallel)
     try:
         task = make_task(args)
         args.vocab_size = task.vocab_size
