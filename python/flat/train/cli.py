@@ -4,6 +4,9 @@ per variant, a JSON log and a plot of the curves.
 
     python -m flat.train --task mqar --variants gated_deltanet,kda,softmax --json mqar.json --plot mqar.png
 
+``--task mqar --sweep`` trains the variants and softmax attention over a grid of state sizes and
+key-value counts instead (python/flat/train/sweep.py): accuracy against state size, Zoology's figure.
+
 Every argument is checked, and every model built, before the first step. Results are the same
 for a given seed and thread count (``--threads``, default PyTorch's).
 
