@@ -156,7 +156,10 @@ def test_the_sweep_writes_every_point_its_table_and_figure(tmp_path, capsys):
     cli.main(["--task", "mqar", "--sweep", "--variants", "deltanet", "--sweep-states", "512,1024", "--sweep-pairs",
               "2,4", "--steps", "3", "--seq-len", "16", "--batch-size", "4", "--hidden-size", "32", "--no-progress",
               "--json", str(log), "--plot", str(picture)])
-    points = json.loads(log.read_text())["points"]
+    data = json.loads(log.read_text())
+    points, settings = data["points"], data["settings"]
+    assert settings["sweep_states"] == [512, 1024] and settings["sweep_pairs"] == [2, 4]
+    assert settings["variants"] == ["deltanet", "softmax"] and "pairs" not in settings and settings["steps"] == 3
     grid = [(p["variant"], p["pairs"], p["state_size"]) for p in points]
     assert grid == [("deltanet", 2, 512), ("deltanet", 2, 1024), ("softmax", 2, None),
                     ("deltanet", 4, 512), ("deltanet", 4, 1024), ("softmax", 4, None)]

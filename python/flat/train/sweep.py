@@ -54,8 +54,7 @@ def points(args) -> List[dict]:
 
 
 def point_args(args, point: dict):
-    """The settings of one point's run: the sweep's, with its pairs and state size, evaluated once at
-    the end of its steps and every eval_every steps before."""
+    """The settings of one point's run: the sweep's, with its pairs and state size."""
     run = copy.copy(args)
     run.pairs = point["pairs"]
     run.state_size = point["state_size"] or args.state_size
@@ -66,15 +65,15 @@ def run(args, parallel) -> List[dict]:
     """Trains every point of the grid (each model built, and every size checked, before the first
     step) and returns the points with their results; prints a table per key-value count, writes
     --json and --plot."""
-    from .cli import build, evaluation_sets, make_task, train_one  # the single runs' own steps
+    from . import cli  # the single runs' own steps
     grid = points(args)
+    runs = [point_args(args, point) for point in grid]
     tasks, models = {}, []
     try:
-        for point in grid:
-            run_args = point_args(args, point)
+        for point, run_args in zip(grid, runs):
             if point["pairs"] not in tasks:
-                tasks[point["pairs"]] = make_task(run_args)
-            models.append(build(run_args, tasks[point["pairs"]], point["variant"]))
+                tasks[point["pairs"]] = cli.make_task(run_args)
+            models.append(cli.build(run_args, tasks[point["pairs"]], point["variant"]))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
@@ -82,12 +81,10 @@ def run(args, parallel) -> List[dict]:
     if not args.no_progress:
         from tqdm import tqdm
         bar = tqdm(total=len(grid), desc="mqar sweep", unit="point", file=sys.stderr, dynamic_ncols=True)
-    scoring = {pairs: evaluation_sets(point_args(args, dict(pairs=pairs, state_size=None)), task)
-               for pairs, task in tasks.items()}
+    scoring = {pairs: cli.evaluation_sets(args, task) for pairs, task in tasks.items()}
     start = time.perf_counter()
-    for point, model in zip(grid, models):
-        result = train_one(point_args(args, point), tasks[point["pairs"]], model, scoring[point["pairs"]], parallel,
-                           quiet=True)
+    for point, run_args, model in zip(grid, runs, models):
+        result = cli.train_one(run_args, tasks[point["pairs"]], model, scoring[point["pairs"]], parallel, quiet=True)
         point.update(accuracy=result["accuracy"], held_out_loss=result["held_out_loss"],
                      steps_to_90=result["steps_to_90"], seconds=result["seconds"],
                      state_floats=result["state_floats"] or kv_cache_floats(args), parameters=result["parameters"])
@@ -102,7 +99,10 @@ def run(args, parallel) -> List[dict]:
         bar.close()
     print_table(args, grid)
     if args.json:
-        Path(args.json).write_text(json.dumps({"settings": settings(args), "points": grid,
+        # The single run's settings but the two the grid replaces, and the grid.
+        settings = {k: v for k, v in cli.settings(args, parallel).items() if k not in ("pairs", "state_size")}
+        settings.update(variants=args.variants, sweep_states=args.sweep_states, sweep_pairs=args.sweep_pairs)
+        Path(args.json).write_text(json.dumps({"settings": settings, "points": grid,
                                                "seconds": time.perf_counter() - start}, indent=1))
     if args.plot:
         plot(args, grid)
@@ -112,12 +112,6 @@ def run(args, parallel) -> List[dict]:
 def kv_cache_floats(args) -> int:
     """Softmax attention's state per layer: the keys and values of every token, 2 x seq_len x width."""
     return 2 * args.seq_len * args.hidden_size
-
-
-def settings(args) -> dict:
-    keys = ("task", "variants", "sweep_states", "sweep_pairs", "steps", "seq_len", "vocab_size", "batch_size", "lr",
-            "hidden_size", "layers", "heads", "dtype", "precision", "seed", "threads", "eval_every")
-    return {k: getattr(args, k) for k in keys}
 
 
 def by_pairs(grid: List[dict]) -> Dict[int, List[dict]]:
