@@ -212,6 +212,13 @@ def test_mqar_is_learnt_by_gated_deltanet(tmp_path):
     assert result["gated_deltanet"]["accuracy"] >= 0.9
 
 
+def test_the_default_state_binds_on_mqar_only():
+    """MQAR's default state is small enough to part the mixers (docs/training.md); charlm's is not cut."""
+    assert cli.parse_args(["--task", "mqar", "--variants", "la"]).state_size == 512
+    assert cli.parse_args(["--task", "charlm", "--variants", "la"]).state_size == 4096
+    assert cli.parse_args(["--task", "mqar", "--variants", "la", "--state-size", "2048"]).state_size == 2048
+
+
 def test_mixer_config_names_the_bad_size():
     with pytest.raises(ValueError, match="Mamba-2's state per head"):
         mixer_config("mamba2", 64, 2, 192)
