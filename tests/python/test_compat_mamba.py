@@ -358,7 +358,8 @@ def mixer_reference(zxbcdt, conv_w, conv_b, dt_bias, A, D, chunk, initial, dt_li
         normed = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)
         y = normed.reshape(b, l, dim) * norm_w * F.silu(z)
     else:
-        norm = hf.MambaRMSNormGated(dim, group_size=dim // ngroups, eps=eps)
+        gated_norm = getattr(hf, "MambaRMSNormGated", None) or hf.Mamba2RMSNormGated  # 5.24's name, 5.25's
+        norm = gated_norm(dim, group_size=dim // ngroups, eps=eps)
         del norm.weight
         norm.weight = norm_w  # the leaf itself, so its gradient is the test's
         y = norm(y, z)

@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 import flat.transformers as flat_tf  # noqa: E402
 from flat.transformers import FAMILIES  # noqa: E402
 from flat.transformers._dispatch import dispatcher  # noqa: E402
+from torch_fallbacks import plain  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -139,7 +140,7 @@ def path(flat: bool, counts=None, stepwise=None):
         for chunked, recurrent in STEPWISE.items():
             if hasattr(module, chunked):
                 restore[chunked] = getattr(module, chunked)
-                setattr(module, chunked, _stepwise(getattr(module, recurrent).__wrapped__))
+                setattr(module, chunked, _stepwise(plain(getattr(module, recurrent))))
     if flat:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -220,13 +221,17 @@ def logits(model, flat, ids, counts=None, **kwargs):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_listed_global_is_in_the_installed_transformers(family):
-    """The table names module globals of transformers 5.24; a rename fails here, not silently."""
+    """The table names module globals of transformers 5.24 and 5.25; a rename fails here, not
+    silently. Each is transformers' kernel fallback: its torch function wrapped (5.24), or that
+    wrapper made a module of the kernels library's, named for hub kernels (5.25)."""
     spec = FAMILIES[family]
     module = importlib.import_module(spec["module"])
     for name in spec["functions"]:
         fn = getattr(module, name, None)
         assert callable(fn), f"{spec['module']} has no function {name}"
-        assert hasattr(fn, "__wrapped__"), f"{spec['module']}.{name} is not transformers' kernel fallback wrapper"
+        fallback = hasattr(fn, "__wrapped__") or getattr(fn, "kernel_layer_name", None) is not None
+        assert fallback, f"{spec['module']}.{name} is not transformers' kernel fallback wrapper"
+        assert plain(fn) is not fn and not hasattr(plain(fn), "__wrapped__")
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

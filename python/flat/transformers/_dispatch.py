@@ -107,7 +107,9 @@ def dispatcher(original: Callable, target: Callable, target_name: str, where: st
     translated; anything else goes to `original` as called."""
     takes = _parameters(target)
 
-    @functools.wraps(original)
+    # Its name and docstring, not its attributes: transformers 5.25's kernel functions are modules
+    # (the kernels library's), whose state is theirs alone.
+    @functools.wraps(original, updated=())
     def dispatch(*args, **kwargs):
         x = _first_tensor(args, kwargs)
         if x is None or x.device.type != "cpu":
