@@ -23,9 +23,8 @@ if ((${#missing[@]})); then
 fi
 
 venv="${FLAT_VENV:-$HOME/.cache/flat-venv}"
-# transformers 5.25 (with the kernels library 0.19 it requires) turns the kernel functions into
-# modules of kernels' that flat.transformers' tests do not take yet: 5.24 until they do.
-transformers_series=5.24
+# flat.transformers takes transformers 5.24 and 5.25 (docs/transformers.md); the suite runs the newer.
+transformers_series=5.25
 python_packages=(torch jax numpy pytest nanobind scikit-build-core tqdm safetensors matplotlib
                  "transformers==${transformers_series}.*")
 if [ ! -x "$venv/bin/python" ]; then

@@ -558,6 +558,8 @@ def test_layer_forward_is_installed_used_and_restored(family):
 
 # (on flat?, tokens): a prefill, decoded tokens, a chunk continuing a cache, the path switched
 # between steps (enable() / disable() mid-generation, the cache written by either).
+# transformers 5.25's caches keep the recurrent states of the last tokens they are asked to.
+KEEPS_STATES = hasattr(transformers.DynamicCache, "get_recurrent_states_to_keep")
 SCHEDULE = [(True, 9), (True, 1), (False, 1), (True, 1), (True, 5), (False, 1), (True, 2), (False, 3), (True, 1)]
 
 
@@ -571,8 +573,8 @@ def test_layer_forward_keeps_the_cache_protocol(family, record_past):
     ids = tokens(2, sum(n for _, n in SCHEDULE), seed=4)
     want = logits(model, False, ids, use_cache=False)
     cache = transformers.DynamicCache(config=model.config)
-    if record_past:
-        cache.activate_past_recording()
+    if record_past:  # transformers 5.25 also keeps the last tokens' recurrent states (speculative decoding)
+        cache.activate_past_recording(**({"recurrent_states_to_keep": 2} if KEEPS_STATES else {}))
     counts, at = {}, 0
     for flat, n in SCHEDULE:
         with path(flat, counts if flat else None), torch.no_grad():
@@ -585,6 +587,31 @@ def test_layer_forward_keeps_the_cache_protocol(family, record_past):
     assert counts.get("layer:causal_conv1d_update", 0) == (0 if record_past else single) * layers, counts
     assert counts.get("layer:causal_conv1d_fn", 0) == chunks * layers, counts
     assert counts.get("layer:torch_recurrent_gated_delta_rule", 0) == single * layers, counts
+
+
+@pytest.mark.skipif(not KEEPS_STATES, reason="transformers before 5.25 keeps no recurrent states to go back to")
+@pytest.mark.parametrize("family", LAYER_FAMILIES)
+def test_layer_forward_keeps_the_states_speculative_decoding_goes_back_to(family):
+    """transformers 5.25's speculative decoding on flat: a cache recording the past keeps the states
+    after each of the last drafted tokens; four drafts verified in one call (the last two wrong),
+    the two cropped, and decoding going on from there gives the full sequence's logits."""
+    model = build(family)
+    ids = tokens(2, 14, seed=5)
+    want = logits(model, False, ids, use_cache=False)
+    drafts = torch.cat([ids[:, 6:8], (ids[:, 8:10] + 1) % VOCAB], dim=1)
+    cache = transformers.DynamicCache(config=model.config)
+    counts = {}
+    with path(True, counts), torch.no_grad():
+        model(input_ids=ids[:, :6], cache=cache, use_cache=True)
+        cache.activate_past_recording(recurrent_states_to_keep=4)
+        verified = model(input_ids=drafts, cache=cache, use_cache=True).logits
+        cache.crop(-2)
+        got = model(input_ids=ids[:, 8:], cache=cache, use_cache=True).logits
+    assert relative(verified[:, :2], want[:, 6:8]) <= FP32
+    assert relative(got, want[:, 8:]) <= FP32
+    layers = sum(cfg == "linear_attention" for cfg in CONFIGS[family][2]["layer_types"])
+    # The prefill chunked; each draft alone (4 states kept); then 2 tokens chunked and 4 alone.
+    assert counts.get("layer:torch_chunk_gated_delta_rule", 0) == (1 + 4 + 1 + 4) * layers, counts
 
 
 def test_layer_decode_step_updates_a_float32_state_in_place():

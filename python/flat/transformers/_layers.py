@@ -21,7 +21,8 @@ the norm's weight and eps), so the state dict is the layer's, with
 
 The cache is used exactly as the layer's own forward uses it (get_conv_state, get_recurrent_state,
 update_conv_state with the ``[B, C, T]`` view of the projection, is_recording_past,
-update_recurrent_state), so its states keep transformers' layout and dtype (conv state
+update_recurrent_state; transformers 5.25's increase_count after a state updated in place, and
+get_recurrent_states_to_keep, the last tokens' states a cache recording the past keeps), so its states keep transformers' layout and dtype (conv state
 ``[B, C, kernel]`` in the model's dtype, recurrent state ``[B, HV, K, V]`` float32) and enable() /
 disable() may be switched mid-generation. A single cached token's convolution is
 causal_conv1d_update's (flat.compat's, which updates the state in place), and its delta rule
@@ -184,6 +185,34 @@ _QWEN3_NEXT = _Layout(_project_qwen3_next)
 _OLMO_HYBRID = _Layout(_project_olmo_hybrid, norm="o_norm", out="o_proj")
 
 
+def _run_delta_rule(kernels, A_log, dt_bias, allow_neg_eigval, name, inputs, state, output_final_state, cu_seqlens):
+    """The delta rule kernel under `name` on inputs (q, k, v, a, b) from `state`."""
+    return kernels[name](*inputs, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval)
+
+
+def _prefill(rule, inputs, state, cache, layer_idx, cu_seqlens):
+    """The delta rule over the call's tokens (inputs: q, k, v, a, b, [B, T, ...]) from `state`:
+    (out, final state). A cache recording the past for speculative decoding in transformers 5.25
+    (get_recurrent_states_to_keep: N) also wants the states after each of the last N tokens, as a
+    list that ends with the final state: those tokens run one at a time after the chunked rest, as
+    the original does. (A cache is never given with packed sequences: _serves.)"""
+    keep = 0
+    if cache is not None and hasattr(cache, "get_recurrent_states_to_keep"):
+        keep = min(cache.get_recurrent_states_to_keep(layer_idx) or 0, inputs[0].shape[1])
+    if not keep:
+        return rule("torch_chunk_gated_delta_rule", inputs, state, cache is not None, cu_seqlens)
+    head = inputs[0].shape[1] - keep
+    outs, states = [], []
+    if head:
+        out, state = rule("torch_chunk_gated_delta_rule", [x[:, :head] for x in inputs], state, True, None)
+        outs.append(out)
+    for t in range(head, head + keep):  # a fresh state each: the list is the cache's history
+        out, state = rule("torch_chunk_gated_delta_rule", [x[:, t:t + 1] for x in inputs], state, True, None)
+        outs.append(out)
+        states.append(state)
+    return torch.cat(outs, dim=1), states
+
+
 def _gated_deltanet(layer, layout, kernels, hidden_states, cache, attention_mask, kwargs):
     """A Gated DeltaNet layer on flat (the module docstring), its modules where layout says."""
     modeling = sys.modules[type(layer).__module__]
@@ -201,6 +230,8 @@ def _gated_deltanet(layer, layout, kernels, hidden_states, cache, attention_mask
     width = layer.conv_kernel_size
     weight, bias = layer.conv1d.weight.squeeze(1), layer.conv1d.bias
     if conv_state is not None and tokens == 1 and not cache.is_recording_past(layer.layer_idx):
+        if hasattr(cache, "increase_count"):  # 5.25: the cache counts the tokens its state saw in place
+            cache.increase_count(layer.layer_idx, 0)
         mixed_qkv = kernels["causal_conv1d_update"](mixed_qkv, conv_state, weight, bias, layer.activation)
     else:
         initial = _conv_tail(conv_state, width) if conv_state is not None and width > 1 else None
@@ -213,10 +244,14 @@ def _gated_deltanet(layer, layout, kernels, hidden_states, cache, attention_mask
     key = mixed_qkv[..., kd:2 * kd].unflatten(-1, (-1, layer.head_k_dim))
     value = mixed_qkv[..., 2 * kd:].unflatten(-1, (-1, layer.head_v_dim))
 
-    name = ("torch_recurrent_gated_delta_rule" if recurrent_state is not None and tokens == 1
-            else "torch_chunk_gated_delta_rule")
-    out, final_state = kernels[name](query, key, value, a, b, layer.A_log, layer.dt_bias, recurrent_state,
-                                     cache is not None, cu_seqlens, bool(getattr(layer, "allow_neg_eigval", False)))
+    rule = functools.partial(_run_delta_rule, kernels, layer.A_log, layer.dt_bias,
+                             bool(getattr(layer, "allow_neg_eigval", False)))
+    if recurrent_state is not None and tokens == 1:
+        out, final_state = rule("torch_recurrent_gated_delta_rule", (query, key, value, a, b), recurrent_state,
+                                cache is not None, cu_seqlens)
+    else:
+        out, final_state = _prefill(rule, (query, key, value, a, b), recurrent_state, cache, layer.layer_idx,
+                                    cu_seqlens)
     if cache is not None:
         cache.update_recurrent_state(final_state, layer.layer_idx)
 
