@@ -610,8 +610,48 @@ def test_layer_forward_keeps_the_states_speculative_decoding_goes_back_to(family
     assert relative(verified[:, :2], want[:, 6:8]) <= FP32
     assert relative(got, want[:, 8:]) <= FP32
     layers = sum(cfg == "linear_attention" for cfg in CONFIGS[family][2]["layer_types"])
-    # The prefill chunked; each draft alone (4 states kept); then 2 tokens chunked and 4 alone.
-    assert counts.get("layer:torch_chunk_gated_delta_rule", 0) == (1 + 4 + 1 + 4) * layers, counts
+    # The prefill chunked; the 4 drafts in one call keeping their states; then 2 tokens chunked and
+    # the last 4 kept.
+    assert counts.get("layer:torch_chunk_gated_delta_rule", 0) == (1 + 1) * layers, counts
+    assert counts.get("layer:kept_states_gated_delta_rule", 0) == (1 + 1) * layers, counts
+
+
+def test_layer_kept_states_are_each_tokens_state_in_one_call():
+    """The delta rule keeping each token's state (a cache recording the past): one pooled call gives
+    the outputs and states of the tokens run one call each, from a state or from zeros, with value
+    heads sharing key heads, float32 and bfloat16; where a gradient flows it runs token by token
+    and the gradient reaches the inputs."""
+    from flat.transformers._layers import _delta_rule, _delta_rule_kept
+
+    g = torch.Generator().manual_seed(9)
+    B, T, HK, HV, K, V = 3, 5, 2, 4, 16, 24
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k = (torch.randn(B, T, HK, K, generator=g).to(dtype) for _ in range(2))
+        v = torch.randn(B, T, HV, V, generator=g).to(dtype)
+        a, b = (torch.randn(B, T, HV, generator=g).to(dtype) for _ in range(2))
+        A_log, dt_bias = torch.randn(HV, generator=g), torch.randn(HV, generator=g)
+        for start in (torch.randn(B, HV, K, V, generator=g), None):
+            want_o, want_states, state = [], [], start
+            for t in range(T):
+                o, state = _delta_rule(*(x[:, t:t + 1] for x in (q, k, v, a, b)), A_log, dt_bias, state, True, None)
+                want_o.append(o)
+                want_states.append(state)
+            before = None if start is None else start.clone()
+            with torch.no_grad():
+                o, states = _delta_rule_kept(q, k, v, a, b, A_log, dt_bias, start)
+            assert o.dtype == dtype and o.shape == (B, T, HV, V)
+            assert relative(o, torch.cat(want_o, dim=1)) <= FP32, (dtype, start is None)
+            assert len(states) == T
+            for got, want in zip(states, want_states):
+                assert got.dtype == torch.float32 and got.shape == (B, HV, K, V) and got.is_contiguous()
+                assert relative(got, want) <= FP32, (dtype, start is None)
+            if start is not None:
+                assert torch.equal(start, before)
+
+    A = A_log.clone().requires_grad_(True)
+    o, states = _delta_rule_kept(q, k, v, a, b, A, dt_bias, None)
+    (o.float().sum() + states[-1].sum()).backward()
+    assert A.grad is not None and torch.isfinite(A.grad).all() and A.grad.abs().sum() > 0
 
 
 def test_layer_decode_step_updates_a_float32_state_in_place():

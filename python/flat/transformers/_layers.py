@@ -22,9 +22,10 @@ the norm's weight and eps), so the state dict is the layer's, with
 The cache is used exactly as the layer's own forward uses it (get_conv_state, get_recurrent_state,
 update_conv_state with the ``[B, C, T]`` view of the projection, is_recording_past,
 update_recurrent_state; transformers 5.25's increase_count after a state updated in place, and
-get_recurrent_states_to_keep, the last tokens' states a cache recording the past keeps), so its states keep transformers' layout and dtype (conv state
-``[B, C, kernel]`` in the model's dtype, recurrent state ``[B, HV, K, V]`` float32) and enable() /
-disable() may be switched mid-generation. A single cached token's convolution is
+get_recurrent_states_to_keep, the last tokens' states a cache recording the past keeps), so its
+states keep transformers' layout and dtype (conv state ``[B, C, kernel]`` in the model's dtype,
+recurrent state ``[B, HV, K, V]`` float32) and enable() / disable() may be switched
+mid-generation. A single cached token's convolution is
 causal_conv1d_update's (flat.compat's, which updates the state in place), and its delta rule
 updates a float32 recurrent state in place (_delta_rule_step). Anything else (another
 device, float16, packed sequences with a cache, an activation flat's convolution lacks, the
@@ -86,16 +87,49 @@ def _delta_rule_step(q, k, v, a, b, A_log, dt_bias, state, output_final_state, c
                               initial_state_indices=rows, final_state_indices=rows)
 
 
+def _delta_rule_kept(q, k, v, a, b, A_log, dt_bias, state, allow_neg_eigval=False):
+    """The tokens [B, T, ...] from `state` (None: zeros), keeping the state after each, as a cache
+    recording the past for speculative decoding wants them: (out, [the state after token t,
+    [B, HV, K, V] float32, for each t]). One call writes every token's state into a fresh pool of
+    B (T + 1) rows through token_state_indices (rows 0..B-1 the starting states; token t of batch
+    row b at B (t + 1) + b, so each token's states are one contiguous block); where a gradient would
+    flow (such a call is for inference) each token runs as a call of its own, as the original runs
+    them."""
+    inputs = (q, k, v, a, b, A_log, dt_bias, state)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+        outs, states = [], []
+        for t in range(q.shape[1]):
+            out, state = _delta_rule(*(x[:, t:t + 1] for x in (q, k, v, a, b)), A_log, dt_bias, state, True, None,
+                                     allow_neg_eigval)
+            outs.append(out)
+            states.append(state)
+        return torch.cat(outs, dim=1), states
+    B, T = q.shape[:2]
+    pool = torch.empty(B * (T + 1), v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
+    starts = None
+    if state is not None:
+        pool[:B] = state
+        starts = torch.arange(B)
+    token_rows = B + torch.arange(T * B).view(T, B).t().reshape(-1)
+    out, pool = _ft.gated_deltanet(q, k, v, a, b, initial_state=pool, use_qk_l2norm_in_kernel=True,
+                                   use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                                   use_beta_sigmoid_in_kernel=True, allow_neg_eigval=allow_neg_eigval,
+                                   initial_state_indices=starts, token_state_indices=token_rows)
+    return out, list(pool[B:].unflatten(0, (T, B)).unbind(0))
+
+
 def _norm(x, gate, weight, eps):
     return _ft.rms_norm_gated(x, gate, weight, activation="silu", eps=eps, norm_before_gate=True)
 
 
-# name -> kernel: the prefill and decode halves under the module globals they stand in for.
+# name -> kernel: the prefill and decode halves under the module globals they stand in for, and
+# the tokens whose states a cache keeps (the original's loop of torch_recurrent_gated_delta_rule).
 KERNELS: Dict[str, Callable] = {
     "causal_conv1d_fn": _conv,
     "causal_conv1d_update": _conv_update,
     "torch_chunk_gated_delta_rule": _delta_rule,
     "torch_recurrent_gated_delta_rule": _delta_rule_step,
+    "kept_states_gated_delta_rule": _delta_rule_kept,
     "rms_norm_gated": _norm,
 }
 
@@ -185,32 +219,23 @@ _QWEN3_NEXT = _Layout(_project_qwen3_next)
 _OLMO_HYBRID = _Layout(_project_olmo_hybrid, norm="o_norm", out="o_proj")
 
 
-def _run_delta_rule(kernels, A_log, dt_bias, allow_neg_eigval, name, inputs, state, output_final_state, cu_seqlens):
-    """The delta rule kernel under `name` on inputs (q, k, v, a, b) from `state`."""
-    return kernels[name](*inputs, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval)
-
-
 def _prefill(rule, inputs, state, cache, layer_idx, cu_seqlens):
     """The delta rule over the call's tokens (inputs: q, k, v, a, b, [B, T, ...]) from `state`:
     (out, final state). A cache recording the past for speculative decoding in transformers 5.25
     (get_recurrent_states_to_keep: N) also wants the states after each of the last N tokens, as a
-    list that ends with the final state: those tokens run one at a time after the chunked rest, as
-    the original does. (A cache is never given with packed sequences: _serves.)"""
+    list that ends with the final state: the chunked rest first, then those tokens in one call
+    that keeps them. (A cache is never given with packed sequences: _serves.)"""
     keep = 0
     if cache is not None and hasattr(cache, "get_recurrent_states_to_keep"):
         keep = min(cache.get_recurrent_states_to_keep(layer_idx) or 0, inputs[0].shape[1])
     if not keep:
         return rule("torch_chunk_gated_delta_rule", inputs, state, cache is not None, cu_seqlens)
     head = inputs[0].shape[1] - keep
-    outs, states = [], []
-    if head:
-        out, state = rule("torch_chunk_gated_delta_rule", [x[:, :head] for x in inputs], state, True, None)
-        outs.append(out)
-    for t in range(head, head + keep):  # a fresh state each: the list is the cache's history
-        out, state = rule("torch_chunk_gated_delta_rule", [x[:, t:t + 1] for x in inputs], state, True, None)
-        outs.append(out)
-        states.append(state)
-    return torch.cat(outs, dim=1), states
+    if not head:
+        return rule("kept_states_gated_delta_rule", inputs, state)
+    out, state = rule("torch_chunk_gated_delta_rule", [x[:, :head] for x in inputs], state, True, None)
+    tail, states = rule("kept_states_gated_delta_rule", [x[:, head:] for x in inputs], state)
+    return torch.cat((out, tail), dim=1), states
 
 
 def _gated_deltanet(layer, layout, kernels, hidden_states, cache, attention_mask, kwargs):
@@ -244,8 +269,12 @@ def _gated_deltanet(layer, layout, kernels, hidden_states, cache, attention_mask
     key = mixed_qkv[..., kd:2 * kd].unflatten(-1, (-1, layer.head_k_dim))
     value = mixed_qkv[..., 2 * kd:].unflatten(-1, (-1, layer.head_v_dim))
 
-    rule = functools.partial(_run_delta_rule, kernels, layer.A_log, layer.dt_bias,
-                             bool(getattr(layer, "allow_neg_eigval", False)))
+    allow_neg_eigval = bool(getattr(layer, "allow_neg_eigval", False))
+
+    def rule(name, inputs, state, *options):
+        """The delta rule kernel under `name` on inputs (q, k, v, a, b) from `state`."""
+        return kernels[name](*inputs, layer.A_log, layer.dt_bias, state, *options, allow_neg_eigval=allow_neg_eigval)
+
     if recurrent_state is not None and tokens == 1:
         out, final_state = rule("torch_recurrent_gated_delta_rule", (query, key, value, a, b), recurrent_state,
                                 cache is not None, cu_seqlens)
