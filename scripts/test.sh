@@ -13,14 +13,15 @@ echo "== Release build and tests"
 bash "$root/scripts/build.sh" "$root/build-test" -DCMAKE_BUILD_TYPE=Release
 ctest --test-dir "$root/build-test" --output-on-failure -j "$jobs"
 
-# AddressSanitizer does not see the loads and stores of AVX-512 intrinsics, so a workspace overrun
-# in a product shows on the portable target, where every access is instrumented (and the
-# workspace arena poisons the gaps between its arrays, src/cpu/arena.h); every test runs it.
+# AddressSanitizer does not see the loads and stores of intrinsics, so a workspace overrun in a
+# product shows on the portable target, where every access is instrumented (and the workspace
+# arena poisons the gaps between its arrays, src/cpu/arena.h); every test runs it. The other
+# targets' units are built without the sanitizers (CMakeLists.txt: their stages are the portable
+# target's source, checked there; the tile kernel stays under them in the microkernel tests,
+# which instantiate it in their own unit); the tests run on them too.
 # Line tables (-g1) are all the sanitizers' reports need; full variable locations make gcc track
 # every variable of the unrolled convolution rows and retry without (the generic target alone took
-# 649 s to compile with -g, 332 s with -g1, on an EPYC Zen 4 core). The amx_model target's unit is
-# built without the sanitizers (CMakeLists.txt: its instrumented model ran 45x slower); the tile
-# kernel stays under them in the microkernel tests, which instantiate it in their own unit.
+# 649 s to compile with -g, 332 s with -g1, on an EPYC Zen 4 core).
 echo "== ASan + UBSan build and tests"
 bash "$root/scripts/build.sh" "$root/build-sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DFLAT_SANITIZE=ON
