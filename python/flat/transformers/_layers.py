@@ -70,6 +70,12 @@ def _delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state
                               cu_seqlens=cu_seqlens)
 
 
+def _wants_grad(*tensors) -> bool:
+    """Whether a gradient would flow through a call on these tensors (None among them allowed): a
+    pool call, which writes states in place, is for inference only."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _delta_rule_step(q, k, v, a, b, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval=False):
     """One cached token per sequence, as _delta_rule, with the cache's state [B, HV, K, V] updated in
     place where flat can do that (a float32 state whose last axis is contiguous, no gradient wanted,
@@ -78,7 +84,7 @@ def _delta_rule_step(q, k, v, a, b, A_log, dt_bias, state, output_final_state, c
     PyTorch skips. A decode step at batch 16 otherwise writes 16 MB of fresh state and copies it
     into the cache."""
     if (state is None or state.dtype != torch.float32 or state.stride(-1) != 1 or cu_seqlens is not None or
-            torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, a, b, A_log, dt_bias, state))):
+            _wants_grad(q, k, v, a, b, A_log, dt_bias, state)):
         return _delta_rule(q, k, v, a, b, A_log, dt_bias, state, output_final_state, cu_seqlens, allow_neg_eigval)
     rows = torch.arange(state.shape[0])
     return _ft.gated_deltanet(q, k, v, a, b, initial_state=state, output_final_state=True,
@@ -95,8 +101,7 @@ def _delta_rule_kept(q, k, v, a, b, A_log, dt_bias, state, allow_neg_eigval=Fals
     row b at B (t + 1) + b, so each token's states are one contiguous block); where a gradient would
     flow (such a call is for inference) each token runs as a call of its own, as the original runs
     them."""
-    inputs = (q, k, v, a, b, A_log, dt_bias, state)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+    if _wants_grad(q, k, v, a, b, A_log, dt_bias, state):
         outs, states = [], []
         for t in range(q.shape[1]):
             out, state = _delta_rule(*(x[:, t:t + 1] for x in (q, k, v, a, b)), A_log, dt_bias, state, True, None,
