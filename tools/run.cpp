@@ -207,12 +207,7 @@ int run_command(const std::vector<std::string>& args, std::ostream& out, std::os
   const std::string variant = run_variant(args);
   if (variant == "conv") return run_conv_command(args, out, err);
   if (variant == "norm_gate") return run_norm_gate_command(args, out, err);
-  return run_and_write(
-      [&] {
-        const Config config = parse_args(args);
-        return RunResult{config.out, compute(config)};
-      },
-      out, err);
+  return run_and_write(args, parse_args, compute, out, err);
 }
 
 }  // namespace flat::tool

@@ -113,12 +113,7 @@ std::vector<Output> compute(const Config& config) {
 }  // namespace
 
 int run_conv_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  return run_and_write(
-      [&] {
-        const Config config = parse_args(args);
-        return RunResult{config.out, compute(config)};
-      },
-      out, err);
+  return run_and_write(args, parse_args, compute, out, err);
 }
 
 }  // namespace flat::tool

@@ -154,4 +154,17 @@ void write_outputs(const std::filesystem::path& dir, const std::vector<Output>& 
 // tensor, and exit status 2, with nothing written.
 int run_and_write(const std::function<RunResult()>& job, std::ostream& out, std::ostream& err);
 
+// run_and_write of a command whose job parses `args` into its Config (which names the output
+// directory, `out`) and computes the outputs from it.
+template <class Config>
+int run_and_write(const std::vector<std::string>& args, Config (*parse)(const std::vector<std::string>&),
+                  std::vector<Output> (*compute)(const Config&), std::ostream& out, std::ostream& err) {
+  return run_and_write(
+      [&] {
+        const Config config = parse(args);
+        return RunResult{config.out, compute(config)};
+      },
+      out, err);
+}
+
 }  // namespace flat::tool

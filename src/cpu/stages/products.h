@@ -21,32 +21,32 @@ namespace {
 
 // `a_values`, `b_values`: what A and B hold (GemmDesc), f32 unless a caller knows better.
 
+// The description of one chunk product at the chunk's precision and outputs' dtype.
+inline GemmDesc chunk_product(const Chunk& ch, Operands a_values, Operands b_values, bool accumulate, Triangle tri,
+                              Layout a = Layout::rows) {
+  return {.a_values = a_values,
+          .b_values = b_values,
+          .precision = ch.precision,
+          .bf16_outputs = ch.bf16_outputs,
+          .a = a,
+          .accumulate = accumulate,
+          .triangle = tri};
+}
+
 // C[m, n] (+)= A[m, k] B[k, n], A and B row-major.
 template <class Ops>
 void gemm_nn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
              int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
              Operands b_values = Operands::f32) {
-  Ops::gemm({.a_values = a_values,
-             .b_values = b_values,
-             .precision = ch.precision,
-             .bf16_outputs = ch.bf16_outputs,
-             .accumulate = accumulate,
-             .triangle = tri},
-            m, n, k, a, lda, b, ldb, c, ldc);
+  Ops::gemm(chunk_product(ch, a_values, b_values, accumulate, tri), m, n, k, a, lda, b, ldb, c, ldc);
 }
 // C[m, n] (+)= A^T B with A stored [k, m].
 template <class Ops>
 void gemm_tn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
              int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
              Operands b_values = Operands::f32) {
-  Ops::gemm({.a_values = a_values,
-             .b_values = b_values,
-             .precision = ch.precision,
-             .bf16_outputs = ch.bf16_outputs,
-             .a = Layout::columns,
-             .accumulate = accumulate,
-             .triangle = tri},
-            m, n, k, a, lda, b, ldb, c, ldc);
+  Ops::gemm(chunk_product(ch, a_values, b_values, accumulate, tri, Layout::columns), m, n, k, a, lda, b, ldb, c,
+            ldc);
 }
 // A B operand as the microkernels stream it: row-major [k, n] rows at `data`, `ld` apart.
 struct PackedB {
@@ -77,12 +77,7 @@ void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int 
                            const float* a1, float* c1, int ldc, Triangle tri = Triangle::none,
                            Operands b_values = Operands::f32, Operands a_values = Operands::f32) {
   const SharedBProduct products[2] = {{m, a0, lda, c0, ldc}, {m, a1, lda, c1, ldc}};
-  Ops::gemm_shared_b({.a_values = a_values,
-                      .b_values = b_values,
-                      .precision = ch.precision,
-                      .bf16_outputs = ch.bf16_outputs,
-                      .triangle = tri},
-                     a1 ? 2 : 1, products, n, k, b.data, b.ld);
+  Ops::gemm_shared_b(chunk_product(ch, a_values, b_values, false, tri), a1 ? 2 : 1, products, n, k, b.data, b.ld);
 }
 
 // C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
@@ -97,22 +92,26 @@ void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const floa
 // ---- Products of ScaledRows (chunk.h): the rows in the product, their factors on its result or on
 // the other operand.
 
-// x [rows, cols] (ld ldx) with row i times f_i (columns: column j times f_j) into ch.scaled,
-// [rows, cols] dense; x itself when f is null.
+// x [rows, cols] (ld ldx) with row i times f_i (factors along rows) or column j times f_j (along
+// columns) into ch.scaled, [rows, cols] dense; x itself when f is null.
 struct ScaledOperand {
   const float* data;
   int ld;
 };
-inline ScaledOperand rows_scaled(Chunk& ch, const float* x, int ldx, const float* f, int rows, int cols) {
+enum class FactorsAlong { rows, columns };
+inline ScaledOperand scaled_operand(Chunk& ch, const float* x, int ldx, const float* f, FactorsAlong along, int rows,
+                                    int cols) {
   if (!f) return {x, ldx};
-  for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) ch.scaled[size_t(i) * cols + j] = x[size_t(i) * ldx + j] * f[i];
-  return {ch.scaled, cols};
-}
-inline ScaledOperand columns_scaled(Chunk& ch, const float* x, int ldx, const float* f, int rows, int cols) {
-  if (!f) return {x, ldx};
-  for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) ch.scaled[size_t(i) * cols + j] = x[size_t(i) * ldx + j] * f[j];
+  for (int i = 0; i < rows; ++i) {
+    const float* xi = x + size_t(i) * ldx;
+    float* out = ch.scaled + size_t(i) * cols;
+    if (along == FactorsAlong::rows) {
+      const float s = f[i];
+      for (int j = 0; j < cols; ++j) out[j] = xi[j] * s;
+    } else {
+      for (int j = 0; j < cols; ++j) out[j] = xi[j] * f[j];
+    }
+  }
   return {ch.scaled, cols};
 }
 
@@ -144,7 +143,7 @@ void gemm_scaled_nn_sharing_b(const Chunk& ch, int m, int n, const ScaledRows& a
 template <class Ops>
 void gemm_scaled_tn(Chunk& ch, int n, int k, const ScaledRows& a, const float* b, int ldb, Operands b_values,
                     float* c, int ldc, bool accumulate) {
-  const ScaledOperand scaled_b = rows_scaled(ch, b, ldb, a.factor, k, n);
+  const ScaledOperand scaled_b = scaled_operand(ch, b, ldb, a.factor, FactorsAlong::rows, k, n);
   gemm_tn<Ops>(ch, ch.K, n, k, a.rows, ch.K, scaled_b.data, scaled_b.ld, c, ldc, accumulate, Triangle::none, a.values,
                a.factor ? Operands::f32 : b_values);
 }

@@ -90,10 +90,10 @@ void intra_backward(Chunk& ch, float* dS, const float* queries, const float* key
     for (int i = 0; i < L; ++i) diagonal[i] = dS[size_t(i) * C + i];
   if (ch.W == 1) {
     apply_scalar_decay(ch, dS, true);
-    const ScaledOperand for_keys = columns_scaled(ch, dS, C, keys_read.factor, L, L);
+    const ScaledOperand for_keys = scaled_operand(ch, dS, C, keys_read.factor, FactorsAlong::columns, L, L);
     gemm_nn<Ops>(ch, L, K, L, for_keys.data, for_keys.ld, keys_read.rows, K, dqueries, K, true, Triangle::a_lower,
                  Operands::f32, keys_read.values);
-    const ScaledOperand for_queries = rows_scaled(ch, dS, C, queries_read.factor, L, L);
+    const ScaledOperand for_queries = scaled_operand(ch, dS, C, queries_read.factor, FactorsAlong::rows, L, L);
     gemm_tn<Ops>(ch, L, K, L, for_queries.data, for_queries.ld, queries_read.rows, K, dkeys, K, true,
                  Triangle::a_upper, Operands::f32, queries_read.values);
     return;
