@@ -10,6 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/buffer.h"
+#include "cpu/recurrence.h"
+#include "cpu/run.h"
 #include "cpu/targets.h"
 #include "harness.h"
 
@@ -166,6 +169,63 @@ TEST_P(SolvesAgree, ToFp32Rounding) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Delta, SolvesAgree, ::testing::ValuesIn(kDeltaVariants),
+                         [](const ::testing::TestParamInfo<Variant>& info) {
+                           return std::string(variant_name(info.param));
+                         });
+
+// The library's backward keeps each chunk's solve and new values from its state pass for the
+// gradient pass (solve_record_floats, src/cpu/sequence_kernels.h). This one runs the same stages
+// without the records, so the gradient pass forms each solve again, as it did before.
+void backward_forming_each_solve_again(const Params& p, const cpu::Run& run) {
+  const cpu::SequenceKernels& kernels = run.target.sequence;
+  cpu::Gradients grads(p);
+  cpu::run_ranges(run, cpu::item_count(p), [&](int64_t begin, int64_t end) {
+    cpu::AlignedBuffer workspace(kernels.workspace_bytes(p)), H(cpu::state_bytes(p)), dH(cpu::state_bytes(p)),
+        states(cpu::state_bytes(p) * size_t(cpu::chunk_count(p) + 1));
+    for (int64_t item = begin; item < end; ++item) {
+      kernels.forward(p, item, 1, workspace.data, H.floats(), states.floats(), nullptr, false);
+      kernels.backward(p, item, workspace.data, states.floats(), nullptr, dH.floats(), grads.sinks);
+    }
+  });
+  grads.finish(run);
+}
+
+// The kept solves give the gradients of the solves formed again, to the bit, on every target:
+// partial last chunks, odd widths, packed and shared heads, L2-normalised keys, each solve.
+class KeptSolves : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(KeptSolves, SameBitsAsSolvingAgain) {
+  const Implementation formed_again{"solves formed again", cpu::recurrence_forward, backward_forming_each_solve_again};
+  std::vector<Case> cases(3);
+  cases[0].S = 65;
+  cases[0].K = 17;
+  cases[0].V = 33;
+  cases[0].h0 = cases[0].dht = true;
+  cases[1].B = 2;
+  cases[1].S = 100;
+  cases[1].Nq = cases[1].Nk = cases[1].Nb = 2;
+  cases[1].Nv = cases[1].Ng = cases[1].Nw = 4;
+  cases[1].dht = true;
+  cases[2].S = 130;
+  cases[2].chunk = 32;
+  cases[2].solve = Solve::doubling;
+  cases[2].l2norm = true;
+  cases[2].beta_max = 2.0;
+  cases[2].h0 = true;
+  for (Case& c : cases) {
+    c.variant = GetParam();
+    fit_gate_group(c);
+    const Problem problem(c);
+    for (const cpu::Target* target : cpu::supported_targets()) {
+      const KernelOutputs kept = run_kernel(problem, true, 2, *target),
+                          again = run_kernel(problem, true, 2, *target, formed_again);
+      for (const auto& [name, values] : kKernelOutputs)
+        EXPECT_EQ(kept.*values, again.*values) << c.name() << ": " << name << " on " << target->name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Delta, KeptSolves, ::testing::ValuesIn(kDeltaVariants),
                          [](const ::testing::TestParamInfo<Variant>& info) {
                            return std::string(variant_name(info.param));
                          });

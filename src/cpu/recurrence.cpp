@@ -5,6 +5,7 @@
 #include "cpu/recurrence.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "cpu/buffer.h"
@@ -199,7 +200,7 @@ void recurrence_forward(const Params& p, const Run& run) {
       if (runs_step(one)) {
         kernels.step(one, first, count, workspace.data, H.floats());
       } else {
-        kernels.forward(one, first, count, workspace.data, H.floats(), nullptr, true);
+        kernels.forward(one, first, count, workspace.data, H.floats(), nullptr, nullptr, true);
       }
       item += count;
     }
@@ -212,14 +213,22 @@ void recurrence_backward(const Params& p, const Run& run) {
   Gradients grads(p);
   Params longest = p;
   longest.S = work.longest();
+  // The delta rule's state pass also keeps each chunk's solve for the gradient pass
+  // (solve_record_floats): 48 KiB a chunk at C = 64 and V = 128, beside its 64 KiB chunk-start
+  // state, for about a tenth of the backward's time (docs/performance.md, "Kept solves").
+  const size_t solves_bytes = sizeof(float) * solve_record_floats(p) * size_t(chunk_count(longest));
   work.ranges(run, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p)), dH(state_bytes(p));
     AlignedBuffer states(state_bytes(p) * size_t(chunk_count(longest) + 1));
+    std::optional<AlignedBuffer> solves;
+    if (solves_bytes) solves.emplace(solves_bytes);
+    float* kept = solves ? solves->floats() : nullptr;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t problem = item / work.per_problem, index = item % work.per_problem;
       const Params one = work.problem(problem);
-      kernels.forward(one, index, 1, workspace.data, H.floats(), states.floats(), false);
-      kernels.backward(one, index, workspace.data, states.floats(), dH.floats(), work.sinks(grads.sinks, problem));
+      kernels.forward(one, index, 1, workspace.data, H.floats(), states.floats(), kept, false);
+      kernels.backward(one, index, workspace.data, states.floats(), kept, dH.floats(),
+                       work.sinks(grads.sinks, problem));
     }
   });
   grads.finish(run);

@@ -18,6 +18,14 @@ struct GradSinks {
   RowView dbeta, db, dw;
 };
 
+// What the backward's state pass keeps of each chunk of a delta-rule item for its gradient pass
+// (SequenceKernels::forward's `solves`), so that the gradient pass does not form it again: the
+// chunk's solve T [C, C] and then its new values rv [C, pack * V], the rows past the chunk's
+// tokens unused. None for the additive family.
+inline size_t solve_record_floats(const Params& p) {
+  return p.delta == Delta::none ? 0 : size_t(p.chunk) * (size_t(p.chunk) + size_t(p.pack) * size_t(p.V));
+}
+
 struct SequenceKernels {
   // Bytes of workspace one thread needs (64-byte aligned by the caller).
   size_t (*workspace_bytes)(const Params& p);
@@ -29,10 +37,11 @@ struct SequenceKernels {
   // cache lines, where one item alone reads a new page per row (rows of a head sit N heads
   // apart). H [count, K, pack * V] starts from h0 and ends as the final states (written to ht
   // when asked), staying in cache for the whole sequence. With `states`, also keeps the
-  // chunk-start states and the final one ([count, chunks + 1, K, pack * V]); with `write_y`,
+  // chunk-start states and the final one ([count, chunks + 1, K, pack * V]); with `solves` (the
+  // delta rule), each chunk's solve record ([count, chunks, solve_record_floats]); with `write_y`,
   // computes and writes y.
   void (*forward)(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
-                  bool write_y);
+                  float* solves, bool write_y);
 
   // The decode path (stages/step.h): the same items token by token, from h0 (or zero) to ht,
   // keeping the state after each token in its pool row where p.token_states asks (a problem of one
@@ -40,9 +49,10 @@ struct SequenceKernels {
   void (*step)(const Params& p, int64_t first, int count, void* workspace, float* H);
 
   // The gradient pass of item `index`: chunks in reverse, carrying dH [K, pack * V] (from dht;
-  // ends as dh0), given its chunk-start states.
-  void (*backward)(const Params& p, int64_t index, void* workspace, const float* states, float* dH,
-                   const GradSinks& sinks);
+  // ends as dh0), given its chunk-start states and, for the delta rule, its chunks' solve records
+  // (or null: each chunk's solve is formed again).
+  void (*backward)(const Params& p, int64_t index, void* workspace, const float* states, const float* solves,
+                   float* dH, const GradSinks& sinks);
 };
 
 }  // namespace flat::cpu

@@ -128,7 +128,8 @@ void delta_backward(Chunk& ch) {
 }
 
 // dq, dk, dv, dg (and the strengths' gradients) of the loaded chunk from its start state H0 and
-// dH, the gradient wrt its end state:
+// dH, the gradient wrt its end state, with the delta rule's solve and new values from the state
+// pass's record of the chunk (`kept_solve`, keep_solve in forward.h) or, without one, formed again:
 //   dq = P * (dY H0^T) + intra;  dk = R * (values dH^T) + intra;  dvalues = A^T dY + (k * R) dH
 // (values: v, or the delta rule's new values, whose gradient goes on through delta_backward).
 // The state part of dk and the diagonal of the intra part stay apart until after dg. With the
@@ -136,9 +137,13 @@ void delta_backward(Chunk& ch) {
 // transposed once and packed once by a target that packs (Ops::gemm_shared_b).
 template <class Ops>
 void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, const float* dH,
-               const GradSinks& sinks) {
+               const float* kept_solve, const GradSinks& sinks) {
   const int C = ch.C, K = ch.K, V = ch.V, VW = ch.VW, L = ch.L;
-  if (ch.delta) {
+  if (ch.delta && kept_solve) {
+    delta_rows(p, ch);
+    std::memcpy(ch.solved, kept_solve, sizeof(float) * size_t(L) * C);
+    std::memcpy(ch.rv, kept_solve + size_t(C) * C, sizeof(float) * size_t(L) * VW);
+  } else if (ch.delta) {
     prepare_delta<Ops>(p, ch);
     state_products<Ops>(ch, H0, false);
     delta_values<Ops>(ch);
@@ -237,18 +242,19 @@ void final_state_gradient(const Params& p, int b, int m, const float* dH) {
 }
 
 template <class Ops>
-void backward_sequence(const Params& p, int64_t index, void* workspace, const float* states, float* dH,
-                       const GradSinks& sinks) {
+void backward_sequence(const Params& p, int64_t index, void* workspace, const float* states, const float* solves,
+                       float* dH, const GradSinks& sinks) {
   Chunk ch(p, workspace);
   const Item item = item_at(p, index);
-  const size_t KV = size_t(ch.K) * ch.VW;
+  const size_t KV = size_t(ch.K) * ch.VW, record = solve_record_floats(p);
   const Loader<Ops> load{p, item};
   const int items = p.N / p.pack, b = int(index / items), m = int(index % items);
   initial_state_gradient(p, b, m, dH);
   for (int c = chunk_count(p) - 1; c >= 0; --c) {
     const int t0 = c * ch.C;
     load.chunk(ch, t0, Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads);
-    gradients<Ops>(p, item, t0, ch, states + size_t(c) * KV, dH, sinks);
+    gradients<Ops>(p, item, t0, ch, states + size_t(c) * KV, dH, solves ? solves + size_t(c) * record : nullptr,
+                   sinks);
     propagate_state_gradient<Ops>(ch, dH);
   }
   final_state_gradient(p, b, m, dH);

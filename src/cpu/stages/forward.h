@@ -74,11 +74,18 @@ Item item_at(const Params& p, int64_t index) {
   return Item{p, int(index / items), int(index % items) * p.pack};
 }
 
+// Keeps the loaded chunk's solve T and new values rv in its solve record (solve_record_floats).
+void keep_solve(const Chunk& ch, float* record) {
+  std::memcpy(record, ch.solved, sizeof(float) * size_t(ch.L) * ch.C);
+  std::memcpy(record + size_t(ch.C) * ch.C, ch.rv, sizeof(float) * size_t(ch.L) * ch.VW);
+}
+
 template <class Ops>
 void forward_sequence(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
-                      bool write_y) {
+                      float* solves, bool write_y) {
   Chunk ch(p, workspace);
   const size_t KV = size_t(ch.K) * ch.VW, per_item = KV * size_t(chunk_count(p) + 1);
+  const size_t record = solve_record_floats(p), records_per_item = record * size_t(chunk_count(p));
   const int parts = Loader<Ops>::keys_values | (write_y ? Loader<Ops>::with_queries : 0);
   for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, H + size_t(i) * KV);
   for (int c = 0, t0 = 0; t0 < p.S; ++c, t0 += ch.C)
@@ -90,6 +97,7 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
       if (ch.delta) prepare_delta<Ops>(p, ch);
       state_products<Ops>(ch, Hi, write_y);
       if (ch.delta) delta_values<Ops>(ch);
+      if (ch.delta && solves) keep_solve(ch, solves + size_t(i) * records_per_item + size_t(c) * record);
       if (write_y) output<Ops>(p, item, t0, ch);
       update_state<Ops>(ch, Hi);
     }

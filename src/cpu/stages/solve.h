@@ -81,11 +81,9 @@ void solve(const Params& p, Chunk& ch) {
   }
 }
 
-// bt = b * k, vt = w * v, L and T, and bp = bt * P: everything of the delta rule that does not
-// depend on the chunk-start state. With beta per token, bt is k's rows read with beta among their
-// factors.
-template <class Ops>
-void prepare_delta(const Params& p, Chunk& ch) {
+// bt = b * k, vt = w * v and bp = bt * P: the delta rule's rows of the chunk, elementwise. With
+// beta per token, bt is k's rows read with beta among their factors.
+void delta_rows(const Params& p, Chunk& ch) {
   const int K = ch.K, VW = ch.VW, L = ch.L;
   if (p.delta == Delta::beta) {
     scale_rows(ch.bt, ch.k, ch.beta, L, K, 1);
@@ -97,9 +95,16 @@ void prepare_delta(const Params& p, Chunk& ch) {
     for (size_t e = 0; e < size_t(L) * VW; ++e) ch.vt[e] = ch.write[e] * ch.v[e];
     ch.erase_keys = {ch.bt, nullptr, Operands::f32};
   }
+  ch.decayed_erase = decayed(ch, ch.erase_keys, ch.bt, ch.prefix, ch.bp_factor, ch.bp);
+}
+
+// The rows (delta_rows), L and T: everything of the delta rule that does not depend on the
+// chunk-start state.
+template <class Ops>
+void prepare_delta(const Params& p, Chunk& ch) {
+  delta_rows(p, ch);
   intra_scores<Ops>(ch, ch.bt, ch.k, ch.erase_keys, ch.keys, ch.lower, true);
   solve<Ops>(p, ch);
-  ch.decayed_erase = decayed(ch, ch.erase_keys, ch.bt, ch.prefix, ch.bp_factor, ch.bp);
 }
 
 // The new values rv = T (vt - bp H0), dz holding bp H0 for the chunk-start state H0
