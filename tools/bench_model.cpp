@@ -28,8 +28,8 @@ BenchShape bench_shape(Variant variant) {
 //   additive backward tri*(3K + 2W) + 5*L*K*W
 //   delta forward     the additive forward with v := the new values, plus the chunk solve:
 //                     tri'*K (L) + L^3/6 (T) + L*K*W (Bp H0) + tri*W (T Z)
-//   delta backward    the additive backward, plus the solve twice (state pass and gradient pass:
-//                     2*(tri'*K + L^3/6 + L*K*W + tri*W)), plus dZ = T^T dR (tri*W),
+//   delta backward    the additive backward, plus the solve once (the state pass forms it and keeps
+//                     T and the new values for the gradient pass), plus dZ = T^T dR (tri*W),
 //                     dL = dZ R^T (tri'*W), dBp = dZ H0^T (L*K*W), dL through L (2*tri'*K),
 //                     and Bp^T dZ into dH (L*K*W)
 double chunk_flops(const VariantInfo& v, const ProblemSize& w, bool backward) {
@@ -41,7 +41,7 @@ double chunk_flops(const VariantInfo& v, const ProblemSize& w, bool backward) {
     total += backward ? tri * (3 * K + 2 * W) + 5 * lkw : tri * (K + W) + 2 * lkw;
     if (!v.is_delta()) continue;
     const double solve = strict * K + L * L * L / 6 + lkw + tri * W;
-    total += backward ? 2 * solve + tri * W + strict * W + lkw + 2 * strict * K + lkw : solve;
+    total += backward ? solve + tri * W + strict * W + lkw + 2 * strict * K + lkw : solve;
   }
   return 2 * total * double(w.B * w.key_heads());
 }
