@@ -2,7 +2,8 @@
 // float64 oracle on the same rounded inputs: sequence lengths around the chunk, head widths 16 to
 // 256, SLA's wide keys shared by four value heads, head sharing of every input, fused-projection
 // strides, states, mild to very strong decay, beta up to 2 with raw and L2-normalised keys,
-// grouped gates and each chunk solve; and the three solves against each other.
+// grouped gates and each chunk solve; the three solves against each other; and the backward's
+// kept solves against solving each chunk again.
 #include <gtest/gtest.h>
 
 #include <numeric>
