@@ -46,19 +46,33 @@ TEST(Targets, DefaultIsSupportedAndHonoursFlatIsa) {
 }
 
 // The tests' model of the tile unit is a target of its own on x86 (the amx target's code on the
-// model) and needs what the amx target needs but the tiles; both run only on request (the model
-// always, amx until its speed is measured).
+// model) and needs what the amx target needs but the tiles; its stand-in for CPUs without AVX-512,
+// amx_model_avx2 (the tile products on the model, avx2's vector code around them), runs exactly
+// where amx_model does not and AVX2 does, so each such CPU tests the tile paths once; all run only
+// on request (the models always, amx until its speed is measured).
 TEST(Targets, TheTileModelIsATargetForTheTests) {
   const cpu::Target* model = cpu::find_target("amx_model");
+  const cpu::Target* stand_in = cpu::find_target("amx_model_avx2");
   const cpu::Target* amx = cpu::find_target("amx");
+  const cpu::Target* avx2 = cpu::find_target("avx2");
 #if defined(__x86_64__)
   ASSERT_NE(model, nullptr);
+  ASSERT_NE(stand_in, nullptr);
   ASSERT_NE(amx, nullptr);
+  ASSERT_NE(avx2, nullptr);
   EXPECT_NE(model->only_on_request, nullptr);
+  EXPECT_NE(stand_in->only_on_request, nullptr);
   EXPECT_NE(amx->only_on_request, nullptr);
   EXPECT_EQ(amx->needs, model->needs | cpu::kCpuAmxBf16);
+  EXPECT_EQ(stand_in->needs, avx2->needs);
+  EXPECT_EQ(stand_in->replaced_where, model->needs);
+  EXPECT_TRUE(model->tile_products && model->software_model);
+  EXPECT_TRUE(stand_in->tile_products && stand_in->software_model);
+  EXPECT_NE(cpu::supported(*model), cpu::supported(*stand_in) || !cpu::supported(*avx2))
+      << "one model of the tile unit on a CPU with AVX2";
 #else
   EXPECT_EQ(model, nullptr);
+  EXPECT_EQ(stand_in, nullptr);
   EXPECT_EQ(amx, nullptr);
 #endif
 }

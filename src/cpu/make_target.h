@@ -30,6 +30,7 @@ struct TargetInfo {
   const char* products;  // what its chunk products run on, in words
   CpuFeatures needs = 0;
   CpuFeatures preferred_with = 0;
+  CpuFeatures replaced_where = 0;         // Target::replaced_where
   const char* only_on_request = nullptr;  // Target::only_on_request
   bool tile_products = false;             // Target::tile_products
   bool software_model = false;            // Target::software_model
@@ -48,6 +49,7 @@ constexpr Target make_target(const TargetInfo& info) {
           .products = info.products,
           .needs = info.needs,
           .preferred_with = info.preferred_with,
+          .replaced_where = info.replaced_where,
           .only_on_request = info.only_on_request,
           .tile_products = info.tile_products,
           .software_model = info.software_model,

@@ -103,7 +103,9 @@ std::span<const Target* const> compiled_targets() {
   return targets;
 }
 
-bool supported(const Target& target) { return has(target.needs); }
+bool supported(const Target& target) {
+  return has(target.needs) && !(target.replaced_where && has(target.replaced_where));
+}
 
 std::vector<const Target*> supported_targets() {
   std::vector<const Target*> out;

@@ -83,6 +83,9 @@ struct Target {
   const char* products;  // what its chunk products run on, in words (flat bench's title)
   CpuFeatures needs;           // runs where the CPU has all of these
   CpuFeatures preferred_with;  // taken by default (where it runs) only when the CPU has these too
+  // A stand-in's: it does not run where the CPU has all of these, as the target it stands in for
+  // runs there (amx_model_avx2 for amx_model); 0 for the others.
+  CpuFeatures replaced_where;
   // Why the target runs only where FLAT_ISA names it, never as the default (a software model of a
   // unit, for the tests; a kernel whose speed is not measured yet); null where it may be the default.
   const char* only_on_request;

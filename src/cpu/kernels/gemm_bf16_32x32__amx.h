@@ -100,7 +100,8 @@ constexpr int amx_passes_of(const GemmDesc& d) {
 // range (x within half a bf16 step of the largest float rounds to infinity) the first part stands
 // alone. On AVX512-BF16 (the amx and amx_model targets) 16 lanes at a time, where a subnormal
 // input part is rounded to zero (vcvtneps2bf16 reads subnormals as zero) rather than to a
-// subnormal bf16: the tiles read both as zero, so the products are the same.
+// subnormal bf16: the tiles read both as zero, so the products are the same. Elsewhere (the
+// amx_model_avx2 target, the tests' own unit) element by element.
 #if defined(__AVX512BF16__)
 
 // x's bf16 parts, each but the last as the fp32 value it holds, the last as what the others leave:
