@@ -6,10 +6,11 @@
 
 namespace flat::cpu {
 
-// 64-byte aligned, uninitialised storage: the stages' workspaces and states.
+// 64-byte aligned, uninitialised storage: the stages' workspaces and states. Of 0 bytes, none
+// (data null: aligned_alloc of 0 bytes may return null, which is no failure).
 struct AlignedBuffer {
-  explicit AlignedBuffer(size_t bytes) : data(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {
-    if (!data) throw std::bad_alloc();
+  explicit AlignedBuffer(size_t bytes) : data(bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr) {
+    if (bytes && !data) throw std::bad_alloc();
   }
   ~AlignedBuffer() { std::free(data); }
   AlignedBuffer(const AlignedBuffer&) = delete;

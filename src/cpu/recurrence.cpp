@@ -5,7 +5,6 @@
 #include "cpu/recurrence.h"
 
 #include <algorithm>
-#include <optional>
 #include <vector>
 
 #include "cpu/buffer.h"
@@ -220,9 +219,8 @@ void recurrence_backward(const Params& p, const Run& run) {
   work.ranges(run, [&](int64_t begin, int64_t end) {
     AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p)), dH(state_bytes(p));
     AlignedBuffer states(state_bytes(p) * size_t(chunk_count(longest) + 1));
-    std::optional<AlignedBuffer> solves;
-    if (solves_bytes) solves.emplace(solves_bytes);
-    float* kept = solves ? solves->floats() : nullptr;
+    AlignedBuffer solves(solves_bytes);  // none for the additive family
+    float* kept = solves.floats();
     for (int64_t item = begin; item < end; ++item) {
       const int64_t problem = item / work.per_problem, index = item % work.per_problem;
       const Params one = work.problem(problem);

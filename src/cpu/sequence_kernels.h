@@ -25,6 +25,17 @@ struct GradSinks {
 inline size_t solve_record_floats(const Params& p) {
   return p.delta == Delta::none ? 0 : size_t(p.chunk) * (size_t(p.chunk) + size_t(p.pack) * size_t(p.V));
 }
+// Where T and rv lie in the record at `record` (Float: float where it is written, const float
+// where it is read).
+template <class Float>
+struct SolveRecord {
+  Float* solved;      // T [C, C], rows C apart
+  Float* new_values;  // rv [C, pack * V], rows pack * V apart
+};
+template <class Float>
+SolveRecord<Float> solve_record(const Params& p, Float* record) {
+  return {record, record + size_t(p.chunk) * size_t(p.chunk)};
+}
 
 struct SequenceKernels {
   // Bytes of workspace one thread needs (64-byte aligned by the caller).

@@ -26,7 +26,7 @@ void chunk_output(const Params& p, int b, int m, int c, void* workspace, const f
   Loader<Ops>{p, item}.chunk(ch, t0, Loader<Ops>::keys_values | Loader<Ops>::with_queries);
   if (ch.delta) prepare_delta<Ops>(p, ch);
   state_products<Ops>(ch, H0, true);
-  if (ch.delta) delta_values<Ops>(ch);
+  if (ch.delta) delta_values<Ops>(p, ch);
   output<Ops>(p, item, t0, ch);
 }
 

@@ -141,12 +141,13 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   const int C = ch.C, K = ch.K, V = ch.V, VW = ch.VW, L = ch.L;
   if (ch.delta && kept_solve) {
     delta_rows(p, ch);
-    std::memcpy(ch.solved, kept_solve, sizeof(float) * size_t(L) * C);
-    std::memcpy(ch.rv, kept_solve + size_t(C) * C, sizeof(float) * size_t(L) * VW);
+    const SolveRecord<const float> kept = solve_record(p, kept_solve);
+    std::memcpy(ch.solved, kept.solved, sizeof(float) * size_t(L) * C);
+    std::memcpy(ch.rv, kept.new_values, sizeof(float) * size_t(L) * VW);
   } else if (ch.delta) {
     prepare_delta<Ops>(p, ch);
     state_products<Ops>(ch, H0, false);
-    delta_values<Ops>(ch);
+    delta_values<Ops>(p, ch);
   }
   float* dvalues = ch.delta ? ch.drv : ch.dv;
   ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);

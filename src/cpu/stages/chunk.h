@@ -98,7 +98,7 @@ struct Chunk {
     log_total = arena.take<double>(size_t(W));
     if (delta) {
       for (float** t : {&erase, &bt, &bp, &dbt, &dbp}) *t = arena.take<float>(CK);
-      for (float** t : {&write, &vt, &rv, &drv, &dz}) *t = arena.take<float>(CV);
+      for (float** t : {&write, &rv, &drv, &dz}) *t = arena.take<float>(CV);
       for (float** t : {&lower, &solved, &dlower}) *t = arena.take<float>(CC);
     }
     // B^T of an A B^T product: at most [max(K, VW), max(C, K, VW)].
@@ -159,7 +159,7 @@ struct Chunk {
   float* beta;                  // [C] beta per token (Delta::beta)
   float *erase, *write;         // [C, K] b, [C, VW] w (Delta::erase_write)
   float *bt, *bp, *dbt, *dbp;   // [C, K]
-  float *vt, *rv, *drv, *dz;    // [C, VW]
+  float *rv, *drv, *dz;         // [C, VW]
   float *lower, *solved, *dlower;  // [C, C] L, T, dL
 
   const float* gate_row(const float* t, int i) const { return t + size_t(i) * W; }

@@ -75,9 +75,10 @@ Item item_at(const Params& p, int64_t index) {
 }
 
 // Keeps the loaded chunk's solve T and new values rv in its solve record (solve_record_floats).
-void keep_solve(const Chunk& ch, float* record) {
-  std::memcpy(record, ch.solved, sizeof(float) * size_t(ch.L) * ch.C);
-  std::memcpy(record + size_t(ch.C) * ch.C, ch.rv, sizeof(float) * size_t(ch.L) * ch.VW);
+void keep_solve(const Params& p, const Chunk& ch, float* record) {
+  const SolveRecord<float> kept = solve_record(p, record);
+  std::memcpy(kept.solved, ch.solved, sizeof(float) * size_t(ch.L) * ch.C);
+  std::memcpy(kept.new_values, ch.rv, sizeof(float) * size_t(ch.L) * ch.VW);
 }
 
 template <class Ops>
@@ -96,8 +97,8 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
       if (states) std::memcpy(states + size_t(i) * per_item + size_t(c) * KV, Hi, sizeof(float) * KV);
       if (ch.delta) prepare_delta<Ops>(p, ch);
       state_products<Ops>(ch, Hi, write_y);
-      if (ch.delta) delta_values<Ops>(ch);
-      if (ch.delta && solves) keep_solve(ch, solves + size_t(i) * records_per_item + size_t(c) * record);
+      if (ch.delta) delta_values<Ops>(p, ch);
+      if (ch.delta && solves) keep_solve(p, ch, solves + size_t(i) * records_per_item + size_t(c) * record);
       if (write_y) output<Ops>(p, item, t0, ch);
       update_state<Ops>(ch, Hi);
     }

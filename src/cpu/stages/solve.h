@@ -81,18 +81,16 @@ void solve(const Params& p, Chunk& ch) {
   }
 }
 
-// bt = b * k, vt = w * v and bp = bt * P: the delta rule's rows of the chunk, elementwise. With
-// beta per token, bt is k's rows read with beta among their factors.
+// bt = b * k and bp = bt * P: the delta rule's rows of the keys' side of the chunk, elementwise.
+// With beta per token, bt is k's rows read with beta among their factors.
 void delta_rows(const Params& p, Chunk& ch) {
-  const int K = ch.K, VW = ch.VW, L = ch.L;
+  const int K = ch.K, L = ch.L;
   if (p.delta == Delta::beta) {
     scale_rows(ch.bt, ch.k, ch.beta, L, K, 1);
-    scale_rows(ch.vt, ch.v, ch.beta, L, VW, 1);
     for (int i = 0; i < L; ++i) ch.bt_factor[i] = ch.keys.factor ? ch.beta[i] * ch.keys.factor[i] : ch.beta[i];
     ch.erase_keys = {ch.keys.rows, ch.bt_factor, ch.keys.values};
   } else {
     for (size_t e = 0; e < size_t(L) * K; ++e) ch.bt[e] = ch.erase[e] * ch.k[e];
-    for (size_t e = 0; e < size_t(L) * VW; ++e) ch.vt[e] = ch.write[e] * ch.v[e];
     ch.erase_keys = {ch.bt, nullptr, Operands::f32};
   }
   ch.decayed_erase = decayed(ch, ch.erase_keys, ch.bt, ch.prefix, ch.bp_factor, ch.bp);
@@ -107,12 +105,22 @@ void prepare_delta(const Params& p, Chunk& ch) {
   solve<Ops>(p, ch);
 }
 
-// The new values rv = T (vt - bp H0), dz holding bp H0 for the chunk-start state H0
-// (state_products, forward.h), and vt - bp H0 after.
+// The new values rv = T (vt - bp H0) with vt = beta v (or w * v), dz holding bp H0 for the
+// chunk-start state H0 (state_products, forward.h), and vt - bp H0 after.
 template <class Ops>
-void delta_values(Chunk& ch) {
+void delta_values(const Params& p, Chunk& ch) {
   const int C = ch.C, VW = ch.VW, L = ch.L;
-  for (size_t e = 0; e < size_t(L) * VW; ++e) ch.dz[e] = ch.vt[e] - ch.dz[e];
+  for (int i = 0; i < L; ++i) {
+    const float* vi = ch.v + size_t(i) * VW;
+    float* dzi = ch.dz + size_t(i) * VW;
+    if (p.delta == Delta::beta) {
+      const float beta = ch.beta[i];
+      for (int j = 0; j < VW; ++j) dzi[j] = beta * vi[j] - dzi[j];
+    } else {
+      const float* wi = ch.write + size_t(i) * VW;
+      for (int j = 0; j < VW; ++j) dzi[j] = wi[j] * vi[j] - dzi[j];
+    }
+  }
   gemm_nn<Ops>(ch, L, VW, L, ch.solved, C, ch.dz, VW, ch.rv, VW, false, Triangle::a_lower);
 }
 
