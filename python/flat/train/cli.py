@@ -97,6 +97,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="PyTorch's threads (default: its own choice)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--stop-at", type=float, metavar="ACCURACY",
+                   help="mqar: stop after the first held-out evaluation at this accuracy or above (the learning "
+                        "rate keeps the schedule of --steps)")
     p.add_argument("--checkpoint-dir", default="flat-train-checkpoints",
                    help="where each variant's final weights go, as <task>-<variant>.safetensors ('' for none)")
     p.add_argument("--json", help="write the log (settings, curves, final metrics, times) here")
@@ -118,6 +121,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in ("pairs", "vocab_size"):
         if args.task == "charlm" and getattr(args, name) is not None:
             p.error(f"--{name.replace('_', '-')}: only for --task mqar (charlm's vocabulary is the text's bytes)")
+    if args.stop_at is not None and args.task == "charlm":
+        p.error("--stop-at: only for --task mqar (an accuracy; charlm's metric is bits per character)")
+    if args.stop_at is not None and args.sweep:
+        p.error("--stop-at: not with --sweep (its points compare the accuracies at the end of --steps)")
     for name, value in DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -132,6 +139,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in ("steps", "seq_len", "batch_size", "hidden_size", "layers", "heads", "state_size", "eval_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected at least 1, got {getattr(args, name)}")
+    if args.stop_at is not None and not 0 < args.stop_at <= 1:
+        p.error(f"--stop-at: expected an accuracy in (0, 1], got {args.stop_at}")
     if not args.lr > 0 or not math.isfinite(args.lr):
         p.error(f"--lr: expected a positive number, got {args.lr}")
     if args.threads is not None and args.threads < 1:
@@ -344,6 +353,8 @@ def train_one(args, task, model: LanguageModel, scoring, parallel: Parallel, qui
             curves[metric].append(result[metric])
             postfix["held-out " + metric] = f"{result[metric]:.3f}"
             progress.note(step + 1, postfix)
+            if args.stop_at is not None and result[metric] >= args.stop_at:  # the world's result: every rank stops
+                break
         progress.step(postfix)
     progress.close()
     seconds = time.perf_counter() - start
@@ -395,7 +406,8 @@ def plot(args, results: Dict[str, dict], floor: Optional[float]) -> None:
 
 def settings(args, parallel: Parallel) -> dict:
     keys = ("task", "text", "steps", "seq_len", "pairs", "vocab_size", "batch_size", "lr", "hidden_size", "layers",
-            "heads", "state_size", "dtype", "precision", "seed", "threads", "eval_every", "context_parallel")
+            "heads", "state_size", "dtype", "precision", "seed", "threads", "eval_every", "stop_at",
+            "context_parallel")
     return {**{k: getattr(args, k) for k in keys}, "processes": parallel.world}
 
 
