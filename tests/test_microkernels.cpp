@@ -263,9 +263,10 @@ TEST(MicroKernels, TileGemmOnTheHardwareMatchesTheModel) {
 // A transpose is exact; the destination's padding stays untouched.
 // Products sharing B (MicroKernels::gemm_shared_b, where a target has it; on the model everywhere)
 // equal each product run alone, bitwise: the same passes and sums, B packed once. Products of
-// 1 to 150 rows (row groups of 64, two held at once: three products' groups in two batches),
-// both layouts of A, accumulation, operands of fp32 and of bf16 values at both precisions, and
-// nothing written past each C's columns.
+// 1 to 150 rows (row groups of 64, three held at once: three products' five groups in two
+// batches), each product with its own layout of A and triangle (the first as the loop gives, the
+// others in turn), accumulation, operands of fp32 and of bf16 values at both precisions, and
+// nothing written past each C's columns (nor above a c_lower product's diagonal).
 void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKernels::ChooseGemm alone) {
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -278,11 +279,16 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
               const GemmDesc d{.a_values = kind.a_values,
                                .precision = kind.precision,
                                .bf16_outputs = kind.bf16_outputs,
-                               .a = a_transposed ? Layout::columns : Layout::rows,
                                .accumulate = accumulate};
               const auto draw_a = [&] { return kind.a_values == Operands::f32 ? uniform(rng) : to_bf16_value(uniform(rng)); };
               std::vector<GemmCase> cases;
-              for (int m : rows) cases.push_back(gemm_case(m, n, k, d, draw_a, [&] { return uniform(rng); }));
+              for (size_t p = 0; p < rows.size(); ++p) {
+                constexpr Triangle kTriangles[] = {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower};
+                GemmDesc own = d;
+                own.a = (a_transposed != (p % 2 == 1)) ? Layout::columns : Layout::rows;
+                own.triangle = p == 0 ? Triangle::none : kTriangles[(p + size_t(accumulate) + size_t(k > 100)) % 4];
+                cases.push_back(gemm_case(rows[p], n, k, own, draw_a, [&] { return uniform(rng); }));
+              }
               for (GemmCase& g : cases) g.b = cases[0].b;  // one B, as the first case drew it
               std::vector<std::vector<float>> together, apart;
               std::vector<cpu::SharedBProduct> products;
@@ -294,8 +300,9 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
                 apart.push_back(c);
               }
               for (size_t p = 0; p < cases.size(); ++p) {
-                products.push_back({cases[p].m, cases[p].a.data(), cases[p].lda, together[p].data(), cases[p].ldc});
-                cases[p].run(alone(d), apart[p].data());
+                products.push_back({cases[p].m, cases[p].a.data(), cases[p].lda, together[p].data(), cases[p].ldc,
+                                    cases[p].d.a, cases[p].d.triangle});
+                cases[p].run(alone(cases[p].d), apart[p].data());
               }
               shared(d)(d, int(products.size()), products.data(), n, k, cases[0].b.data(), cases[0].ldb);
               for (size_t p = 0; p < cases.size(); ++p)

@@ -22,7 +22,8 @@ struct TableOps {
       M.gemm_shared_b(d)(d, count, products, n, k, b, ldb);
     } else {
       for (int p = 0; p < count; ++p)
-        gemm(d, products[p].m, n, k, products[p].a, products[p].lda, b, ldb, products[p].c, products[p].ldc);
+        gemm(product_desc(d, products[p]), products[p].m, n, k, products[p].a, products[p].lda, b, ldb, products[p].c,
+             products[p].ldc);
     }
   }
   static void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {

@@ -16,7 +16,7 @@
 // 32 columns (each word two consecutive k of one column), zero past m, n and k, so edge blocks
 // need no other shape; C tiles at the edges (and across the diagonal of a c_lower product) go
 // through a 16 x 16 scratch. A is packed once per panel in groups of kAmxGroupRows rows, B once
-// per strip for every kAmxHeldGroups groups (once per product for m <= 128), and once for
+// per strip for every kAmxHeldGroups groups (once per product for m <= 192), and once for
 // products that share it where the stages say so (MicroKernels::gemm_shared_b).
 #pragma once
 
@@ -331,19 +331,21 @@ void block_32x32__amx(const uint32_t* a_block, const uint32_t* b_strip, StepRang
 }
 
 // Groups of A's rows (of one product or several that share B) packed and held at once, each strip
-// of B packed once for all of them: two, so a chunk's two products of 64 rows that read the same
-// B (or one product of 128 rows) pack it once. Their packs, 64-196 KiB on the stack, stay in L2.
-constexpr int kAmxHeldGroups = 2;
+// of B packed once for all of them: three, so the forward's scores of a chunk of 64 and the state
+// update's (k * R)^T of K = 128 rows, which read the same values, pack them once (as do two
+// products of 64 rows, or one of 128). Their packs, 96-288 KiB on the stack (1 to 3 parts), stay
+// in L2.
+constexpr int kAmxHeldGroups = 3;
 
-// C_p (+)= A_p B for every product p (SharedBProduct; one for a lone product) with A as AParts and
-// B as BParts bf16 parts (gemm_bf16_32x32__amx): per panel of k, A packed per group of rows, up to
-// kAmxHeldGroups groups held, B per strip of 32 columns for them, each block of each held group on
-// that strip. Every product's passes and sums are those it would make alone.
+// C_p (+)= A_p B for every product p (SharedBProduct, each with its own layout and triangle; one
+// for a lone product) with A as AParts and B as BParts bf16 parts (gemm_bf16_32x32__amx): per
+// panel of k, A packed per group of rows, up to kAmxHeldGroups groups held, B per strip of 32
+// columns for them, each block of each held group on that strip. Every product's passes and sums
+// are those it would make alone.
 template <class Tiles, int AParts, int BParts>
 void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
                                 const float* b, int ldb) {
   constexpr size_t a_pack_words = size_t(AParts) * kAmxGroupRows * kAmxPanelPairs;
-  const Triangle tri = d.triangle;
   alignas(64) uint32_t a_pack[kAmxHeldGroups * a_pack_words];
   alignas(64) uint32_t b_pack[BParts * kAmxPanelPairs * kAmxBlock];
   alignas(64) float scratch[kAmxTile * kAmxTile];
@@ -359,20 +361,21 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int count, const SharedBProdu
     const bool into = d.accumulate || k0 > 0;
     if (steps == 0 && into) break;  // k = 0 and C += nothing
     const auto run_held = [&] {
-      int last_row = 0;  // the held groups' last row: strips past it are above every diagonal
+      // The columns any held group writes: a c_lower group's end up to its last row's diagonal.
+      int columns = 0;
       for (int h = 0; h < held_count; ++h) {
         const SharedBProduct& product = *held[h].product;
-        const auto [a_rs, a_cs] = a_strides(d, product.lda);
+        const auto [a_rs, a_cs] = a_strides(product_desc(d, product), product.lda);
         pack_amx_a<AParts>(product.m - held[h].first, depth, pairs,
                            product.a + size_t(held[h].first) * a_rs + size_t(k0) * a_cs, a_rs, a_cs,
                            a_pack + h * a_pack_words);
-        last_row = std::max(last_row, held[h].end - 1);
+        columns = std::max(columns, product.triangle == Triangle::c_lower ? std::min(n, held[h].end) : n);
       }
-      for (int j0 = 0; j0 < n; j0 += kAmxBlock) {
-        if (tri == Triangle::c_lower && j0 > last_row) break;  // the strip is above every group's diagonal
+      for (int j0 = 0; j0 < columns; j0 += kAmxBlock) {
         pack_amx_b<BParts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
         for (int h = 0; h < held_count; ++h) {
           const SharedBProduct& product = *held[h].product;
+          const Triangle tri = product.triangle;
           const auto c_tile = [&](int i0, int c0) {
             return CTile{product.c + size_t(i0) * product.ldc + c0, product.ldc, std::min(product.m - i0, kAmxTile),
                          std::min(n - c0, kAmxTile), i0 - c0, tri == Triangle::c_lower};
@@ -430,7 +433,7 @@ void gemm_bf16_shared_b_32x32__amx(const GemmDesc& d, int count, const SharedBPr
 template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
-  const SharedBProduct product{m, a, lda, c, ldc};
+  const SharedBProduct product{m, a, lda, c, ldc, d.a, d.triangle};
   gemm_bf16_shared_b_32x32__amx<Tiles>(d, 1, &product, n, k, b, ldb);
 }
 

@@ -48,16 +48,27 @@ constexpr bool bf16_operands(const GemmDesc& d) {
 using GemmKernel = void (*)(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                             float* c, int ldc);
 
-// One of several products C_p[m_p, n] (+)= A_p B that read the same B, all so described
-// (MicroKernels::gemm_shared_b): A_p's rows, where A_p and C_p lie.
+// One of several products C_p[m_p, n] (+)= A_p B that read the same B (MicroKernels::gemm_shared_b):
+// A_p's rows, where A_p and C_p lie, how A_p is stored and its triangle; the rest of the
+// description (what A and B hold, the precision, accumulation) is the call's, shared by all.
 struct SharedBProduct {
   int m;
   const float* a;
   int lda;
   float* c;
   int ldc;
+  Layout layout = Layout::rows;  // GemmDesc::a
+  Triangle triangle = Triangle::none;
 };
-// Products that share B: a kernel that packs B packs it once for all of them.
+// The description of one product of a shared-B call `d`: d with the product's layout and triangle.
+constexpr GemmDesc product_desc(const GemmDesc& d, const SharedBProduct& product) {
+  GemmDesc own = d;
+  own.a = product.layout;
+  own.triangle = product.triangle;
+  return own;
+}
+// Products that share B, described by `d` but for each one's layout and triangle (d.a and
+// d.triangle unread): a kernel that packs B packs it once for all of them.
 using GemmSharedBKernel = void (*)(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
                                    const float* b, int ldb);
 

@@ -12,7 +12,7 @@
 // inside the diagonal blocks the pairwise factors are exact running products.
 // docs/algorithm.md has the derivation and the backward.
 //
-// This header: the forward of one chunk (output, state update) and the fused forward of a run of
+// This header: the forward of one chunk (output and state update) and the fused forward of a run of
 // items chunk by chunk.
 //
 // Everything here has internal linkage (an anonymous namespace): each target's translation unit
@@ -46,18 +46,22 @@ void state_products(Chunk& ch, const float* H0, bool with_output) {
     gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out);
 }
 
+// Writes y = scale * out over the loaded chunk's tokens.
+void store_output(const Params& p, const Item& item, int t0, Chunk& ch) {
+  for (int i = 0; i < ch.L; ++i) {
+    float* row = ch.out + size_t(i) * ch.VW;
+    for (int j = 0; j < ch.VW; ++j) row[j] *= p.scale;
+    item.store_wide(p.y, t0 + i, 1, row, ch.V);
+  }
+}
+
 // y of the loaded chunk, out holding (q * P) H0 (state_products): scale * ((q * P) H0 + A values).
 template <class Ops>
 void output(const Params& p, const Item& item, int t0, Chunk& ch) {
-  const int C = ch.C, VW = ch.VW, L = ch.L;
   intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
-  gemm_nn<Ops>(ch, L, VW, L, ch.scores, C, ch.values(), VW, ch.out, VW, true, Triangle::a_lower, Operands::f32,
-               ch.values_values);
-  for (int i = 0; i < L; ++i) {
-    float* row = ch.out + size_t(i) * VW;
-    for (int j = 0; j < VW; ++j) row[j] *= p.scale;
-    item.store_wide(p.y, t0 + i, 1, row, ch.V);
-  }
+  gemm_nn<Ops>(ch, ch.L, ch.VW, ch.L, ch.scores, ch.C, ch.values(), ch.VW, ch.out, ch.VW, true, Triangle::a_lower,
+               Operands::f32, ch.values_values);
+  store_output(p, item, t0, ch);
 }
 
 // H <- P_{L-1} * H + (k * R)^T values over the loaded chunk.
@@ -66,6 +70,30 @@ void update_state(Chunk& ch, float* H) {
   const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
   decay_state(ch, H);
   gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, kd, ch.values(), ch.VW, ch.values_values, H, ch.VW, true);
+}
+
+// output (with `write_y`), then update_state. Where (k * R) is fp32 rows without factors (a
+// per-channel gate), the two products that read the values, A values into out and (k * R)^T
+// values into H, are of the same kind and one call, so a target that packs B packs the values
+// once (Ops::gemm_shared_b); under a scalar gate the update's B is the values scaled by R
+// (gemm_scaled_tn), another operand.
+template <class Ops>
+void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, float* H, bool write_y) {
+  const bool shared_values = write_y && ch.W > 1;  // decayed: (k * R) per channel is fp32 rows, no factors
+  if (!shared_values) {
+    if (write_y) output<Ops>(p, item, t0, ch);
+    update_state<Ops>(ch, H);
+    return;
+  }
+  const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
+  const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
+  decay_state(ch, H);
+  const SharedBProduct products[2] = {{L, ch.scores, C, ch.out, VW, Layout::rows, Triangle::a_lower},
+                                      {K, kd.rows, K, H, VW, Layout::columns, Triangle::none}};
+  Ops::gemm_shared_b(chunk_product(ch, Operands::f32, ch.values_values, true, Triangle::none), 2, products, VW, L,
+                     ch.values(), VW);
+  store_output(p, item, t0, ch);
 }
 
 // Item `index` of the sequence stages: batch index / (N / pack), heads from (index % (N / pack)) * pack.
@@ -99,8 +127,7 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
       state_products<Ops>(ch, Hi, write_y);
       if (ch.delta) delta_values<Ops>(p, ch);
       if (ch.delta && solves) keep_solve(p, ch, solves + size_t(i) * records_per_item + size_t(c) * record);
-      if (write_y) output<Ops>(p, item, t0, ch);
-      update_state<Ops>(ch, Hi);
+      output_and_update<Ops>(p, item, t0, ch, Hi, write_y);
     }
   for (int i = 0; i < count; ++i) {
     const float* Hi = H + size_t(i) * KV;
