@@ -4,20 +4,14 @@
 // never the default, run where FLAT_ISA=amx_model asks or a test loops over the targets.
 #include "cpu/kernels/conv_rows__avx512.h"
 #include "cpu/kernels/micro_kernels__amx_model.h"
-#include "cpu/make_target.h"
+#include "cpu/tile_model_target.h"
 
 namespace flat::cpu {
 
 const Target& target_amx_model() {
   static constexpr Target target = make_target<micro_kernels__amx_model, conv_avx512::ConvRowsAvx512<true>>(
-      {.name = "amx_model",
-       .products = "every product on the model of AMX tiles (tests only)",
-       .needs = kCpuAvx512 | kCpuAvx512Bf16,
-       .only_on_request = "a model of the tile unit, for the tests",
-       .tile_products = true,
-       .software_model = true,
-       .enter_thread = [] { ModelTiles::configure(kGemmTiles); },
-       .leave_thread = [] { ModelTiles::release(); }});
+      tile_model_info("amx_model", "every product on the model of AMX tiles (tests only)",
+                      kCpuAvx512 | kCpuAvx512Bf16));
   return target;
 }
 

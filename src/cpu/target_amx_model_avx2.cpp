@@ -8,21 +8,14 @@
 // FLAT_ISA=amx_model_avx2 asks or a test loops over the targets.
 #include "cpu/kernels/conv_rows__generic.h"
 #include "cpu/kernels/micro_kernels__amx_model_avx2.h"
-#include "cpu/make_target.h"
+#include "cpu/tile_model_target.h"
 
 namespace flat::cpu {
 
 const Target& target_amx_model_avx2() {
   static constexpr Target target = make_target<micro_kernels__amx_model_avx2, conv_generic::ConvRowsGeneric>(
-      {.name = "amx_model_avx2",
-       .products = "every product on the model of AMX tiles, avx2 around them (tests only)",
-       .needs = kCpuAvx2 | kCpuFma,
-       .replaced_where = kCpuAvx512 | kCpuAvx512Bf16,  // amx_model's needs
-       .only_on_request = "a model of the tile unit, for the tests",
-       .tile_products = true,
-       .software_model = true,
-       .enter_thread = [] { ModelTiles::configure(kGemmTiles); },
-       .leave_thread = [] { ModelTiles::release(); }});
+      tile_model_info("amx_model_avx2", "every product on the model of AMX tiles, avx2 around them (tests only)",
+                      kCpuAvx2 | kCpuFma, kCpuAvx512 | kCpuAvx512Bf16));  // replaced where amx_model runs
   return target;
 }
 
