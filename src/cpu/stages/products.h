@@ -76,8 +76,10 @@ template <class Ops>
 void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int lda, const float* a0, float* c0,
                            const float* a1, float* c1, int ldc, Triangle tri = Triangle::none,
                            Operands b_values = Operands::f32, Operands a_values = Operands::f32) {
-  const SharedBProduct products[2] = {{m, a0, lda, c0, ldc}, {m, a1, lda, c1, ldc}};
-  Ops::gemm_shared_b(chunk_product(ch, a_values, b_values, false, tri), a1 ? 2 : 1, products, n, k, b.data, b.ld);
+  const SharedBProduct products[2] = {{m, a0, lda, c0, ldc, Layout::rows, tri},
+                                      {m, a1, lda, c1, ldc, Layout::rows, tri}};
+  Ops::gemm_shared_b(chunk_product(ch, a_values, b_values, false, Triangle::none), a1 ? 2 : 1, products, n, k, b.data,
+                     b.ld);
 }
 
 // C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
