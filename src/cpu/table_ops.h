@@ -16,8 +16,8 @@ struct TableOps {
                    int ldc) {
     M.gemm(d)(d, m, n, k, a, lda, b, ldb, c, ldc);
   }
-  static void gemm_shared_b(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k, const float* b,
-                            int ldb) {
+  static void gemm_shared_b(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
+                            const float* b, int ldb) {
     if constexpr (M.gemm_shared_b != nullptr) {
       M.gemm_shared_b(d)(d, count, products, n, k, b, ldb);
     } else {

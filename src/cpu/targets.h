@@ -34,7 +34,7 @@ struct MicroKernels {
   ChooseGemm gemm;
   // The kernel of products that share B (SharedBProduct), where the target's packs B: null for a
   // target whose kernels read B as it lies, whose products then run one by one (TableOps).
-  using ChooseGemmSharedB = GemmSharedBKernel (*)(const GemmDesc& d);
+  using ChooseGemmSharedB = GemmSharedBKernel (*)(const SharedBDesc& d);
   ChooseGemmSharedB gemm_shared_b = nullptr;
   void (*transpose)(int rows, int cols, const float* src, int lds, float* dst, int ldd);
   void (*exp)(float* x, int n);

@@ -72,7 +72,7 @@ constexpr int kExactParts = 3;
 constexpr int kExactPartsForBf16Outputs = 2;
 
 // The bf16 parts of an operand holding `values` in a product so described.
-constexpr int amx_parts_of(Operands values, const GemmDesc& d) {
+constexpr int amx_parts_of(Operands values, const SharedBDesc& d) {
   if (values == Operands::bf16_values || d.precision == Precision::fast) return 1;
   return d.bf16_outputs ? kExactPartsForBf16Outputs : kExactParts;
 }
@@ -86,7 +86,7 @@ constexpr int amx_passes(int a_parts, int b_parts) {
   return passes;
 }
 // The tile passes of a product so described.
-constexpr int amx_passes_of(const GemmDesc& d) {
+constexpr int amx_passes_of(const SharedBDesc& d) {
   return amx_passes(amx_parts_of(d.a_values, d), amx_parts_of(d.b_values, d));
 }
 
@@ -343,7 +343,7 @@ constexpr int kAmxHeldGroups = 3;
 // columns for them, each block of each held group on that strip. Every product's passes and sums
 // are those it would make alone.
 template <class Tiles, int AParts, int BParts>
-void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+void gemm_bf16_parts_32x32__amx(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
                                 const float* b, int ldb) {
   constexpr size_t a_pack_words = size_t(AParts) * kAmxGroupRows * kAmxPanelPairs;
   alignas(64) uint32_t a_pack[kAmxHeldGroups * a_pack_words];
@@ -406,7 +406,7 @@ void gemm_bf16_parts_32x32__amx(const GemmDesc& d, int count, const SharedBProdu
 // only C(i, j <= i) written for c_lower), each operand as amx_parts_of its values bf16 parts: as
 // one part or, where amx_parts_of splits it, as Split parts. Needs kGemmTiles loaded.
 template <class Tiles, int Split>
-void gemm_bf16_split_32x32__amx(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+void gemm_bf16_split_32x32__amx(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
                                 const float* b, int ldb) {
   const bool a_split = amx_parts_of(d.a_values, d) > 1, b_split = amx_parts_of(d.b_values, d) > 1;
   const auto run = [&](auto product) { product(d, count, products, n, k, b, ldb); };
@@ -422,7 +422,7 @@ void gemm_bf16_split_32x32__amx(const GemmDesc& d, int count, const SharedBProdu
 
 // Products sharing B on the tiles (MicroKernels::gemm_shared_b), at the description's precision.
 template <class Tiles>
-void gemm_bf16_shared_b_32x32__amx(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+void gemm_bf16_shared_b_32x32__amx(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
                                    const float* b, int ldb) {
   const GemmSharedBKernel split = d.bf16_outputs ? gemm_bf16_split_32x32__amx<Tiles, kExactPartsForBf16Outputs>
                                                  : gemm_bf16_split_32x32__amx<Tiles, kExactParts>;
@@ -434,7 +434,7 @@ template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
   const SharedBProduct product{m, a, lda, c, ldc, d.a, d.triangle};
-  gemm_bf16_shared_b_32x32__amx<Tiles>(d, 1, &product, n, k, b, ldb);
+  gemm_bf16_shared_b_32x32__amx<Tiles>(call_desc(d), 1, &product, n, k, b, ldb);
 }
 
 }  // namespace

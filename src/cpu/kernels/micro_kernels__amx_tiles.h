@@ -16,7 +16,7 @@ template <class Tiles>
 constexpr MicroKernels tile_micro_kernels(MicroKernels vector_kernels) {
   MicroKernels kernels = vector_kernels;
   kernels.gemm = every_product<gemm_bf16_32x32__amx<Tiles>>;
-  kernels.gemm_shared_b = [](const GemmDesc&) -> GemmSharedBKernel { return gemm_bf16_shared_b_32x32__amx<Tiles>; };
+  kernels.gemm_shared_b = [](const SharedBDesc&) -> GemmSharedBKernel { return gemm_bf16_shared_b_32x32__amx<Tiles>; };
   return kernels;
 }
 

@@ -49,8 +49,7 @@ using GemmKernel = void (*)(const GemmDesc& d, int m, int n, int k, const float*
                             float* c, int ldc);
 
 // One of several products C_p[m_p, n] (+)= A_p B that read the same B (MicroKernels::gemm_shared_b):
-// A_p's rows, where A_p and C_p lie, how A_p is stored and its triangle; the rest of the
-// description (what A and B hold, the precision, accumulation) is the call's, shared by all.
+// A_p's rows, where A_p and C_p lie, how A_p is stored and its triangle.
 struct SharedBProduct {
   int m;
   const float* a;
@@ -60,16 +59,37 @@ struct SharedBProduct {
   Layout layout = Layout::rows;  // GemmDesc::a
   Triangle triangle = Triangle::none;
 };
-// The description of one product of a shared-B call `d`: d with the product's layout and triangle.
-constexpr GemmDesc product_desc(const GemmDesc& d, const SharedBProduct& product) {
-  GemmDesc own = d;
-  own.a = product.layout;
-  own.triangle = product.triangle;
-  return own;
+// What the products of a shared-B call have in common: GemmDesc but for A's layout and triangle,
+// which are each product's own (SharedBProduct), so a call cannot carry one its kernel would ignore.
+struct SharedBDesc {
+  Operands a_values = Operands::f32;
+  Operands b_values = Operands::f32;
+  Precision precision = Precision::exact;
+  bool bf16_outputs = false;
+  bool accumulate = false;
+};
+// The description of one product of a shared-B call `d`.
+constexpr GemmDesc product_desc(const SharedBDesc& d, const SharedBProduct& product) {
+  return {.a_values = d.a_values,
+          .b_values = d.b_values,
+          .precision = d.precision,
+          .bf16_outputs = d.bf16_outputs,
+          .a = product.layout,
+          .accumulate = d.accumulate,
+          .triangle = product.triangle};
 }
-// Products that share B, described by `d` but for each one's layout and triangle (d.a and
-// d.triangle unread): a kernel that packs B packs it once for all of them.
-using GemmSharedBKernel = void (*)(const GemmDesc& d, int count, const SharedBProduct* products, int n, int k,
+// A lone product `d` as a shared-B call of one: the call's part of it (its product's part is
+// {m, a, lda, c, ldc, d.a, d.triangle}).
+constexpr SharedBDesc call_desc(const GemmDesc& d) {
+  return {.a_values = d.a_values,
+          .b_values = d.b_values,
+          .precision = d.precision,
+          .bf16_outputs = d.bf16_outputs,
+          .accumulate = d.accumulate};
+}
+// Products that share B, described by `d` and each its own: a kernel that packs B packs it once for
+// all of them.
+using GemmSharedBKernel = void (*)(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
                                    const float* b, int ldb);
 
 // A's element strides (row, column) for its layout.

@@ -64,35 +64,25 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch) {
   store_output(p, item, t0, ch);
 }
 
-// H <- P_{L-1} * H + (k * R)^T values over the loaded chunk.
-template <class Ops>
-void update_state(Chunk& ch, float* H) {
-  const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
-  decay_state(ch, H);
-  gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, kd, ch.values(), ch.VW, ch.values_values, H, ch.VW, true);
-}
-
-// output (with `write_y`), then update_state. Where (k * R) is fp32 rows without factors (a
-// per-channel gate), the two products that read the values, A values into out and (k * R)^T
-// values into H, are of the same kind and one call, so a target that packs B packs the values
-// once (Ops::gemm_shared_b); under a scalar gate the update's B is the values scaled by R
-// (gemm_scaled_tn), another operand.
+// output (with `write_y`), then H <- P_{L-1} * H + (k * R)^T values over the loaded chunk. Where
+// (k * R) is fp32 rows without factors like the scores (under a per-channel gate), the two products
+// that read the values, A values into out and (k * R)^T values into H, are of one kind and one
+// call, so a target that packs B packs the values once (Ops::gemm_shared_b); otherwise (k * R) is
+// bf16 rows of k (no gate) or k with factors, which go on the update's B (gemm_scaled_tn).
 template <class Ops>
 void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, float* H, bool write_y) {
-  const bool shared_values = write_y && ch.W > 1;  // decayed: (k * R) per channel is fp32 rows, no factors
-  if (!shared_values) {
-    if (write_y) output<Ops>(p, item, t0, ch);
-    update_state<Ops>(ch, H);
-    return;
-  }
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
   decay_state(ch, H);
+  if (!write_y || kd.factor || kd.values != Operands::f32) {
+    if (write_y) output<Ops>(p, item, t0, ch);
+    gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H, VW, true);
+    return;
+  }
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   const SharedBProduct products[2] = {{L, ch.scores, C, ch.out, VW, Layout::rows, Triangle::a_lower},
                                       {K, kd.rows, K, H, VW, Layout::columns, Triangle::none}};
-  Ops::gemm_shared_b(chunk_product(ch, Operands::f32, ch.values_values, true, Triangle::none), 2, products, VW, L,
-                     ch.values(), VW);
+  Ops::gemm_shared_b(chunk_products(ch, Operands::f32, ch.values_values, true), 2, products, VW, L, ch.values(), VW);
   store_output(p, item, t0, ch);
 }
 

@@ -21,7 +21,16 @@ namespace {
 
 // `a_values`, `b_values`: what A and B hold (GemmDesc), f32 unless a caller knows better.
 
-// The description of one chunk product at the chunk's precision and outputs' dtype.
+// The description of chunk products sharing B (each product's layout and triangle its own) at the
+// chunk's precision and outputs' dtype.
+inline SharedBDesc chunk_products(const Chunk& ch, Operands a_values, Operands b_values, bool accumulate) {
+  return {.a_values = a_values,
+          .b_values = b_values,
+          .precision = ch.precision,
+          .bf16_outputs = ch.bf16_outputs,
+          .accumulate = accumulate};
+}
+// The description of one chunk product.
 inline GemmDesc chunk_product(const Chunk& ch, Operands a_values, Operands b_values, bool accumulate, Triangle tri,
                               Layout a = Layout::rows) {
   return {.a_values = a_values,
@@ -78,8 +87,7 @@ void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int 
                            Operands b_values = Operands::f32, Operands a_values = Operands::f32) {
   const SharedBProduct products[2] = {{m, a0, lda, c0, ldc, Layout::rows, tri},
                                       {m, a1, lda, c1, ldc, Layout::rows, tri}};
-  Ops::gemm_shared_b(chunk_product(ch, a_values, b_values, false, Triangle::none), a1 ? 2 : 1, products, n, k, b.data,
-                     b.ld);
+  Ops::gemm_shared_b(chunk_products(ch, a_values, b_values, false), a1 ? 2 : 1, products, n, k, b.data, b.ld);
 }
 
 // C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
