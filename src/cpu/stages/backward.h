@@ -250,10 +250,12 @@ void backward_sequence(const Params& p, int64_t index, void* workspace, const fl
   const size_t KV = size_t(ch.K) * ch.VW, record = solve_record_floats(p);
   const Loader<Ops> load{p, item};
   const int items = p.N / p.pack, b = int(index / items), m = int(index % items);
+  const int parts = Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads;
   initial_state_gradient(p, b, m, dH);
   for (int c = chunk_count(p) - 1; c >= 0; --c) {
     const int t0 = c * ch.C;
-    load.chunk(ch, t0, Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads);
+    load.chunk(ch, t0, parts);
+    if (c > 0) load.prefetch(t0 - ch.C, parts);
     gradients<Ops>(p, item, t0, ch, states + size_t(c) * KV, dH, solves ? solves + size_t(c) * record : nullptr,
                    sinks);
     propagate_state_gradient<Ops>(ch, dH);

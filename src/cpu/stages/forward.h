@@ -112,6 +112,10 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
       const Item item = item_at(p, first + i);
       float* Hi = H + size_t(i) * KV;
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
+      if (i + 1 < count)
+        Loader<Ops>{p, item_at(p, first + i + 1)}.prefetch(t0, parts);
+      else if (t0 + ch.C < p.S)
+        Loader<Ops>{p, item_at(p, first)}.prefetch(t0 + ch.C, parts);
       if (states) std::memcpy(states + size_t(i) * per_item + size_t(c) * KV, Hi, sizeof(float) * KV);
       if (ch.delta) prepare_delta<Ops>(p, ch);
       state_products<Ops>(ch, Hi, write_y);

@@ -62,6 +62,8 @@ void l2norm_backward(const float* x_hat, float rstd, float* d, int K) {
   for (int c = 0; c < K; ++c) d[c] = rstd * (d[c] - x_hat[c] * along);
 }
 
+constexpr int kCacheLine = 64;  // bytes, on every x86 core
+
 template <class Ops>
 struct Loader {
   const Params& p;
@@ -144,6 +146,34 @@ struct Loader {
   // What a chunk's stages read (t0: the chunk's first token): the decays always, and the
   // keys and values (with the delta rule's strengths), queries, output gradients as asked.
   enum Parts { keys_values = 1, with_queries = 2, with_output_grads = 4 };
+  // Asks for the rows chunk(ch, t0, parts) reads, into L2, while the chunk before it is worked
+  // on: a token's row of one head lies N heads past the last token's, so each row is a new page
+  // to the hardware prefetcher, which does not cross pages, and each load of the chunk waited
+  // on memory (a quarter of the fused gla forward's vector work on an EPYC Zen 3).
+  void prefetch(int t0, int parts) const {
+    const int L = imin(p.S - t0, p.chunk);
+    const auto rows = [&](const RowView& view, int group, int width, bool per_head) {
+      if (!view.present()) return;
+      const int64_t bytes = int64_t(width) * view.element_bytes();
+      for (int i = 0; i < L; ++i)
+        for (int r = 0; r < (per_head ? p.pack : 1); ++r) {
+          const char* row = view.row(item.b, t0 + i, per_head ? item.head(r, group) : item.shared(group));
+          for (int64_t at = 0; at < bytes; at += kCacheLine) __builtin_prefetch(row + at, 0, 2);
+        }
+    };
+    if (p.gate != GateKind::none) rows(p.g, p.group_g, p.gate == GateKind::channel ? p.K / p.gate_group : 1, false);
+    if (parts & keys_values) {
+      rows(p.k, p.group_k, p.K, false);
+      rows(p.v, p.group_v, p.V, true);
+      if (p.delta == Delta::beta) rows(p.beta, p.group_b, 1, false);
+      if (p.delta == Delta::erase_write) {
+        rows(p.b, p.group_b, p.K, false);
+        rows(p.w, p.group_w, p.V, true);
+      }
+    }
+    if (parts & with_queries) rows(p.q, p.group_q, p.K, false);
+    if (parts & with_output_grads) rows(p.dy, 1, p.V, true);
+  }
   void chunk(Chunk& ch, int t0, int parts) const {
     ch.L = imin(ch.C, p.S - t0);
     decays(ch, t0);
