@@ -113,7 +113,8 @@ ProductError product_error(bool on_tiles, const GemmDesc& d) {
   if (cpu::bf16_operands(d)) return {1, 0.0};
   if (d.precision == Precision::fast) return {1, std::ldexp(1.0, -7) + std::ldexp(1.0, -16)};
   if (!on_tiles) return {1, 0.0};
-  return {cpu::amx_passes_of(cpu::call_desc(d)), d.bf16_outputs ? std::ldexp(1.0, -14) : std::ldexp(1.0, -23) + std::ldexp(1.0, -32)};
+  return {cpu::amx_passes_of(cpu::call_desc(d)),
+          d.bf16_outputs ? std::ldexp(1.0, -14) : std::ldexp(1.0, -23) + std::ldexp(1.0, -32)};
 }
 
 // C (+)= A B on the kernel the target chooses for each description against float64, every
@@ -284,6 +285,8 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
               std::vector<GemmCase> cases;
               for (size_t p = 0; p < rows.size(); ++p) {
                 constexpr Triangle kTriangles[] = {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower};
+                const Triangle triangle =
+                    p == 0 ? Triangle::none : kTriangles[(p + size_t(accumulate) + size_t(k > 100)) % 4];
                 const GemmDesc own = cpu::product_desc(
                     d, {.m = rows[p],
                         .a = nullptr,
@@ -291,7 +294,7 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
                         .c = nullptr,
                         .ldc = 0,
                         .layout = (a_transposed != (p % 2 == 1)) ? Layout::columns : Layout::rows,
-                        .triangle = p == 0 ? Triangle::none : kTriangles[(p + size_t(accumulate) + size_t(k > 100)) % 4]});
+                        .triangle = triangle});
                 cases.push_back(gemm_case(rows[p], n, k, own, draw_a, [&] { return uniform(rng); }));
               }
               for (GemmCase& g : cases) g.b = cases[0].b;  // one B, as the first case drew it
@@ -321,8 +324,11 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
 TEST(MicroKernels, ProductsSharingBEqualEachAlone) {
   {
     const OnTheTileModel model;
-    check_shared_b([](const cpu::SharedBDesc&) -> cpu::GemmSharedBKernel { return cpu::gemm_bf16_shared_b_32x32__amx<cpu::ModelTiles>; },
-                   OnTheTileModel::choose);
+    check_shared_b(
+        [](const cpu::SharedBDesc&) -> cpu::GemmSharedBKernel {
+          return cpu::gemm_bf16_shared_b_32x32__amx<cpu::ModelTiles>;
+        },
+        OnTheTileModel::choose);
   }
   on_every_target([](const cpu::Target& t) {
     if (t.micro.gemm_shared_b) check_shared_b(t.micro.gemm_shared_b, t.micro.gemm);

@@ -34,8 +34,8 @@ int64_t product_work(const cpu::GemmDesc& d, int m, int n, int k) {
   return work;
 }
 
-void counting_gemm(const cpu::GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-                   int ldc) {
+void counting_gemm(const cpu::GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                   float* c, int ldc) {
   counted_multiply_adds += product_work(d, m, n, k);
   cpu::gemm_f32_1xn__generic(d, m, n, k, a, lda, b, ldb, c, ldc);
 }
@@ -64,9 +64,10 @@ constexpr cpu::Target kCountingTarget = cpu::make_target<kCountingKernels, cpu::
 
 // The formula's count but where the products take a strict triangle (tri' = L(L-1)/2 pairs) with
 // its diagonal (a triangle of Triangle includes it: tri = L(L+1)/2, L more per column): the delta
-// rule's L (twice in the backward: its state pass forms the solve once), dL = dZ R^T and dL's
-// two products back to bt and k; and T, L^3/6 in the formula, solved by substitution (scalar
-// code, so no product counts it; the products of the other solves are the test's of solve.h).
+// rule's L (formed once in either pass: the backward's state pass keeps the solve for the
+// gradient pass), and in the backward dL = dZ R^T and dL's two products back to bt and k; and T,
+// L^3/6 in the formula, solved by substitution, scalar code that no product counts (the blocked
+// and doubling solves multiply whole blocks of T, more than L^3/6).
 double expected_multiply_adds(const VariantInfo& variant, const tool::Shape& shape, bool backward) {
   double total = tool::chunk_flops(variant, shape, backward) / 2;
   if (!variant.is_delta()) return total;

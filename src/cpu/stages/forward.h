@@ -65,10 +65,11 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch) {
 }
 
 // output (with `write_y`), then H <- P_{L-1} * H + (k * R)^T values over the loaded chunk. Where
-// (k * R) is fp32 rows without factors like the scores (under a per-channel gate), the two products
-// that read the values, A values into out and (k * R)^T values into H, are of one kind and one
-// call, so a target that packs B packs the values once (Ops::gemm_shared_b); otherwise (k * R) is
-// bf16 rows of k (no gate) or k with factors, which go on the update's B (gemm_scaled_tn).
+// (k * R) is fp32 rows without factors like the scores (a per-channel gate, or no gate on fp32
+// inputs), the two products that read the values, A values into out and (k * R)^T values into H,
+// are of one kind and one call, so a target that packs B packs the values once
+// (Ops::gemm_shared_b); otherwise (k * R) is bf16 rows of k (no gate) or k with factors, which go on
+// the update's B (gemm_scaled_tn).
 template <class Ops>
 void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, float* H, bool write_y) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
