@@ -85,7 +85,7 @@ TEST(ProductWork, EveryPassAsksWhatTheFormulaCounts) {
       tool::BenchOptions o;
       o.B = 1;
       o.S = S;
-      o.N = 2;
+      o.N = 4;  // sla packs its 4 value heads of one key head (R = 4)
       o.K = 32;
       o.V = 48;
       o.solve = Solve::substitution;
