@@ -185,7 +185,7 @@ void backward_forming_each_solve_again(const Params& p, const cpu::Run& run) {
         states(cpu::state_bytes(p) * size_t(cpu::chunk_count(p) + 1));
     for (int64_t item = begin; item < end; ++item) {
       kernels.forward(p, item, 1, workspace.data, H.floats(), states.floats(), nullptr, false);
-      kernels.backward(p, item, workspace.data, states.floats(), nullptr, dH.floats(), grads.sinks);
+      kernels.backward(p, item, 1, workspace.data, states.floats(), nullptr, dH.floats(), grads.sinks);
     }
   });
   grads.finish(run);

@@ -169,10 +169,14 @@ struct Work {
 // The forward runs up to kLockstepItems items in lockstep (SequenceKernels::forward), their states
 // side by side in L2 (8 x 64 KiB at K = V = 128). Measured at the bench's shape, 2 threads, against
 // one item at a time: gla forward 72-75 against 78-79 ms, kda 120-122 against 124-134 ms (4 and
-// 16 items in between or no better). The backward, which keeps every chunk-start state of its
-// items, ran no faster with 4 items and slower with 8 (more states streamed through L2), so it
-// runs one item at a time.
+// 16 items in between or no better). The backward runs both its passes kLockstepBackwardItems
+// at a time: fewer, since each item also keeps every chunk-start state (4 MiB at the bench's
+// shape) for the gradient pass to stream back. Measured on an EPYC Zen 3 (avx2, 2 threads, the
+// bench's shape) against one item at a time: gla backward 304-306 against 336-339 ms, mamba2
+// 255-256 against 279-282, gated_deltanet 445-448 against 471-480, kda 498-512 against 541-542;
+// with the products removed (their cost on a tile unit), 10-16% less; 2, 3 and 8 items no better.
 constexpr int kLockstepItems = 8;
+constexpr int kLockstepBackwardItems = 4;
 
 // A problem of at most kStepTokens tokens runs token by token (the decode path, stages/step.h):
 // from memory to memory with no chunk's products, where the chunkwise form pays for forming a
@@ -217,16 +221,18 @@ void recurrence_backward(const Params& p, const Run& run) {
   // state, for about a tenth of the backward's time (docs/performance.md, "Kept solves").
   const size_t solves_bytes = sizeof(float) * solve_record_floats(p) * size_t(chunk_count(longest));
   work.ranges(run, [&](int64_t begin, int64_t end) {
-    AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p)), dH(state_bytes(p));
-    AlignedBuffer states(state_bytes(p) * size_t(chunk_count(longest) + 1));
-    AlignedBuffer solves(solves_bytes);  // none for the additive family
-    float* kept = solves.floats();
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t problem = item / work.per_problem, index = item % work.per_problem;
+    const size_t group = kLockstepBackwardItems;
+    AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p) * group), dH(state_bytes(p) * group);
+    AlignedBuffer states(state_bytes(p) * size_t(chunk_count(longest) + 1) * group);
+    AlignedBuffer solves(solves_bytes * group);  // none for the additive family
+    for (int64_t item = begin; item < end;) {
+      const int64_t problem = item / work.per_problem, first = item % work.per_problem;
+      const int count = int(std::min<int64_t>({kLockstepBackwardItems, end - item, work.per_problem - first}));
       const Params one = work.problem(problem);
-      kernels.forward(one, index, 1, workspace.data, H.floats(), states.floats(), kept, false);
-      kernels.backward(one, index, workspace.data, states.floats(), kept, dH.floats(),
+      kernels.forward(one, first, count, workspace.data, H.floats(), states.floats(), solves.floats(), false);
+      kernels.backward(one, first, count, workspace.data, states.floats(), solves.floats(), dH.floats(),
                        work.sinks(grads.sinks, problem));
+      item += count;
     }
   });
   grads.finish(run);

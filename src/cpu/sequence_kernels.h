@@ -59,11 +59,13 @@ struct SequenceKernels {
   // sequence). H [pack, K, V]: scratch for states nothing keeps.
   void (*step)(const Params& p, int64_t first, int count, void* workspace, float* H);
 
-  // The gradient pass of item `index`: chunks in reverse, carrying dH [K, pack * V] (from dht;
-  // ends as dh0), given its chunk-start states and, for the delta rule, its chunks' solve records
-  // (or null: each chunk's solve is formed again).
-  void (*backward)(const Params& p, int64_t index, void* workspace, const float* states, const float* solves,
-                   float* dH, const GradSinks& sinks);
+  // The gradient pass of `count` consecutive items from `first`, in lockstep as the forward's:
+  // chunks in reverse, carrying dH [count, K, pack * V] (from dht; ends as dh0), given their
+  // chunk-start states ([count, chunks + 1, K, pack * V], as the forward keeps them) and, for the
+  // delta rule, their chunks' solve records ([count, chunks, solve_record_floats], or null: each
+  // chunk's solve is formed again).
+  void (*backward)(const Params& p, int64_t first, int count, void* workspace, const float* states,
+                   const float* solves, float* dH, const GradSinks& sinks);
 };
 
 }  // namespace flat::cpu

@@ -242,25 +242,39 @@ void final_state_gradient(const Params& p, int b, int m, const float* dH) {
   if (p.dh0.present()) Item{p, b, m * p.pack}.store_state(p.dh0, dH);
 }
 
+// The gradient pass of `count` consecutive items from `first`, in lockstep as the forward runs
+// them (forward_sequence): chunk by chunk in reverse, each chunk of every item in turn, so that
+// the rows of a token that neighbouring heads read share their pages and cache lines.
 template <class Ops>
-void backward_sequence(const Params& p, int64_t index, void* workspace, const float* states, const float* solves,
-                       float* dH, const GradSinks& sinks) {
+void backward_sequence(const Params& p, int64_t first, int count, void* workspace, const float* states,
+                       const float* solves, float* dH, const GradSinks& sinks) {
   Chunk ch(p, workspace);
-  const Item item = item_at(p, index);
-  const size_t KV = size_t(ch.K) * ch.VW, record = solve_record_floats(p);
-  const Loader<Ops> load{p, item};
-  const int items = p.N / p.pack, b = int(index / items), m = int(index % items);
+  const size_t KV = size_t(ch.K) * ch.VW, per_item = KV * size_t(chunk_count(p) + 1);
+  const size_t record = solve_record_floats(p), records_per_item = record * size_t(chunk_count(p));
+  const int items = p.N / p.pack;
   const int parts = Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads;
-  initial_state_gradient(p, b, m, dH);
-  for (int c = chunk_count(p) - 1; c >= 0; --c) {
-    const int t0 = c * ch.C;
-    load.chunk(ch, t0, parts);
-    if (c > 0) load.prefetch(t0 - ch.C, parts);
-    gradients<Ops>(p, item, t0, ch, states + size_t(c) * KV, dH, solves ? solves + size_t(c) * record : nullptr,
-                   sinks);
-    propagate_state_gradient<Ops>(ch, dH);
+  for (int i = 0; i < count; ++i) {
+    const int64_t index = first + i;
+    initial_state_gradient(p, int(index / items), int(index % items), dH + size_t(i) * KV);
   }
-  final_state_gradient(p, b, m, dH);
+  for (int c = chunk_count(p) - 1; c >= 0; --c)
+    for (int i = 0; i < count; ++i) {
+      const int t0 = c * ch.C;
+      const Item item = item_at(p, first + i);
+      float* dHi = dH + size_t(i) * KV;
+      Loader<Ops>{p, item}.chunk(ch, t0, parts);
+      if (i + 1 < count)
+        Loader<Ops>{p, item_at(p, first + i + 1)}.prefetch(t0, parts);
+      else if (c > 0)
+        Loader<Ops>{p, item_at(p, first)}.prefetch(t0 - ch.C, parts);
+      const float* kept = solves ? solves + size_t(i) * records_per_item + size_t(c) * record : nullptr;
+      gradients<Ops>(p, item, t0, ch, states + size_t(i) * per_item + size_t(c) * KV, dHi, kept, sinks);
+      propagate_state_gradient<Ops>(ch, dHi);
+    }
+  for (int i = 0; i < count; ++i) {
+    const int64_t index = first + i;
+    final_state_gradient(p, int(index / items), int(index % items), dH + size_t(i) * KV);
+  }
 }
 
 }  // namespace
