@@ -222,14 +222,14 @@ void recurrence_backward(const Params& p, const Run& run) {
   const size_t solves_bytes = sizeof(float) * solve_record_floats(p) * size_t(chunk_count(longest));
   work.ranges(run, [&](int64_t begin, int64_t end) {
     const size_t group = kLockstepBackwardItems;
-    AlignedBuffer workspace(kernels.workspace_bytes(p)), H(state_bytes(p) * group), dH(state_bytes(p) * group);
+    AlignedBuffer workspace(kernels.workspace_bytes(p)), dH(state_bytes(p) * group);
     AlignedBuffer states(state_bytes(p) * size_t(chunk_count(longest) + 1) * group);
     AlignedBuffer solves(solves_bytes * group);  // none for the additive family
     for (int64_t item = begin; item < end;) {
       const int64_t problem = item / work.per_problem, first = item % work.per_problem;
       const int count = int(std::min<int64_t>({kLockstepBackwardItems, end - item, work.per_problem - first}));
       const Params one = work.problem(problem);
-      kernels.forward(one, first, count, workspace.data, H.floats(), states.floats(), solves.floats(), false);
+      kernels.forward(one, first, count, workspace.data, nullptr, states.floats(), solves.floats(), false);
       kernels.backward(one, first, count, workspace.data, states.floats(), solves.floats(), dH.floats(),
                        work.sinks(grads.sinks, problem));
       item += count;

@@ -47,8 +47,9 @@ struct SequenceKernels {
   // items next to each other are neighbouring heads, whose rows of a token share a page and its
   // cache lines, where one item alone reads a new page per row (rows of a head sit N heads
   // apart). H [count, K, pack * V] starts from h0 and ends as the final states (written to ht
-  // when asked), staying in cache for the whole sequence. With `states`, also keeps the
-  // chunk-start states and the final one ([count, chunks + 1, K, pack * V]); with `solves` (the
+  // when asked), staying in cache for the whole sequence. With `states`, the states are kept
+  // there instead, each chunk's start state and the final one ([count, chunks + 1, K, pack * V]),
+  // each update writing the next beside the one it reads, and H is not used; with `solves` (the
   // delta rule), each chunk's solve record ([count, chunks, solve_record_floats]); with `write_y`,
   // computes and writes y.
   void (*forward)(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,

@@ -57,8 +57,8 @@ void over_chunks(const Params& p, const cpu::Run& run, Body&& body) {
 
 // Pass 1, state passing: the chunk-start states of every item to memory (and ht when asked).
 void pass_states(const Params& p, const cpu::Run& run, const StateSequence& states) {
-  over_items(p, run, [&](int, int, int64_t item, void* workspace, float* H) {
-    run.target.sequence.forward(p, item, 1, workspace, H, states.item(item), nullptr, false);
+  over_items(p, run, [&](int, int, int64_t item, void* workspace, float*) {
+    run.target.sequence.forward(p, item, 1, workspace, nullptr, states.item(item), nullptr, false);
   });
 }
 

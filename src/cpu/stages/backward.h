@@ -226,7 +226,7 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
 // (ch.decayed_queries, ch.decayed_erase); consumes dz.
 template <class Ops>
 void propagate_state_gradient(Chunk& ch, float* dH) {
-  decay_state(ch, dH);
+  decay_state(ch, dH, dH);
   gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, ch.decayed_queries, ch.dy, ch.VW, Operands::f32, dH, ch.VW, true);
   if (ch.delta) {
     for (size_t e = 0; e < size_t(ch.L) * ch.VW; ++e) ch.dz[e] = -ch.dz[e];

@@ -234,13 +234,14 @@ struct Item {
   }
 };
 
-// H [K, VW] rows scaled by the chunk's total decay P_{L-1}.
-void decay_state(const Chunk& ch, float* H) {
+// to = P_{L-1} * from: a state's [K, VW] rows scaled by the chunk's total decay (to may be from).
+void decay_state(const Chunk& ch, const float* from, float* to) {
   const float* total = ch.gate_row(ch.prefix, ch.L - 1);
   for (int c = 0; c < ch.K; ++c) {
     const float f = total[ch.W == 1 ? 0 : c];
-    float* row = H + size_t(c) * ch.VW;
-    for (int j = 0; j < ch.VW; ++j) row[j] *= f;
+    const float* row = from + size_t(c) * ch.VW;
+    float* out = to + size_t(c) * ch.VW;
+    for (int j = 0; j < ch.VW; ++j) out[j] = row[j] * f;
   }
 }
 

@@ -64,17 +64,18 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch) {
   store_output(p, item, t0, ch);
 }
 
-// output (with `write_y`), then H <- P_{L-1} * H + (k * R)^T values over the loaded chunk. Where
+// output (with `write_y`), then H_end = P_{L-1} * H0 + (k * R)^T values over the loaded chunk
+// (H_end may be H0, updated in place). Where
 // (k * R) is fp32 rows without factors like the scores (a per-channel gate, or no gate on fp32
 // inputs), the two products that read the values, A values into out and (k * R)^T values into H,
 // are of one kind and one call, so a target that packs B packs the values once
 // (Ops::gemm_shared_b); otherwise (k * R) is bf16 rows of k (no gate) or k with factors, which go on
 // the update's B (gemm_scaled_tn).
 template <class Ops>
-void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, float* H, bool write_y) {
+void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, float* H, bool write_y) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
   const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
-  decay_state(ch, H);
+  decay_state(ch, H0, H);
   if (!write_y || kd.factor || kd.values != Operands::f32) {
     if (write_y) output<Ops>(p, item, t0, ch);
     gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H, VW, true);
@@ -100,35 +101,38 @@ void keep_solve(const Params& p, const Chunk& ch, float* record) {
   std::memcpy(kept.new_values, ch.rv, sizeof(float) * size_t(ch.L) * ch.VW);
 }
 
+// With `states`, each item's state lives in them: the update of chunk c reads its start state
+// there and writes the next chunk's beside it, and H is not used; without, in H, updated in place.
 template <class Ops>
 void forward_sequence(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
                       float* solves, bool write_y) {
   Chunk ch(p, workspace);
-  const size_t KV = size_t(ch.K) * ch.VW, per_item = KV * size_t(chunk_count(p) + 1);
-  const size_t record = solve_record_floats(p), records_per_item = record * size_t(chunk_count(p));
+  const int chunks = chunk_count(p);
+  const size_t KV = size_t(ch.K) * ch.VW, per_item = KV * size_t(chunks + 1);
+  const size_t record = solve_record_floats(p), records_per_item = record * size_t(chunks);
   const int parts = Loader<Ops>::keys_values | (write_y ? Loader<Ops>::with_queries : 0);
-  for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, H + size_t(i) * KV);
+  // Item i's state at the start of chunk c.
+  const auto state = [&](int i, int c) {
+    return states ? states + size_t(i) * per_item + size_t(c) * KV : H + size_t(i) * KV;
+  };
+  for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, state(i, 0));
   for (int c = 0, t0 = 0; t0 < p.S; ++c, t0 += ch.C)
     for (int i = 0; i < count; ++i) {
       const Item item = item_at(p, first + i);
-      float* Hi = H + size_t(i) * KV;
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
       if (i + 1 < count)
         Loader<Ops>{p, item_at(p, first + i + 1)}.prefetch(t0, parts);
       else if (t0 + ch.C < p.S)
         Loader<Ops>{p, item_at(p, first)}.prefetch(t0 + ch.C, parts);
-      if (states) std::memcpy(states + size_t(i) * per_item + size_t(c) * KV, Hi, sizeof(float) * KV);
+      const float* H0 = state(i, c);
       if (ch.delta) prepare_delta<Ops>(p, ch);
-      state_products<Ops>(ch, Hi, write_y);
+      state_products<Ops>(ch, H0, write_y);
       if (ch.delta) delta_values<Ops>(p, ch);
       if (ch.delta && solves) keep_solve(p, ch, solves + size_t(i) * records_per_item + size_t(c) * record);
-      output_and_update<Ops>(p, item, t0, ch, Hi, write_y);
+      output_and_update<Ops>(p, item, t0, ch, H0, state(i, c + 1), write_y);
     }
-  for (int i = 0; i < count; ++i) {
-    const float* Hi = H + size_t(i) * KV;
-    if (states) std::memcpy(states + size_t(i) * per_item + size_t(chunk_count(p)) * KV, Hi, sizeof(float) * KV);
-    if (p.ht.present()) item_at(p, first + i).store_state(p.ht, Hi);
-  }
+  if (p.ht.present())
+    for (int i = 0; i < count; ++i) item_at(p, first + i).store_state(p.ht, state(i, chunks));
 }
 
 }  // namespace
