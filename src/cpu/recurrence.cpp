@@ -175,6 +175,9 @@ struct Work {
 // bench's shape) against one item at a time: gla backward 304-306 against 336-339 ms, mamba2
 // 255-256 against 279-282, gated_deltanet 445-448 against 471-480, kda 498-512 against 541-542;
 // with the products removed (their cost on a tile unit), 10-16% less; 2, 3 and 8 items no better.
+// Its groups hold heads of one batch row: with one head per row (B = 32, N = 1, gla, 1 thread)
+// groups across rows ran the backward in 505-516 ms against 524-535 one at a time, in 199-202
+// against 216-221 without products. (The forward's groups measured the same either way.)
 constexpr int kLockstepItems = 8;
 constexpr int kLockstepBackwardItems = 4;
 
@@ -227,7 +230,10 @@ void recurrence_backward(const Params& p, const Run& run) {
     AlignedBuffer solves(solves_bytes * group);  // none for the additive family
     for (int64_t item = begin; item < end;) {
       const int64_t problem = item / work.per_problem, first = item % work.per_problem;
-      const int count = int(std::min<int64_t>({kLockstepBackwardItems, end - item, work.per_problem - first}));
+      // Heads of one batch row only: another row's share no pages with them.
+      const int64_t row_items = p.N / p.pack, rest_of_row = row_items - first % row_items;
+      const int count =
+          int(std::min<int64_t>({kLockstepBackwardItems, end - item, work.per_problem - first, rest_of_row}));
       const Params one = work.problem(problem);
       kernels.forward(one, first, count, workspace.data, nullptr, states.floats(), solves.floats(), false);
       kernels.backward(one, first, count, workspace.data, states.floats(), solves.floats(), dH.floats(),
