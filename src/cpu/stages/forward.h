@@ -65,25 +65,25 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch) {
 }
 
 // output (with `write_y`), then H_end = P_{L-1} * H0 + (k * R)^T values over the loaded chunk
-// (H_end may be H0, updated in place). Where
-// (k * R) is fp32 rows without factors like the scores (a per-channel gate, or no gate on fp32
-// inputs), the two products that read the values, A values into out and (k * R)^T values into H,
-// are of one kind and one call, so a target that packs B packs the values once
-// (Ops::gemm_shared_b); otherwise (k * R) is bf16 rows of k (no gate) or k with factors, which go on
-// the update's B (gemm_scaled_tn).
+// (H_end may be H0, updated in place). Where (k * R) is fp32 rows without factors like the scores
+// (a per-channel gate, or no gate on fp32 inputs), the two products that read the values, A values
+// into out and (k * R)^T values into H_end, are of one kind and one call, so a target that packs B
+// packs the values once (Ops::gemm_shared_b); otherwise (k * R) is bf16 rows of k (no gate) or k
+// with factors, which go on the update's B (gemm_scaled_tn).
 template <class Ops>
-void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, float* H, bool write_y) {
+void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, float* H_end,
+                       bool write_y) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
   const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
-  decay_state(ch, H0, H);
+  decay_state(ch, H0, H_end);
   if (!write_y || kd.factor || kd.values != Operands::f32) {
     if (write_y) output<Ops>(p, item, t0, ch);
-    gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H, VW, true);
+    gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H_end, VW, true);
     return;
   }
   intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   const SharedBProduct products[2] = {{L, ch.scores, C, ch.out, VW, Layout::rows, Triangle::a_lower},
-                                      {K, kd.rows, K, H, VW, Layout::columns, Triangle::none}};
+                                      {K, kd.rows, K, H_end, VW, Layout::columns, Triangle::none}};
   Ops::gemm_shared_b(chunk_products(ch, Operands::f32, ch.values_values, true), 2, products, VW, L, ch.values(), VW);
   store_output(p, item, t0, ch);
 }
