@@ -184,7 +184,7 @@ void backward_forming_each_solve_again(const Params& p, const cpu::Run& run) {
     cpu::AlignedBuffer workspace(kernels.workspace_bytes(p)), dH(cpu::state_bytes(p)),
         states(cpu::state_bytes(p) * size_t(cpu::chunk_count(p) + 1));
     for (int64_t item = begin; item < end; ++item) {
-      kernels.forward(p, item, 1, workspace.data, nullptr, states.floats(), nullptr, false);
+      kernels.forward(p, item, 1, workspace.data, states.floats(), true, nullptr, false);
       kernels.backward(p, item, 1, workspace.data, states.floats(), nullptr, dH.floats(), grads.sinks);
     }
   });

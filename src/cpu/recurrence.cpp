@@ -206,7 +206,7 @@ void recurrence_forward(const Params& p, const Run& run) {
       if (runs_step(one)) {
         kernels.step(one, first, count, workspace.data, H.floats());
       } else {
-        kernels.forward(one, first, count, workspace.data, H.floats(), nullptr, nullptr, true);
+        kernels.forward(one, first, count, workspace.data, H.floats(), false, nullptr, true);
       }
       item += count;
     }
@@ -235,7 +235,7 @@ void recurrence_backward(const Params& p, const Run& run) {
       const int count =
           int(std::min<int64_t>({kLockstepBackwardItems, end - item, work.per_problem - first, rest_of_row}));
       const Params one = work.problem(problem);
-      kernels.forward(one, first, count, workspace.data, nullptr, states.floats(), solves.floats(), false);
+      kernels.forward(one, first, count, workspace.data, states.floats(), true, solves.floats(), false);
       kernels.backward(one, first, count, workspace.data, states.floats(), solves.floats(), dH.floats(),
                        work.sinks(grads.sinks, problem));
       item += count;

@@ -46,13 +46,13 @@ struct SequenceKernels {
   // The fused forward of `count` consecutive items from `first`, in lockstep, chunk by chunk:
   // items next to each other are neighbouring heads, whose rows of a token share a page and its
   // cache lines, where one item alone reads a new page per row (rows of a head sit N heads
-  // apart). H [count, K, pack * V] starts from h0 and ends as the final states (written to ht
-  // when asked), staying in cache for the whole sequence. With `states`, the states are kept
-  // there instead, each chunk's start state and the final one ([count, chunks + 1, K, pack * V]),
-  // each update writing the next beside the one it reads, and H is not used; with `solves` (the
-  // delta rule), each chunk's solve record ([count, chunks, solve_record_floats]); with `write_y`,
-  // computes and writes y.
-  void (*forward)(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
+  // apart). The states start from h0 and end as the final states (written to ht when asked) in
+  // `states`: without `every_chunk` one per item ([count, K, pack * V]) updated in place, staying
+  // in cache for the whole sequence; with it, each chunk's start state and the final one
+  // ([count, chunks + 1, K, pack * V]), each update writing the next beside the one it reads.
+  // With `solves` (the delta rule), each chunk's solve record ([count, chunks,
+  // solve_record_floats]); with `write_y`, computes and writes y.
+  void (*forward)(const Params& p, int64_t first, int count, void* workspace, float* states, bool every_chunk,
                   float* solves, bool write_y);
 
   // The decode path (stages/step.h): the same items token by token, from h0 (or zero) to ht,

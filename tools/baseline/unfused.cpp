@@ -58,7 +58,7 @@ void over_chunks(const Params& p, const cpu::Run& run, Body&& body) {
 // Pass 1, state passing: the chunk-start states of every item to memory (and ht when asked).
 void pass_states(const Params& p, const cpu::Run& run, const StateSequence& states) {
   over_items(p, run, [&](int, int, int64_t item, void* workspace, float*) {
-    run.target.sequence.forward(p, item, 1, workspace, nullptr, states.item(item), nullptr, false);
+    run.target.sequence.forward(p, item, 1, workspace, states.item(item), true, nullptr, false);
   });
 }
 
@@ -93,12 +93,12 @@ void unfused_backward(const Params& p, const cpu::Run& run) {
   // Pass 2, state gradients: dH at the end of every chunk to memory, walking back from dht.
   const StateSequence dstates(p);
   over_items(p, run, [&](int b, int m, int64_t item, void* workspace, float* dH) {
-    kernels.initial_state_gradient(p, b, m, dH);
+    kernels.initial_state_gradient(p, item, dH);
     for (int c = chunks - 1; c >= 0; --c) {
       std::memcpy(dstates.item(item) + size_t(c + 1) * state, dH, sizeof(float) * state);
       kernels.chunk_state_gradient(p, b, m, c, workspace, dH);
     }
-    kernels.final_state_gradient(p, b, m, dH);
+    kernels.final_state_gradient(p, item, dH);
   });
 
   // Pass 3, gradients of every chunk from its start state and end-state gradient in memory.

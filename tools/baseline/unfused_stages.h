@@ -14,9 +14,9 @@ namespace flat::baseline {
 struct UnfusedStages {
   // Bytes of workspace one thread needs (64-byte aligned by the caller).
   size_t (*workspace_bytes)(const Params& p);
-  // dH [K, pack * V] from dht (or 0), and dh0 written from dH when asked;
-  void (*initial_state_gradient)(const Params& p, int b, int m, float* dH);
-  void (*final_state_gradient)(const Params& p, int b, int m, const float* dH);
+  // dH [K, pack * V] of item b * (N / pack) + m from dht (or 0), and its dh0 written from dH when asked;
+  void (*initial_state_gradient)(const Params& p, int64_t item, float* dH);
+  void (*final_state_gradient)(const Params& p, int64_t item, const float* dH);
   // y of chunk c from its start state H0;
   void (*chunk_output)(const Params& p, int b, int m, int c, void* workspace, const float* H0);
   // dH at the chunk's end -> dH at its start, in place;

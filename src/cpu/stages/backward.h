@@ -234,12 +234,10 @@ void propagate_state_gradient(Chunk& ch, float* dH) {
   }
 }
 
-void initial_state_gradient(const Params& p, int b, int m, float* dH) {
-  Item{p, b, m * p.pack}.load_state(p.dht, dH);
-}
-
-void final_state_gradient(const Params& p, int b, int m, const float* dH) {
-  if (p.dh0.present()) Item{p, b, m * p.pack}.store_state(p.dh0, dH);
+// Item `index`'s dH [K, pack * V] from dht (or 0), and its dh0 written from dH when asked.
+void initial_state_gradient(const Params& p, int64_t index, float* dH) { item_at(p, index).load_state(p.dht, dH); }
+void final_state_gradient(const Params& p, int64_t index, const float* dH) {
+  if (p.dh0.present()) item_at(p, index).store_state(p.dh0, dH);
 }
 
 // The gradient pass of `count` consecutive items from `first`, in lockstep as the forward runs
@@ -249,32 +247,22 @@ template <class Ops>
 void backward_sequence(const Params& p, int64_t first, int count, void* workspace, const float* states,
                        const float* solves, float* dH, const GradSinks& sinks) {
   Chunk ch(p, workspace);
-  const size_t KV = size_t(ch.K) * ch.VW, per_item = KV * size_t(chunk_count(p) + 1);
-  const size_t record = solve_record_floats(p), records_per_item = record * size_t(chunk_count(p));
-  const int items = p.N / p.pack;
+  const Records records(p, true);
+  const size_t KV = size_t(ch.K) * ch.VW;
   const int parts = Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads;
-  for (int i = 0; i < count; ++i) {
-    const int64_t index = first + i;
-    initial_state_gradient(p, int(index / items), int(index % items), dH + size_t(i) * KV);
-  }
+  for (int i = 0; i < count; ++i) initial_state_gradient(p, first + i, dH + size_t(i) * KV);
   for (int c = chunk_count(p) - 1; c >= 0; --c)
     for (int i = 0; i < count; ++i) {
       const int t0 = c * ch.C;
       const Item item = item_at(p, first + i);
       float* dHi = dH + size_t(i) * KV;
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
-      if (i + 1 < count)
-        Loader<Ops>{p, item_at(p, first + i + 1)}.prefetch(t0, parts);
-      else if (c > 0)
-        Loader<Ops>{p, item_at(p, first)}.prefetch(t0 - ch.C, parts);
-      const float* kept = solves ? solves + size_t(i) * records_per_item + size_t(c) * record : nullptr;
-      gradients<Ops>(p, item, t0, ch, states + size_t(i) * per_item + size_t(c) * KV, dHi, kept, sinks);
+      prefetch_next<Ops>(p, first, count, i, t0, t0 - ch.C, parts);
+      const float* kept = solves ? records.solve(solves, i, c) : nullptr;
+      gradients<Ops>(p, item, t0, ch, records.state(states, i, c), dHi, kept, sinks);
       propagate_state_gradient<Ops>(ch, dHi);
     }
-  for (int i = 0; i < count; ++i) {
-    const int64_t index = first + i;
-    final_state_gradient(p, int(index / items), int(index % items), dH + size_t(i) * KV);
-  }
+  for (int i = 0; i < count; ++i) final_state_gradient(p, first + i, dH + size_t(i) * KV);
 }
 
 }  // namespace

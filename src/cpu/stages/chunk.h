@@ -234,6 +234,12 @@ struct Item {
   }
 };
 
+// Item `index` of the sequence stages: batch index / (N / pack), heads from (index % (N / pack)) * pack.
+Item item_at(const Params& p, int64_t index) {
+  const int items = p.N / p.pack;
+  return Item{p, int(index / items), int(index % items) * p.pack};
+}
+
 // to = P_{L-1} * from: a state's [K, VW] rows scaled by the chunk's total decay (to may be from).
 void decay_state(const Chunk& ch, const float* from, float* to) {
   const float* total = ch.gate_row(ch.prefix, ch.L - 1);

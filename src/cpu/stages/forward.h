@@ -88,12 +88,6 @@ void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, con
   store_output(p, item, t0, ch);
 }
 
-// Item `index` of the sequence stages: batch index / (N / pack), heads from (index % (N / pack)) * pack.
-Item item_at(const Params& p, int64_t index) {
-  const int items = p.N / p.pack;
-  return Item{p, int(index / items), int(index % items) * p.pack};
-}
-
 // Keeps the loaded chunk's solve T and new values rv in its solve record (solve_record_floats).
 void keep_solve(const Params& p, const Chunk& ch, float* record) {
   const SolveRecord<float> kept = solve_record(p, record);
@@ -101,38 +95,47 @@ void keep_solve(const Params& p, const Chunk& ch, float* record) {
   std::memcpy(kept.new_values, ch.rv, sizeof(float) * size_t(ch.L) * ch.VW);
 }
 
-// With `states`, each item's state lives in them: the update of chunk c reads its start state
-// there and writes the next chunk's beside it, and H is not used; without, in H, updated in place.
+// Where a run of items in lockstep keeps its states and solve records (SequenceKernels::forward):
+// item i's state at the start of chunk c (its final state at c = chunks), one state per item
+// updated in place or, with `every_chunk`, each chunk's apart; item i's solve record of chunk c.
+struct Records {
+  Records(const Params& p, bool every_chunk)
+      : chunk_state(every_chunk ? size_t(p.K) * p.pack * p.V : 0),
+        item_states(size_t(p.K) * p.pack * p.V * (every_chunk ? size_t(chunk_count(p)) + 1 : 1)),
+        record(solve_record_floats(p)),
+        item_records(record * size_t(chunk_count(p))) {}
+  template <class Float>
+  Float* state(Float* states, int i, int c) const {
+    return states + size_t(i) * item_states + size_t(c) * chunk_state;
+  }
+  template <class Float>
+  Float* solve(Float* solves, int i, int c) const {
+    return solves + size_t(i) * item_records + size_t(c) * record;
+  }
+  size_t chunk_state, item_states, record, item_records;
+};
+
 template <class Ops>
-void forward_sequence(const Params& p, int64_t first, int count, void* workspace, float* H, float* states,
+void forward_sequence(const Params& p, int64_t first, int count, void* workspace, float* states, bool every_chunk,
                       float* solves, bool write_y) {
   Chunk ch(p, workspace);
-  const int chunks = chunk_count(p);
-  const size_t KV = size_t(ch.K) * ch.VW, per_item = KV * size_t(chunks + 1);
-  const size_t record = solve_record_floats(p), records_per_item = record * size_t(chunks);
+  const Records records(p, every_chunk);
   const int parts = Loader<Ops>::keys_values | (write_y ? Loader<Ops>::with_queries : 0);
-  // Item i's state at the start of chunk c.
-  const auto state = [&](int i, int c) {
-    return states ? states + size_t(i) * per_item + size_t(c) * KV : H + size_t(i) * KV;
-  };
-  for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, state(i, 0));
+  for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, records.state(states, i, 0));
   for (int c = 0, t0 = 0; t0 < p.S; ++c, t0 += ch.C)
     for (int i = 0; i < count; ++i) {
       const Item item = item_at(p, first + i);
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
-      if (i + 1 < count)
-        Loader<Ops>{p, item_at(p, first + i + 1)}.prefetch(t0, parts);
-      else if (t0 + ch.C < p.S)
-        Loader<Ops>{p, item_at(p, first)}.prefetch(t0 + ch.C, parts);
-      const float* H0 = state(i, c);
+      prefetch_next<Ops>(p, first, count, i, t0, t0 + ch.C, parts);
+      const float* H0 = records.state(states, i, c);
       if (ch.delta) prepare_delta<Ops>(p, ch);
       state_products<Ops>(ch, H0, write_y);
       if (ch.delta) delta_values<Ops>(p, ch);
-      if (ch.delta && solves) keep_solve(p, ch, solves + size_t(i) * records_per_item + size_t(c) * record);
-      output_and_update<Ops>(p, item, t0, ch, H0, state(i, c + 1), write_y);
+      if (ch.delta && solves) keep_solve(p, ch, records.solve(solves, i, c));
+      output_and_update<Ops>(p, item, t0, ch, H0, records.state(states, i, c + 1), write_y);
     }
   if (p.ht.present())
-    for (int i = 0; i < count; ++i) item_at(p, first + i).store_state(p.ht, state(i, chunks));
+    for (int i = 0; i < count; ++i) item_at(p, first + i).store_state(p.ht, records.state(states, i, chunk_count(p)));
 }
 
 }  // namespace

@@ -187,5 +187,16 @@ struct Loader {
   }
 };
 
+// In a walk over the items first .. first + count - 1 in lockstep, chunk by chunk, once item i's
+// chunk at t0 is loaded: asks for the rows the walk loads next, item i + 1's chunk at t0 or, after
+// the last item, the first item's chunk at next_t0 (none where next_t0 is outside the sequence).
+template <class Ops>
+void prefetch_next(const Params& p, int64_t first, int count, int i, int t0, int next_t0, int parts) {
+  if (i + 1 < count)
+    Loader<Ops>{p, item_at(p, first + i + 1)}.prefetch(t0, parts);
+  else if (next_t0 >= 0 && next_t0 < p.S)
+    Loader<Ops>{p, item_at(p, first)}.prefetch(next_t0, parts);
+}
+
 }  // namespace
 }  // namespace flat::cpu::stages
