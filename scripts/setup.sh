@@ -4,7 +4,7 @@
 # ~/.cache/flat-venv) with torch, jax, the package's build tools, flat.train's needs (tqdm,
 # safetensors, matplotlib) and flat.transformers' (transformers). Prints nothing when all is there.
 set -euo pipefail
-packages=(cmake g++ make libgtest-dev)
+packages=(cmake ninja-build g++ make libgtest-dev)
 # Debian's python3 needs its venv module and headers; another python3 (pyenv's, say) has them.
 if ! command -v python3 > /dev/null || [ "$(command -v python3)" = /usr/bin/python3 ]; then
   packages+=(python3 python3-venv python3-dev)
