@@ -1,7 +1,12 @@
 """The operations' signatures, shared by flat.torch and flat.jax: one function per variant, named as
 ``flat run`` names it, with FLA's argument names where the meaning is the same.
 
-Common keyword arguments: scale (None: K^-1/2; else a finite number), initial_state [B, H, K, V]
+Where FLA 0.6 has the function (chunk_linear_attn, chunk_simple_gla, chunk_gla, chunk_delta_rule,
+chunk_gated_delta_rule, chunk_kda, chunk_gdn2), its arguments come in FLA's positional order as far
+as that order runs through arguments flat has (to cu_seqlens, or kda's lower_bound); the rest, and
+flat's own options, are keyword-only.
+
+Common arguments: scale (None: K^-1/2; else a finite number), initial_state [B, H, K, V]
 (float32; a bfloat16 or float16 one is widened to float32 for the kernel, its gradient coming back in
 its dtype), output_final_state, chunk_size (a multiple of 16 from 16 to 256), use_qk_l2norm_in_kernel,
 check_values (refuse gates above 0 and non-finite gates, strengths and states), state_v_first
@@ -56,8 +61,7 @@ class Xp(NamedTuple):
     softplus: Callable
     exp: Callable
     swap: Callable  # the last two axes swapped
-    cumsum_t: Callable  # the cumulative sum along axis 1 (T)
-    sum_last: Callable  # the sum over the last axis, kept
+    ones: Callable  # float32 ones of a shape
     activations: dict  # the norm's activations by the library's names (silu, sigmoid, none)
 
 
@@ -150,11 +154,11 @@ def without_normalize(la, name: str):
     exchanged."""
 
     def la_without_normalize(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False,
-                             **kwargs):
+                             cu_seqlens=None, **kwargs):
         if normalize:
             raise ValueError(f"{name}: la: normalize divides by the sum of every key before each token, which the "
                              "states exchanged do not carry; not supported")
-        return la(q, k, v, scale, initial_state, output_final_state, **kwargs)
+        return la(q, k, v, scale, initial_state, output_final_state, False, cu_seqlens, **kwargs)
 
     la_without_normalize.__doc__ = la.__doc__
     return la_without_normalize
@@ -173,27 +177,31 @@ def variant_functions(_run, xp: Xp):
             final_state = xp.swap(final_state)
         return o, final_state
 
-    def la(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False, *, chunk_size=64,
-           use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False, cu_seqlens=None,
+    def la(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=False, cu_seqlens=None, *,
+           chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False,
            initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
         """Linear attention: H_t = H_{t-1} + k_t v_t^T, o_t = scale H_t^T q_t. With normalize=True
         (FLA's chunk_linear_attn default; flat's default is False) o_t is divided by
-        <scale q_t, sum_{s<=t} k_s> + 1e-10, as FLA 0.6 does (one sequence per batch row from a zero
-        state: refused with an initial state, cu_seqlens or a pool, whose key sums the state does not
-        carry, and with use_qk_l2norm_in_kernel)."""
+        <scale q_t, z_t> + 1e-10, z_t = z_0 + sum_{s<=t} k_s the sum of the keys seen, as FLA 0.6 does;
+        the state is then FLA's pair (kv, z): kv the state above, z [N, 1, H, K] (a tensor alone is
+        kv, with z_0 = 0), and the final state the pair (kv, z), both float32. The key sum is this
+        recurrence with a value of 1, run by the same kernel in float32, so each sequence of
+        cu_seqlens has its own; a pool (initial_state_indices, final_state_indices,
+        token_state_indices), whose rows hold no key sum, is refused with it."""
         sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
-        if normalize:
-            _check_normalize(q, k, v, initial_state, sequences, use_qk_l2norm_in_kernel)
-        o, final_state = run("la", q, k, v, scale=scale, initial_state=initial_state,
-                             output_final_state=output_final_state, chunk_size=chunk_size,
-                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", precision=precision,
-                             gate_group=None, check_values=check_values, sequences=sequences,
-                             state_v_first=state_v_first)
-        if normalize:
-            s = float(scale) if scale is not None else int(q.shape[3]) ** -0.5
-            z = xp.sum_last(xp.float32(q) * s * xp.cumsum_t(xp.float32(k)))
-            o = xp.cast_like(xp.float32(o) / (z + 1e-10), o)
-        return o, final_state
+        options = dict(scale=scale, output_final_state=output_final_state, chunk_size=chunk_size,
+                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", precision=precision,
+                       gate_group=None, check_values=check_values, sequences=sequences)
+        kv0, z0 = _normalize_state(q, k, v, initial_state, sequences, normalize)
+        o, kv = run("la", q, k, v, initial_state=kv0, state_v_first=state_v_first, **options)
+        if not normalize:
+            return o, kv
+        H, K = q.shape[2], q.shape[3]
+        z0 = None if z0 is None else xp.float32(z0).reshape((z0.shape[0], H, K, 1))
+        qz, z = run("la", xp.float32(q), xp.float32(k), xp.ones(tuple(q.shape[:3]) + (1,)), initial_state=z0,
+                    state_v_first=False, **options)
+        o = xp.cast_like(xp.float32(o) / (qz + 1e-10), o)
+        return o, ((kv, z.reshape((z.shape[0], 1, H, K))) if output_final_state else None)
 
     def retnet(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, *, g_gamma=None,
                chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False,
@@ -210,12 +218,12 @@ def variant_functions(_run, xp: Xp):
                    gate_group=None, check_values=check_values, state_v_first=state_v_first,
                    sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
 
-    def mamba2(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, *, g_gamma=None,
-               chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False,
-               cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None,
+    def mamba2(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+               state_v_first=False, cu_seqlens=None, *, chunk_size=64, use_qk_l2norm_in_kernel=False,
+               check_values=True, initial_state_indices=None, final_state_indices=None, token_state_indices=None,
                precision="exact"):
-        """Mamba-2 (SSD), FLA's simple GLA: H_t = exp(g_t) H_{t-1} + k_t v_t^T with g [B, T, H]; FLA's
-        g_gamma [H], a log-decay per head, is added to g (alone, it is retnet)."""
+        """Mamba-2 (SSD), FLA's simple GLA (chunk_simple_gla's arguments and order): H_t = exp(g_t) H_{t-1} +
+        k_t v_t^T with g [B, T, H]; g_gamma [H], a log-decay per head, is added to g (alone, it is retnet)."""
         sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
         options = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                        chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
@@ -232,10 +240,11 @@ def variant_functions(_run, xp: Xp):
             g = xp.float32(g) + xp.float32(g_gamma)
         return run("mamba2", q, k, v, g, **options)
 
-    def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-            use_qk_l2norm_in_kernel=False, check_values=True, state_v_first=False, cu_seqlens=None,
+    def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
+            cu_seqlens=None, *, chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True,
             initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
-        """Gated linear attention: H_t = Diag(exp(g_t)) H_{t-1} + k_t v_t^T with g [B, T, H, K]."""
+        """Gated linear attention (FLA's chunk_gla): H_t = Diag(exp(g_t)) H_{t-1} + k_t v_t^T with
+        g [B, T, H, K]."""
         return run("gla", q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                    chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
                    precision=precision, gate_group=None, check_values=check_values, state_v_first=state_v_first,
@@ -256,36 +265,36 @@ def variant_functions(_run, xp: Xp):
                    gate_group=a.get("gate_group"), check_values=a["check_values"], state_v_first=a["state_v_first"],
                    sequences=sequences)
 
-    def deltanet(q, k, v, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-                 use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                 solve="auto", check_values=True, state_v_first=False, cu_seqlens=None,
+    def deltanet(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                 use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, chunk_size=64, use_beta_sigmoid_in_kernel=False,
+                 allow_neg_eigval=False, solve="auto", check_values=True, state_v_first=False,
                  initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
-        """DeltaNet: H_t = (I - beta_t k_t k_t^T) H_{t-1} + beta_t k_t v_t^T with beta [B, T, H]."""
+        """DeltaNet (FLA's chunk_delta_rule): H_t = (I - beta_t k_t k_t^T) H_{t-1} + beta_t k_t v_t^T with
+        beta [B, T, H]."""
         return delta_rule("deltanet", locals())
 
-    def gated_deltanet(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-                       use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, solve="auto", check_values=True,
-                       state_v_first=False, cu_seqlens=None, initial_state_indices=None, final_state_indices=None,
-                       token_state_indices=None, precision="exact"):
+    def gated_deltanet(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                       use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                       state_v_first=False, cu_seqlens=None, *, chunk_size=64, use_gate_in_kernel=False, A_log=None,
+                       dt_bias=None, solve="auto", check_values=True, initial_state_indices=None,
+                       final_state_indices=None, token_state_indices=None, precision="exact"):
         """Gated DeltaNet (FLA's chunk_gated_delta_rule): H_t = exp(g_t) (I - beta_t k_t k_t^T) H_{t-1} +
         beta_t k_t v_t^T with g, beta [B, T, H]."""
         return delta_rule("gated_deltanet", locals())
 
-    def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-            use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-            solve="auto", gate_group=None, check_values=True, state_v_first=False, cu_seqlens=None,
-            initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
-        """Kimi Delta Attention: H_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) H_{t-1} + beta_t k_t v_t^T with
-        g [B, T, H, K] (or [B, T, H, K/G] per group of G channels), beta [B, T, H]."""
+    def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+            use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
+            lower_bound=None, *, chunk_size=64, A_log=None, dt_bias=None, solve="auto", gate_group=None,
+            check_values=True, state_v_first=False, cu_seqlens=None, initial_state_indices=None,
+            final_state_indices=None, token_state_indices=None, precision="exact"):
+        """Kimi Delta Attention (FLA's chunk_kda): H_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) H_{t-1} +
+        beta_t k_t v_t^T with g [B, T, H, K] (or [B, T, H, K/G] per group of G channels), beta [B, T, H]."""
         return delta_rule("kda", locals())
 
-    def gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
-             use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None, safe_gate=False,
+    def gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+             use_gate_in_kernel=False, cu_seqlens=None, *, chunk_size=64, A_log=None, dt_bias=None, safe_gate=False,
              lower_bound=None, solve="auto", gate_group=None, check_values=True, state_v_first=False,
-             cu_seqlens=None, initial_state_indices=None, final_state_indices=None, token_state_indices=None,
-             precision="exact"):
+             initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
         """Gated DeltaNet-2 (FLA's chunk_gdn2): H_t = (I - k_t (b_t * k_t)^T) Diag(exp(g_t)) H_{t-1} +
         k_t (w_t * v_t)^T, kda with an erase gate b [B, T, H, K] and a write gate w [B, T, H, V] in place
         of beta."""
@@ -311,21 +320,37 @@ def variant_functions(_run, xp: Xp):
     return {f.__name__: f for f in (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla)}
 
 
-def _check_normalize(q, k, v, initial_state, sequences: Sequences, use_qk_l2norm_in_kernel: bool) -> None:
-    if initial_state is not None:
-        raise ValueError(f"flat: normalize: divides by the sum of the keys seen, which a state does not carry, so it "
-                         f"takes no initial_state (FLA 0.6 leaves the state's keys out), got initial_state "
-                         f"{list(initial_state.shape)}")
-    given = [name for name, x in sequences._asdict().items() if x is not None]
-    if given:
-        raise ValueError(f"flat: normalize: takes one sequence per batch row from a zero state (as FLA's "
-                         f"chunk_linear_attn), got {', '.join(given)}")
-    if use_qk_l2norm_in_kernel:
-        raise ValueError("flat: normalize: is FLA's chunk_linear_attn's, which has no use_qk_l2norm_in_kernel; "
-                         "normalize q and k before the call, got use_qk_l2norm_in_kernel=True")
-    if len(q.shape) == 4 and len(k.shape) == 4 and len(v.shape) == 4 and not q.shape[2] == k.shape[2] == v.shape[2]:
-        raise ValueError(f"flat: normalize: expected q, k and v with one head count, got q {list(q.shape)}, "
-                         f"k {list(k.shape)}, v {list(v.shape)}")
+def _normalize_state(q, k, v, initial_state, sequences: Sequences, normalize: bool):
+    """la's initial state as (kv, z): with normalize, FLA's pair (kv, z) or a tensor kv (z None),
+    checked with the arguments normalize needs; without it, a state tensor (a pair refused)."""
+    pair = isinstance(initial_state, (tuple, list))
+    if not normalize:
+        if pair:
+            raise ValueError("flat: initial_state: expected a state [B, H, K, V] (the pair (kv, z) is la's state with "
+                             f"normalize=True), got a {type(initial_state).__name__} with normalize=False")
+        return initial_state, None
+    pools = [name for name, x in sequences._asdict().items() if x is not None and name != "cu_seqlens"]
+    if pools:
+        raise ValueError(f"flat: normalize: divides by the sum of the keys seen, which a pool's rows do not hold, so "
+                         f"it takes no pool, got {', '.join(pools)}")
+    shapes = [tuple(x.shape) if hasattr(x, "shape") else () for x in (q, k, v)]
+    if all(len(shape) == 4 for shape in shapes) and not shapes[0][2] == shapes[1][2] == shapes[2][2]:
+        raise ValueError(f"flat: normalize: expected q, k and v with one head count, got q {list(shapes[0])}, "
+                         f"k {list(shapes[1])}, v {list(shapes[2])}")
+    if not pair:
+        return initial_state, None
+    if len(initial_state) != 2:
+        raise ValueError(f"flat: initial_state: expected a tensor or the pair (kv, z) with normalize=True, got a "
+                         f"{type(initial_state).__name__} of {len(initial_state)}")
+    kv, z = initial_state
+    if z is not None and len(shapes[0]) == 4:
+        N = len(sequences.cu_seqlens) - 1 if sequences.cu_seqlens is not None else shapes[0][0]
+        want = (N, 1, shapes[0][2], shapes[0][3])
+        got = tuple(z.shape) if hasattr(z, "shape") else type(z).__name__
+        if got != want:
+            raise ValueError(f"flat: initial_state: expected the pair's key sum z [N, 1, H, K] = {list(want)} with "
+                             f"normalize=True, got {list(got) if isinstance(got, tuple) else got}")
+    return kv, z
 
 
 def norm_gate(xp, x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps, norm_before_gate, kernel):

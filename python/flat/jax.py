@@ -227,8 +227,7 @@ def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_
 _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                narrow_float=lambda x: jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)),
                cast_like=lambda x, y: x.astype(y.dtype), sigmoid=jax.nn.sigmoid, softplus=jax.nn.softplus, exp=jnp.exp,
-               swap=lambda x: jnp.swapaxes(x, -1, -2), cumsum_t=lambda x: jnp.cumsum(x, axis=1),
-               sum_last=lambda x: jnp.sum(x, axis=-1, keepdims=True),
+               swap=lambda x: jnp.swapaxes(x, -1, -2), ones=lambda shape: jnp.ones(shape, jnp.float32),
                activations={"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))

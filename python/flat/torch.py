@@ -335,8 +335,8 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
 
 _XP = _api.Xp(float32=lambda x: x.float(), narrow_float=lambda x: x.dtype in (torch.bfloat16, torch.float16),
                cast_like=lambda x, y: x.to(y.dtype), sigmoid=torch.sigmoid, softplus=torch.nn.functional.softplus,
-               exp=torch.exp, swap=lambda x: x.transpose(-1, -2), cumsum_t=lambda x: torch.cumsum(x, 1),
-               sum_last=lambda x: x.sum(-1, keepdim=True),
+               exp=torch.exp, swap=lambda x: x.transpose(-1, -2),
+               ones=lambda shape: torch.ones(shape, dtype=torch.float32),
                activations={"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))

@@ -3,9 +3,11 @@ as any framework op does; a scale that is not a finite number, an initial_state 
 state's, an empty cu_seqlens, index values that JAX would narrow, an unknown solve or precision name
 reaching the FFI directly, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
 arguments (a bfloat16 initial_state, state_v_first, the gate and beta formed around the kernel,
-g_gamma, la's normalize, conv's and rms_norm_gated's activation, bias, residual and defaults) against
-plain PyTorch formulas, and refused by name where they do not fit."""
+g_gamma, la's normalize with FLA's state pair, conv's and rms_norm_gated's activation, bias, residual
+and defaults) against plain PyTorch formulas, and refused by name where they do not fit; FLA's
+positional order of each function flat shares."""
 
+import inspect
 import re
 
 import numpy as np
@@ -411,20 +413,124 @@ def test_g_gamma_is_retnet_s_gate_and_adds_to_simple_gla_s():
         ft.mamba2(a["q"], a["k"], a["v"], g, g_gamma=torch.zeros(3))
 
 
+def normalized_la(q, k, v, kv0, z0, scale=K ** -0.5):
+    """FLA's chunk_linear_attn with normalize=True written out: o_t = <scale q_t, kv0 + sum_{s<=t}
+    k_s v_s^T> / (<scale q_t, z0 + sum_{s<=t} k_s> + 1e-10); returns o and the final pair (kv, z)."""
+    kv = kv0[:, None] + torch.einsum("bthk,bthv->bthkv", k, v).cumsum(1)
+    z = z0 + k.cumsum(1)
+    o = torch.einsum("bthk,bthkv->bthv", q * scale, kv) / ((q * scale * z).sum(-1, keepdim=True) + 1e-10)
+    return o, (kv[:, -1], z[:, -1:])
+
+
+def positive_features(B=2, T=40, seed=0):
+    """q and k through elu + 1 (normalize's use, a positive feature map, so no denominator nears 0),
+    v, and FLA's state pair (kv [B, H, K, V], z [B, 1, H, K]) of 7 earlier tokens."""
+    torch.manual_seed(seed)
+    q, k, k0 = (F.elu(torch.randn(B, n, H, K)) + 1 for n in (T, T, 7))
+    v, v0 = torch.randn(B, T, H, V), torch.randn(B, 7, H, V)
+    return q, k, v, (torch.einsum("bthk,bthv->bhkv", k0, v0), k0.sum(1, keepdim=True))
+
+
 def test_la_normalize_is_fla_s_chunk_linear_attn_normalize():
-    a = fla_inputs()
-    l1, l2 = leaves(a["q"], a["k"], a["v"]), leaves(a["q"], a["k"], a["v"])
-    o1, _ = ft.la(*l1, normalize=True)
-    o, _ = ft.la(*l2)
-    z = ((l2[0] * K ** -0.5) * l2[1].cumsum(1)).sum(-1, keepdim=True)
-    o2 = o / (z + 1e-10)
-    assert_close([o1], [o2])
-    assert_close(grads([o1], l1), grads([o2], l2), rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match="flat: normalize: divides by the sum of the keys seen, which a state does "
-                                         "not carry"):
-        ft.la(a["q"], a["k"], a["v"], initial_state=a["h0"], normalize=True)
-    with pytest.raises(ValueError, match="flat: normalize: takes one sequence per batch row from a zero state"):
-        ft.la(a["q"][:1], a["k"][:1], a["v"][:1], normalize=True, cu_seqlens=torch.tensor([0, 40]))
+    """FLA 0.6's normalize with its state pair (kv, z), z the key sum: o, the final pair and every
+    gradient against the formula in float64; a tensor alone is kv with the key sum from zero."""
+    q, k, v, (kv0, z0) = positive_features()
+    l1 = leaves(q, k, v, kv0, z0)
+    o1, (kv1, z1) = ft.la(*l1[:3], initial_state=(l1[3], l1[4]), output_final_state=True, normalize=True)
+    l2 = leaves(*(t.double() for t in (q, k, v, kv0, z0)))
+    o2, (kv2, z2) = normalized_la(*l2)
+    assert kv1.dtype == z1.dtype == torch.float32 and z1.shape == (2, 1, H, K)
+    assert_close([o1.double(), kv1.double(), z1.double()], [o2, kv2, z2])
+    assert_close([d.double() for d in grads([o1, kv1, z1], l1)], grads([o2, kv2, z2], l2), rtol=1e-4, atol=1e-5)
+    o3, (_, z3) = ft.la(q, k, v, initial_state=kv0, output_final_state=True, normalize=True)
+    o4, (_, z4) = normalized_la(*(t.double() for t in (q, k, v, kv0, torch.zeros_like(z0))))
+    assert_close([o3.double(), z3.double()], [o4, z4])
+    assert ft.la(q, k, v, normalize=True)[1] is None
+
+
+def test_la_normalize_chains_calls_and_packs_sequences():
+    """The pair passed from one call to the next gives the one call's output and state; packed with
+    cu_seqlens (FLA's eighth positional argument), each sequence has its own key sum: bitwise each
+    sequence alone."""
+    q, k, v, state = positive_features()
+    o, (kv, z) = ft.la(q, k, v, None, state, True, True)
+    o1, s1 = ft.la(q[:, :17], k[:, :17], v[:, :17], initial_state=state, output_final_state=True, normalize=True)
+    o2, (kv2, z2) = ft.la(q[:, 17:], k[:, 17:], v[:, 17:], initial_state=s1, output_final_state=True, normalize=True)
+    assert_close([torch.cat([o1, o2], 1), kv2, z2], [o, kv, z])
+    packed = [t.reshape(1, 80, H, -1) for t in (q, k, v)]
+    op, (kvp, zp) = ft.la(*packed, None, state, True, True, torch.tensor([0, 40, 80]))
+    assert torch.equal(op, o.reshape(1, 80, H, V)) and torch.equal(kvp, kv) and torch.equal(zp, z)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q, k, v, s: ft.la(q, k, v, initial_state=s), r"flat: initial_state: expected a state \[B, H, K, V\] "
+     r"\(the pair \(kv, z\) is la's state with normalize=True\), got a tuple with normalize=False"),
+    (lambda q, k, v, s: ft.la(q, k, v, initial_state=(s[0], s[1][:, :, :1]), normalize=True),
+     r"flat: initial_state: expected the pair's key sum z \[N, 1, H, K\] = \[2, 1, 2, 16\] with normalize=True, "
+     r"got \[2, 1, 1, 16\]"),
+    (lambda q, k, v, s: ft.la(q, k, v, initial_state=s + s, normalize=True),
+     "flat: initial_state: expected a tensor or the pair \\(kv, z\\) with normalize=True, got a tuple of 4"),
+    (lambda q, k, v, s: ft.la(q, k, v, initial_state=torch.zeros(4, H, K, V), normalize=True,
+                              initial_state_indices=torch.tensor([0, 1])),
+     "flat: normalize: divides by the sum of the keys seen, which a pool's rows do not hold, so it takes no pool, "
+     "got initial_state_indices"),
+])
+def test_la_normalize_refusals(call, message):
+    q, k, v, state = positive_features()
+    with pytest.raises(ValueError, match=message):
+        call(q, k, v, state)
+
+
+def test_jax_la_normalize_takes_the_pair_as_flat_torch():
+    jax, jnp, fj = jax_modules()
+    q, k, v, (kv0, z0) = positive_features()
+    J = lambda t: jnp.asarray(t.numpy())  # noqa: E731
+    o, (kv, z) = ft.la(q, k, v, initial_state=(kv0, z0), output_final_state=True, normalize=True)
+    oj, (kvj, zj) = jax.jit(lambda *x: fj.la(*x[:3], None, (x[3], x[4]), True, True))(*map(J, (q, k, v, kv0, z0)))
+    for got, want in ((oj, o), (kvj, kv), (zj, z)):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-6, atol=1e-6)
+
+
+# FLA 0.6's positional order of each function flat has (FLA's signatures, written out): flat takes it
+# up to the first argument it lacks, the rest keyword-only.
+FLA_POSITIONAL = {
+    "la": ["q", "k", "v", "scale", "initial_state", "output_final_state", "normalize", "cu_seqlens"],
+    "mamba2": ["q", "k", "v", "g", "g_gamma", "scale", "initial_state", "output_final_state", "state_v_first",
+               "cu_seqlens", "cu_seqlens_cpu"],
+    "gla": ["q", "k", "v", "g", "scale", "initial_state", "output_final_state", "state_v_first", "cu_seqlens",
+            "cu_seqlens_cpu"],
+    "deltanet": ["q", "k", "v", "beta", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel",
+                 "cu_seqlens", "cu_seqlens_cpu"],
+    "gated_deltanet": ["q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state",
+                       "use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first",
+                       "cu_seqlens", "cu_seqlens_cpu", "chunk_indices", "cp_context"],
+    "kda": ["q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel",
+            "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "safe_gate", "lower_bound",
+            "disable_recompute", "return_intermediate_states", "state_v_first", "cu_seqlens"],
+    "gdn2": ["q", "k", "v", "g", "b", "w", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel",
+             "use_gate_in_kernel", "cu_seqlens", "cu_seqlens_cpu", "safe_gate", "lower_bound"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(FLA_POSITIONAL))
+def test_functions_take_fla_s_positional_order(variant):
+    fla = FLA_POSITIONAL[variant]
+    parameters = inspect.signature(getattr(ft, variant)).parameters
+    positional = [n for n, p in parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    shared = next((i for i, name in enumerate(fla) if name not in parameters), len(fla))
+    assert positional == fla[:shared]
+    assert all(parameters[name].kind == inspect.Parameter.KEYWORD_ONLY for name in fla[shared:] if name in parameters)
+
+
+def test_a_positional_call_in_fla_s_order_is_the_keyword_call():
+    a = fla_inputs(B=1, T=20)
+    g, beta, cu = a["g"][..., 0], a["beta"], torch.tensor([0, 7, 20])
+    h0 = torch.randn(2, H, K, V)
+    o, ht = ft.gated_deltanet(a["q"], a["k"], a["v"], g, beta, 0.3, h0, True, True, True, True, False, cu)
+    o2, ht2 = ft.gated_deltanet(a["q"], a["k"], a["v"], g, beta, scale=0.3, initial_state=h0, output_final_state=True,
+                                use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                                cu_seqlens=cu)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
 
 
 def test_conv_activation_is_fla_s():
