@@ -1,7 +1,9 @@
 """flat.compat.fla against transformers' own torch fallbacks of FLA's functions (Qwen3.5's gated
 delta rule, Kimi Linear's KDA), in float32: outputs and final states within 1e-5, gradients of every
 input within 1e-4, by relative L2 per tensor; bfloat16 inputs within flat's bfloat16 bounds of the
-float32 fallback on the same rounded values."""
+float32 fallback on the same rounded values. GDN-2 (chunk_gdn2, fused_recurrent_gdn2) against its
+recurrence written out, and FLA's short convolution (causal_conv1d, causal_conv1d_update) with FLA's
+state [N, D, W] against the convolution written out."""
 
 import warnings
 
@@ -353,3 +355,148 @@ def test_bad_inputs():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gdn(**x, chunk_indices=None, cu_seqlens_cpu=None)
+
+
+# ---- GDN-2 ---------------------------------------------------------------------------------------
+
+
+def gdn2_naive(q, k, v, g, b, w, initial_state):
+    """GDN-2's recurrence token by token, H = (I - k (b * k)^T) Diag(exp(g)) H + k (w * v)^T,
+    o = scale H^T q (GVA by repeating q, k)."""
+    HV = v.shape[2]
+    q, k = _repeat(q, HV) * K ** -0.5, _repeat(k, HV)
+    S, out = initial_state, []
+    for t in range(q.shape[1]):
+        S = S * g[:, t].exp()[..., None]
+        S = S - k[:, t][..., None] * ((b[:, t] * k[:, t])[..., None] * S).sum(-2, keepdim=True)
+        S = S + k[:, t][..., None] * (w[:, t] * v[:, t])[..., None, :]
+        out.append((S * q[:, t][..., None]).sum(-2))
+    return torch.stack(out, 1), S
+
+
+def gdn2_inputs(B, T, H, HV, seed=0):
+    x = inputs(B, T, H, HV, True, True, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    del x["beta"]
+    x.update(b=2 * torch.rand(B, T, HV, K, generator=gen), w=torch.rand(B, T, HV, V, generator=gen))
+    return x
+
+
+@pytest.mark.parametrize("fn", [fla.chunk_gdn2, fla.fused_recurrent_gdn2])
+def test_gdn2_is_its_recurrence(fn):
+    """FLA 0.6's chunk_gdn2 and fused_recurrent_gdn2 against GDN-2's recurrence written out, GVA
+    (two value heads on one key head), outputs, final state and every input's gradient."""
+    x = gdn2_inputs(1, 17, 1, 2)
+    ours = run(fn, x, output_final_state=True)
+    compare(ours, run(gdn2_naive, x, ours[3]))
+
+
+def test_gdn2_gate_in_kernel_state_v_first_and_packed():
+    x = gdn2_inputs(1, 12, 1, 2)
+    gen = torch.Generator().manual_seed(9)
+    raw, A_log, dt_bias = torch.randn(1, 12, 2, K, generator=gen), torch.randn(2, generator=gen), torch.randn(2 * K)
+    gate = -A_log.exp().view(2, 1) * F.softplus(raw + dt_bias.view(2, K))
+    want, state = fla.chunk_gdn2(**dict(x, g=gate), output_final_state=True)
+    got, got_state = fla.chunk_gdn2(**dict(x, g=raw), output_final_state=True, use_gate_in_kernel=True, A_log=A_log,
+                                    dt_bias=dt_bias)
+    assert rel(got, want) <= OUT and rel(got_state, state) <= OUT
+    got, got_state = fla.fused_recurrent_gdn2(x["q"], x["k"], x["v"], raw, x["b"], x["w"], A_log, dt_bias,
+                                              initial_state=x["initial_state"], output_final_state=True,
+                                              use_gate_in_kernel=True)
+    assert rel(got, want) <= OUT and rel(got_state, state) <= OUT
+    x_vf = dict(x, initial_state=x["initial_state"].transpose(-1, -2).contiguous(), g=gate)
+    o_vf, state_vf = fla.chunk_gdn2(**x_vf, output_final_state=True, state_v_first=True)
+    assert torch.equal(o_vf, want) and torch.equal(state_vf, state.transpose(-1, -2))
+    two = {n: torch.cat([t, t]) for n, t in dict(x, g=gate).items()}
+    packed = {n: t.reshape(1, 24, *t.shape[2:]) if n != "initial_state" else t for n, t in two.items()}
+    o, states = fla.chunk_gdn2(**packed, output_final_state=True, cu_seqlens=torch.tensor([0, 12, 24]))
+    assert torch.equal(o, torch.cat([want, want], 1)) and torch.equal(states, torch.cat([state, state]))
+    bf = dict(x, g=gate, q=x["q"].bfloat16(), k=x["k"].bfloat16())
+    assert fla.chunk_gdn2(**bf)[0].dtype == torch.bfloat16 and fla.fused_recurrent_gdn2(**bf)[0].dtype == torch.float32
+
+
+def test_gdn2_bad_inputs():
+    x = gdn2_inputs(1, 4, 1, 2)
+    _raises("chunk_size", fla.chunk_gdn2, **x, chunk_size=32)
+    _raises("b", fla.chunk_gdn2, **dict(x, b=x["b"][..., :1]))
+    _raises("w", fla.fused_recurrent_gdn2, **dict(x, w=x["w"][..., :1]))
+    _raises("g", fla.chunk_gdn2, **dict(x, g=x["g"][..., 0]))
+    _raises("A_log", fla.chunk_gdn2, **x, use_gate_in_kernel=True)
+    _raises("lower_bound", fla.chunk_gdn2, **x, use_gate_in_kernel=True, safe_gate=True, lower_bound=-6.0)
+    _raises("return_intermediate_states", fla.chunk_gdn2, **x, return_intermediate_states=True)
+    _raises("cp_context", fla.chunk_gdn2, **x, cp_context=object())
+
+
+# ---- The short convolution with FLA's state [N, D, W] ------------------------------------------
+
+
+def fla_conv_ref(x, weight, bias=None, residual=None, initial_state=None, activation=None, output_final_state=False,
+                 cu_seqlens=None):
+    """FLA's causal_conv1d written out, sequence by sequence: its W state columns, then its tokens,
+    convolved (each window of W ending at a token), the activation, the residual; the final state
+    each sequence's last W inputs."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    spans = [(b, 0, T) for b in range(B)] if cu_seqlens is None else [
+        (0, s, e) for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())]
+    ys, finals = [], []
+    for n, (row, s, e) in enumerate(spans):
+        history = x.new_zeros(D, W) if initial_state is None else initial_state[n].to(x.dtype)
+        inputs = torch.cat([history, x[row, s:e].T], 1)
+        y = F.conv1d(inputs[None, :, 1:], weight[:, None, :], bias, groups=D)[0].T
+        ys.append(F.silu(y) if activation in ("silu", "swish") else y)
+        finals.append(inputs[:, -W:])
+    y = torch.stack(ys) if cu_seqlens is None else torch.cat(ys)[None]
+    return (y if residual is None else y + residual), (torch.stack(finals) if output_final_state else None)
+
+
+def conv_inputs(B, T, D, W, N=None, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return dict(x=torch.randn(B, T, D, generator=gen).to(dtype), weight=torch.randn(D, W, generator=gen),
+                bias=torch.randn(D, generator=gen), residual=torch.randn(B, T, D, generator=gen).to(dtype),
+                initial_state=torch.randn(N or B, D, W, generator=gen).to(dtype))
+
+
+@pytest.mark.parametrize("cu_seqlens", [None, torch.tensor([0, 2, 9])])
+def test_causal_conv1d_takes_fla_s_state(cu_seqlens):
+    """FLA 0.6's causal_conv1d with its state [N, D, W]: output, final state (each sequence's last W
+    inputs, one shorter than W reaching into its initial state) and every input's gradient."""
+    x = conv_inputs(2, 9, 6, 4) if cu_seqlens is None else conv_inputs(1, 9, 6, 4, N=2)
+    ours = run(fla.causal_conv1d, x, activation="silu", output_final_state=True, cu_seqlens=cu_seqlens)
+    assert ours[1].shape == x["initial_state"].shape
+    compare(ours, run(fla_conv_ref, x, ours[3], activation="silu", output_final_state=True, cu_seqlens=cu_seqlens))
+
+
+def test_causal_conv1d_keeps_x_s_dtype_and_chains_with_its_update():
+    """A bfloat16 state in and out (x's dtype, as FLA's), its columns the inputs themselves; then
+    causal_conv1d_update, one token per sequence, continues the state in place as the one call over
+    every token does."""
+    x = conv_inputs(2, 7, 6, 3, dtype=torch.bfloat16)
+    y, state = fla.causal_conv1d(**x, output_final_state=True)
+    ref_y, ref_state = fla_conv_ref(**{n: t.float() for n, t in x.items()}, output_final_state=True)
+    assert y.dtype == state.dtype == torch.bfloat16 and torch.equal(state, ref_state.bfloat16())
+    assert rel(y, ref_y) <= 5e-3
+    x32 = conv_inputs(2, 7, 6, 3)
+    whole, final = fla.causal_conv1d(**x32, activation="swish", output_final_state=True)
+    head = {n: t[:, :6] if n in ("x", "residual") else t for n, t in x32.items()}
+    _, cache = fla.causal_conv1d(**head, activation="swish", output_final_state=True)
+    for shape in ((2, 6), (1, 2, 6), (2, 1, 6)):
+        step = cache.clone()
+        y_last, returned = fla.causal_conv1d_update(x32["x"][:, 6].reshape(shape), step,
+                                                    x32["residual"][:, 6].reshape(shape), x32["weight"],
+                                                    x32["bias"], "swish")
+        assert returned is step and y_last.shape == shape
+        assert rel(y_last.reshape(2, 6), whole[:, 6]) <= OUT and torch.equal(step, final)
+
+
+def test_causal_conv1d_bad_inputs():
+    x = conv_inputs(2, 5, 6, 4)
+    _raises("initial_state", fla.causal_conv1d, **dict(x, initial_state=x["initial_state"][..., 1:]))
+    _raises("backend", fla.causal_conv1d, **x, backend="cudnn")
+    _raises("cp_context", fla.causal_conv1d, **x, cp_context=object())
+    _raises("residual", fla.causal_conv1d, **dict(x, residual=x["residual"][:, :1]))
+    _raises("cu_seqlens", fla.causal_conv1d, **dict(x, initial_state=None), cu_seqlens=torch.tensor([0, 5, 10]))
+    cache = x["initial_state"].clone()
+    _raises("cache", fla.causal_conv1d_update, x["x"][:, 0], cache[..., 1:], weight=x["weight"])
+    _raises("x", fla.causal_conv1d_update, x["x"][:, :2], cache, weight=x["weight"])
+    assert torch.equal(cache, x["initial_state"])

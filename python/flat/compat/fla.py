@@ -1,4 +1,5 @@
-"""flash-linear-attention 0.6's delta-rule functions on flat's kernels, for CPU tensors.
+"""flash-linear-attention 0.6's delta-rule functions and short convolution on flat's kernels, for CPU
+tensors.
 
 Same names, signatures, defaults, layouts ``[B, T, H, K]`` and return values as FLA 0.6::
 
@@ -20,6 +21,13 @@ Same names, signatures, defaults, layouts ``[B, T, H, K]`` and return values as 
                         output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
                         state_v_first=False, cu_seqlens=None, **kwargs)
+    chunk_gdn2(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False,
+               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None,
+               safe_gate=False, lower_bound=None, disable_recompute=False, return_intermediate_states=False,
+               state_v_first=False, cp_context=None, **kwargs)
+    fused_recurrent_gdn2(q, k, v, g, b, w, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                         output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                         lower_bound=None, state_v_first=False, cu_seqlens=None, **kwargs)
 
 (aliases ``chunk_gdn``, ``fused_recurrent_gdn``). Each returns ``(o, final_state)``: ``o [B, T, HV, V]``
 in q's dtype (the chunk functions) or v's (the recurrent ones), as FLA casts it; ``final_state``
@@ -30,7 +38,7 @@ flat's head sharing, so nothing is expanded. ``scale`` defaults to ``K^-1/2``; `
 packs ``N`` sequences along T of one batch row (B = 1). In the chunk functions, ``A_log``,
 ``dt_bias`` and (chunk_gated_delta_rule) ``use_gate_in_kernel`` come through ``**kwargs``, as in
 FLA, and so does ``chunk_size`` (FLA's choices: 16, 32, 64 for the gated delta rule, 32, 64 for
-KDA). Other keyword arguments are taken and ignored, as FLA's ``**kwargs`` does.
+KDA, 64 for GDN-2). Other keyword arguments are taken and ignored, as FLA's ``**kwargs`` does.
 
 Gates made in the call (``use_gate_in_kernel``, in float32, differentiable; then ``g`` is raw):
 the gated delta rule ``-exp(A_log) * softplus(g + dt_bias)`` with ``A_log``, ``dt_bias`` ``[HV]``;
@@ -45,7 +53,20 @@ comes back in float16), and the recurrent gated delta rule's key-side gate ``gk`
 ``gv`` and per-channel ``beta [B, T, HV, V]`` (also ``fused_recurrent_kda``'s) are composed from
 flat's variants, ``gv`` and a per-channel beta by running each value channel as its own head of
 width 1, which makes them exact but V times as costly. Every input gets a gradient, the recurrent
-functions' too.
+functions' too. GDN-2's erase gate ``b`` and write gate ``w`` (``[B, T, HV, K]``, ``[B, T, HV, V]``)
+go to ``flat.torch.gdn2`` as they are; its gate is formed as KDA's.
+
+FLA's short convolution, ``fla.modules.convolution``, with FLA's state ``[N, D, W]`` (the last W
+inputs, in x's dtype), on ``flat.torch.conv`` (whose own state is ``[N, D, W-1]`` float32)::
+
+    causal_conv1d(x, weight=None, bias=None, residual=None, initial_state=None, output_final_state=False,
+                  activation=None, backend="triton", cu_seqlens=None, cu_seqlens_cpu=None,
+                  chunk_indices=None, cp_context=None, **kwargs)
+    causal_conv1d_update(x, cache, residual=None, weight=None, bias=None, activation=None)
+
+``causal_conv1d`` returns ``(y, final_state)``, a new final state as FLA's does;
+``causal_conv1d_update`` (one token per sequence) updates ``cache`` in place and returns
+``(y, cache)``.
 
 Differences from FLA 0.6 (a call FLA refuses with an AssertionError is refused here with a
 ValueError, ``flat: <argument>: expected ..., got ...``):
@@ -53,7 +74,12 @@ ValueError, ``flat: <argument>: expected ..., got ...``):
 - CPU tensors only; the CUDA-only options are refused: ``cp_context`` (context parallelism),
   ``use_graph`` (graph capture), ``return_intermediate_states`` (chunk states for vLLM).
 - ``fused_recurrent_*`` are differentiable (FLA's have no backward, or raise in it).
-- ``chunk_kda`` takes a bfloat16 ``initial_state`` (FLA asserts float32).
+- ``chunk_kda`` and ``chunk_gdn2`` take a bfloat16 ``initial_state`` (FLA asserts float32).
+- ``chunk_gdn2`` takes value heads sharing key heads (HV a multiple of H) as ``fused_recurrent_gdn2``
+  does; FLA's chunk form asserts one head count.
+- ``causal_conv1d`` and ``causal_conv1d_update`` take ``x`` with its channels on one axis (FLA
+  flattens trailing axes that together match the weight's channels) and a ``weight`` (FLA's
+  kernels fail without one).
 - Gates must be finite and <= 0 and strengths finite (flat checks values; FLA does not): a
   positive log-decay raises ``ValueError`` naming ``g``.
 - ``fused_recurrent_kda`` with ``use_gate_in_kernel`` needs ``A_log`` or ``lower_bound``, as
@@ -76,7 +102,8 @@ from .. import torch as _flat
 from ._checks import bad, cpu_tensor
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda",
-           "chunk_gdn", "fused_recurrent_gdn"]
+           "chunk_gdn2", "fused_recurrent_gdn2", "causal_conv1d", "causal_conv1d_update", "chunk_gdn",
+           "fused_recurrent_gdn"]
 
 
 class HeadFirstRemoved(ValueError, DeprecationWarning):
@@ -189,17 +216,18 @@ def _formed(g: Tensor, gate: dict) -> Tensor:
     return _api.gate_in_kernel(_flat._XP, g, **{"lower_bound": None, **gate})
 
 
-def _call(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Tensor, *, gate: dict,
-          strength: dict, **options) -> Tuple[Tensor, Optional[Tensor]]:
-    """flat.torch's deltanet, gated_deltanet or kda (one gate per channel) with every argument by
-    keyword; float16 inputs widened. options: scale, initial_state, output_final_state, chunk_size,
-    use_qk_l2norm_in_kernel, state_v_first, cu_seqlens."""
-    args = dict(q=_wide(q), k=_wide(k), v=_wide(v), beta=_wide(beta), solve="auto", check_values=True,
-                initial_state_indices=None, final_state_indices=None, token_state_indices=None, **options,
-                **strength)
+def _call(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], *, gate: dict, strength: dict,
+          **options) -> Tuple[Tensor, Optional[Tensor]]:
+    """flat.torch's deltanet, gated_deltanet, kda or gdn2 (kda and gdn2 with one gate per channel) with
+    every argument by keyword; float16 inputs widened. strength: beta and its options, or gdn2's b and
+    w. options: scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel,
+    state_v_first, cu_seqlens."""
+    args = dict(q=_wide(q), k=_wide(k), v=_wide(v), solve="auto", check_values=True, initial_state_indices=None,
+                final_state_indices=None, token_state_indices=None, **options,
+                **{name: _wide(x) if isinstance(x, Tensor) else x for name, x in strength.items()})
     if variant != "deltanet":
         args.update(g=_wide(g), **gate)
-    if variant == "kda":
+    if variant in ("kda", "gdn2"):
         args.update(gate_group=1)
     o, ht = getattr(_flat, variant)(**args)
     return o, (None if ht is None else ht.contiguous())
@@ -223,7 +251,7 @@ def _delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Optional[Tensor], gk: Opt
         if gk is not None and g is not None:
             gk, g = gk + g.unsqueeze(-1), None
         variant = "kda" if gk is not None else "gated_deltanet" if g is not None else "deltanet"
-        return _call(variant, q, k, v, gk if gk is not None else g, beta, gate=gate, strength=strength,
+        return _call(variant, q, k, v, gk if gk is not None else g, gate=gate, strength=dict(strength, beta=beta),
                      initial_state=initial_state, state_v_first=state_v_first, **options)
     # Every value channel j of head i is its own head i * V + j of width 1: the V-side gate becomes
     # that head's scalar gate, a per-channel beta its strength. Head i * V + j reads key head
@@ -244,8 +272,9 @@ def _delta_rule(q: Tensor, k: Tensor, v: Tensor, *, g: Optional[Tensor], gk: Opt
     if initial_state is not None:
         h0 = initial_state if state_v_first else initial_state.transpose(-1, -2)
         initial_state = h0.reshape(h0.shape[0], NS, K, 1)
-    o, ht = _call(variant, q, k, v.reshape(B, T, NS, 1), gate_ns, beta.reshape(B, T, NS), gate=gate,
-                  strength=strength, initial_state=initial_state, state_v_first=False, **options)
+    o, ht = _call(variant, q, k, v.reshape(B, T, NS, 1), gate_ns, gate=gate,
+                  strength=dict(strength, beta=beta.reshape(B, T, NS)), initial_state=initial_state,
+                  state_v_first=False, **options)
     if ht is not None:
         ht = ht.reshape(ht.shape[0], HV, V, K)
         ht = ht if state_v_first else ht.transpose(-1, -2).contiguous()
@@ -435,6 +464,203 @@ def fused_recurrent_kda(
     _tensor("g", g, (B, T, HV, K), "B, T, HV, K")
     _beta(beta, B, T, HV, V, per_channel=True)
     return _forward(locals(), g=None, gk=g, gv=None, beta=beta, per_channel=True, chunk_size=64, out=v)
+
+
+# ---- Gated DeltaNet-2 ------------------------------------------------------------------------
+
+
+def _gdn2(a: dict, *, chunk_size: int, out: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    """chunk_gdn2 or fused_recurrent_gdn2 after FLA's own argument handling: a holds the call's
+    arguments by name. Checks the tensors; returns o in out's dtype, as FLA casts it."""
+    B, T, H, HV, K, V = _check_common(a["q"], a["k"], a["v"], a["initial_state"], a["state_v_first"],
+                                      a["cu_seqlens"])
+    _tensor("g", a["g"], (B, T, HV, K), "B, T, HV, K")
+    _tensor("b", a["b"], (B, T, HV, K), "B, T, HV, K")
+    _tensor("w", a["w"], (B, T, HV, V), "B, T, HV, V")
+    gate, _ = _options(HV, per_channel=True, use_gate_in_kernel=a["use_gate_in_kernel"], A_log=a.get("A_log"),
+                       dt_bias=a.get("dt_bias"), lower_bound=a["lower_bound"], safe_gate=a.get("safe_gate", False),
+                       use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False)
+    o, ht = _call("gdn2", a["q"], a["k"], a["v"], a["g"], gate=gate, strength=dict(b=a["b"], w=a["w"]),
+                  scale=a["scale"], initial_state=a["initial_state"], output_final_state=a["output_final_state"],
+                  chunk_size=chunk_size, use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"],
+                  state_v_first=a["state_v_first"], cu_seqlens=a["cu_seqlens"])
+    return o.to(out.dtype), ht
+
+
+def chunk_gdn2(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    b: Tensor,
+    w: Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens_cpu: Optional[Tensor] = None,
+    safe_gate: bool = False,
+    lower_bound: Optional[float] = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cp_context=None,
+    **kwargs,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """FLA 0.6's ``chunk_gdn2``: ``H_t = (I - k_t (b_t * k_t)^T) Diag(exp(g_t)) H_{t-1} + k_t (w_t * v_t)^T``,
+    ``o_t = scale H_t^T q_t``.
+
+    g (log space; raw with use_gate_in_kernel, formed as chunk_kda's) and the erase gate b
+    ``[B, T, HV, K]``, the write gate w ``[B, T, HV, V]``; A_log ``[HV]`` and dt_bias ``[HV * K]``
+    through kwargs, as in FLA, and ``chunk_size`` (64, FLA's only one). disable_recompute and
+    cu_seqlens_cpu are taken and not needed; cp_context and return_intermediate_states are refused.
+    Returns ``(o [B, T, HV, V] in q's dtype, final_state or None)``."""
+    state_v_first = _state_layout(state_v_first, kwargs)
+    _refuse_cuda_only(cp_context=cp_context, return_intermediate_states=return_intermediate_states)
+    chunk_size = _chunk_size(kwargs, (64,), "GDN-2")
+    return _gdn2({**kwargs, **locals()}, chunk_size=chunk_size, out=q)
+
+
+def fused_recurrent_gdn2(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    b: Tensor,
+    w: Tensor,
+    A_log: Optional[Tensor] = None,
+    dt_bias: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    lower_bound: Optional[float] = None,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+    **kwargs,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """FLA 0.6's ``fused_recurrent_gdn2``: chunk_gdn2's recurrence with A_log ``[HV]`` and dt_bias
+    ``[HV * K]`` as arguments; differentiable (FLA's is inference-only). Returns
+    ``(o [B, T, HV, V] in v's dtype, final_state or None)``."""
+    state_v_first = _state_layout(state_v_first, kwargs)
+    return _gdn2(locals(), chunk_size=64, out=v)
+
+
+# ---- The short convolution (fla.modules.convolution) -----------------------------------------
+
+_CONV_BACKENDS = ("triton", "cuda", "mix")
+
+
+def _conv_weight(weight, D: int) -> Tensor:
+    weight = cpu_tensor("weight", weight, (D, None), f"[D={D}, W]")
+    if weight.shape[1] < 1:
+        raise bad("weight", "a width W >= 1", list(weight.shape))
+    return weight.float()
+
+
+def _conv_bias(bias, D: int) -> Optional[Tensor]:
+    return None if bias is None else cpu_tensor("bias", bias, (D,), f"[D={D}]").float()
+
+
+def _last_inputs(x: Tensor, initial_state: Optional[Tensor], W: int, cu_seqlens: Optional[Tensor]) -> Tensor:
+    """FLA's convolution state after x [B, T, D]: each sequence's last W inputs [N, D, W] in x's
+    dtype, oldest first, those before its first token taken from initial_state [N, D, W] (zeros
+    without). One gather from the state's columns and x's tokens, so differentiable in both."""
+    B, T, D = x.shape
+    if cu_seqlens is None:
+        starts = torch.arange(B) * T
+        ends = starts + T
+    else:
+        starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+    N = starts.shape[0]
+    history = x.new_zeros(N, D, W) if initial_state is None else initial_state.to(x.dtype)
+    # rows [N * W + B * T, D]: sequence n's state columns at n * W, then x's tokens from N * W
+    rows = torch.cat([history.transpose(1, 2).reshape(N * W, D), x.reshape(B * T, D)])
+    at = ends[:, None] - W + torch.arange(W)  # the positions of each sequence's last W inputs [N, W]
+    before = starts[:, None] - at  # how far a position lies before its sequence's first token
+    index = torch.where(before > 0, torch.arange(N)[:, None] * W + W - before, N * W + at)
+    return rows[index].transpose(1, 2).contiguous()
+
+
+def causal_conv1d(
+    x: Tensor,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    residual: Optional[Tensor] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    activation: Optional[str] = None,
+    backend: Optional[str] = "triton",
+    cu_seqlens: Optional[Tensor] = None,
+    cu_seqlens_cpu: Optional[Tensor] = None,
+    chunk_indices: Optional[Tensor] = None,
+    cp_context=None,
+    **kwargs,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """FLA 0.6's ``causal_conv1d`` (``fla.modules.convolution``) on flat's short convolution: x
+    ``[B, T, D]`` by weight ``[D, W]`` (plus bias ``[D]``, then the activation: None, "silu" or
+    "swish"), then ``+ residual [B, T, D]``; positions before a sequence's start read FLA's state
+    initial_state ``[N, D, W]`` (its last W - 1 columns; any float dtype, FLA's is x's). Returns
+    ``(y [B, T, D] in x's dtype, final_state [N, D, W] in x's dtype or None)``, the final state each
+    sequence's last W inputs, a new tensor as in FLA. Differentiable in x, weight, bias, residual and
+    initial_state. backend ("triton", "cuda", "mix") runs flat's kernel whichever is named;
+    cu_seqlens_cpu and chunk_indices are taken and not needed; cp_context is refused."""
+    _refuse_cuda_only(cp_context=cp_context)
+    if backend not in _CONV_BACKENDS:
+        raise bad("backend", "'triton', 'cuda' or 'mix' (each runs flat's kernel here)", repr(backend))
+    x = cpu_tensor("x", x, (None, None, None), "[B, T, D]")
+    B, T, D = x.shape
+    weight = _conv_weight(weight, D)
+    W = weight.shape[1]
+    N = B
+    if cu_seqlens is not None:
+        cpu_tensor("cu_seqlens", cu_seqlens, (None,), "[N + 1]", kind="index")
+        if B != 1:
+            raise bad("cu_seqlens", "a batch of one row (B = 1, the sequences packed along T) with cu_seqlens",
+                      f"B={B} in x {list(x.shape)}")
+        N = cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        cpu_tensor("initial_state", initial_state, (N, D, W), f"[N={N}, D={D}, W={W}] (FLA's state)")
+    if residual is not None:
+        cpu_tensor("residual", residual, (B, T, D), f"x's shape [B={B}, T={T}, D={D}]")
+    # With a residual the sum is made in float32 and rounded once, as FLA's kernel does.
+    y, _ = _flat.conv(x.float() if residual is not None else _wide(x), weight, _conv_bias(bias, D),
+                      initial_state=None if initial_state is None or W == 1 else initial_state[..., 1:].float(),
+                      activation=activation, cu_seqlens=cu_seqlens)
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(x.dtype), (_last_inputs(x, initial_state, W, cu_seqlens) if output_final_state else None)
+
+
+def causal_conv1d_update(x: Tensor, cache: Tensor, residual: Optional[Tensor] = None, weight: Optional[Tensor] = None,
+                         bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+    """FLA 0.6's ``causal_conv1d_update``: one token per sequence, x ``[N, D]``, ``[1, N, D]`` or
+    ``[N, 1, D]``, continuing FLA's state cache ``[N, D, W]`` (the last W inputs, any float dtype),
+    which is updated in place (shifted by one column, x written last, in cache's dtype). Returns
+    ``(y shaped as x in x's dtype, cache)``; residual (x's shape) is added after the activation. Not
+    differentiable, as FLA's."""
+    with torch.no_grad():
+        one_token = isinstance(x, Tensor) and (x.dim() == 2 or (x.dim() == 3 and 1 in x.shape[:2]))
+        cpu_tensor("x", x, (None,) * (x.dim() if one_token else 2), "[N, D], [1, N, D] or [N, 1, D] (one token per "
+                   "sequence)")
+        tokens = x.reshape(-1, x.shape[-1])  # [N, D]
+        N, D = tokens.shape
+        weight = _conv_weight(weight, D)
+        W = weight.shape[1]
+        cache = cpu_tensor("cache", cache, (N, D, W), f"[N={N}, D={D}, W={W}] (FLA's state)")
+        if residual is not None:
+            cpu_tensor("residual", residual, tuple(x.shape), f"x's shape {list(x.shape)}")
+        y, _ = _flat.conv((tokens.float() if residual is not None else _wide(tokens)).unsqueeze(1), weight,
+                          _conv_bias(bias, D), initial_state=cache[..., 1:].float() if W > 1 else None,
+                          activation=activation)
+        y = y.reshape(x.shape)
+        if residual is not None:
+            y = y + residual.float()
+        cache.copy_(torch.cat([cache[..., 1:], tokens.to(cache.dtype).unsqueeze(-1)], dim=-1))
+        return y.to(x.dtype), cache
 
 
 chunk_gdn = chunk_gated_delta_rule
