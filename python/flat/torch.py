@@ -19,8 +19,9 @@ results, less per-call cost.
 Serving (python/flat/_api.py): ``cu_seqlens`` packs sequences along T; ``initial_state_indices``,
 ``final_state_indices``, ``token_state_indices`` address a pool of states. A call that writes the
 pool (``flat::forward_pool``, ``flat::conv_forward_pool``, which declare the pool mutated) updates
-``initial_state`` in place and returns it; ``accepted_state_indices`` gives the rows to resume from
-after a speculative step.
+``initial_state`` in place, bumping its version counter as PyTorch's in-place operations do (a
+backward that saved the pool before the write is refused), and returns it;
+``accepted_state_indices`` gives the rows to resume from after a speculative step.
 
 Inputs are read in place: ``q``, ``k``, ``v`` may be column slices of one fused projection (only
 their last axis must be contiguous; otherwise it is made so). The kernels run without the GIL on
@@ -181,6 +182,17 @@ def _pool_lists(count: int, cu_seqlens: Optional[Tensor], reads: Optional[Tensor
     return cu, reads or [-1] * count, writes, tokens
 
 
+def _written(pool: Tensor, direct: bool) -> Tensor:
+    """The pool a call has just written in place, its version counter bumped where the call ran
+    directly: through the dispatcher the op's declared mutation bumps it (its ADInplaceOrView
+    kernel), as PyTorch's own in-place operations do, and so must the direct path, or autograd would
+    run the backward of a graph that saved the pool before the write (a forward that read it through
+    initial_state_indices) on the rows written since, silently wrong, instead of refusing it."""
+    if direct:
+        torch.autograd.graph.increment_version(pool)
+    return pool
+
+
 def _pool_gradient(state: Optional[Tensor], grads: Tensor, reads: Optional[Tensor]) -> Tensor:
     """The gradient of an initial state from the library's (a row per sequence): with
     initial_state_indices, the pool's, each sequence's row added to the row it read (none for -1)."""
@@ -323,7 +335,7 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
         o = (_forward_pool_impl if direct else _forward_pool)(
             variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm_qk, c.solve,
             c.precision, c.gate_group, c.check_values)
-        return o, initial_state
+        return o, _written(initial_state, direct)
     o, final_state = (_forward_impl if direct else _forward)(
         variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens, sequences.initial_state_indices, c.scale,
         c.chunk, c.l2norm_qk, c.solve, c.precision, c.gate_group, c.check_values, output_final_state)
@@ -473,8 +485,9 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
     sequences = _args.Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
     direct = _direct(x, weight, bias, initial_state)
     if _check_sequences(sequences, initial_state, (x, weight, bias)):
-        return ((_conv_forward_pool_impl if direct else _conv_forward_pool)(
-            x, weight, bias, initial_state, *sequences, activation), initial_state)
+        y = (_conv_forward_pool_impl if direct else _conv_forward_pool)(x, weight, bias, initial_state, *sequences,
+                                                                         activation)
+        return y, _written(initial_state, direct)
     y, state = (_conv_forward_impl if direct else _conv_forward)(
         x, weight, bias, initial_state, cu_seqlens, initial_state_indices, activation, output_final_state)
     return y, (_absent(state) if output_final_state else None)

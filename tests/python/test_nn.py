@@ -1,8 +1,8 @@
 """flat.nn: every layer against a float64 copy of itself on the plain-PyTorch reference (forward and
 the gradient of every parameter and of the input), state passing across calls, bf16, bad
 hyperparameters, and serving over a pool of states (a decode loop, a speculative step, bitwise the
-calls with a state per sequence, a refused call changing neither pool); a layer's precision reaching
-its recurrence."""
+calls with a state per sequence, a refused call changing neither pool, a backward refused once a pool
+it read is written); a layer's precision reaching its recurrence."""
 
 import copy
 
@@ -400,3 +400,21 @@ def test_refused_call_changes_neither_pool(variant, refusal):
               final_state_indices=rows)
     for got, kept in zip(pool, before):
         assert torch.equal(bits(got), kept)
+
+
+def test_a_pool_written_after_a_differentiable_read_refuses_the_backward():
+    """A layer trained from pool rows (initial_state_indices, with gradients), then a serving call
+    writing that pool in place before backward(): backward raises PyTorch's error for a tensor
+    modified in place instead of differentiating the rows written since, with the recurrent pool
+    alone (RetNet) and with both pools."""
+    for config in ({}, WITH_CONV["retnet"]):
+        layer, _ = make("retnet", **config)
+        pool = random_pool(layer, 6)
+        rows = torch.tensor([4, 1, 2])
+        o, _ = layer(torch.randn(1, 3, 32), initial_state=pool, cu_seqlens=torch.arange(4),
+                     initial_state_indices=rows)
+        with torch.no_grad():
+            layer(torch.randn(1, 3, 32), initial_state=pool, cu_seqlens=torch.arange(4), initial_state_indices=rows,
+                  final_state_indices=rows)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            o.sum().backward()

@@ -2,8 +2,9 @@
 written in place through final_state_indices (bitwise the call with a state per sequence) and
 token_state_indices (against the float64 reference token by token), for every variant and the
 convolution; the library's refusals, with the pool untouched; no gradient through a pool write,
-gradients through pool reads; torch.compile of a decode step; accepted_state_indices; flat.jax's
-cu_seqlens and pools, bitwise flat.torch's, under jax.jit, in place when the pool is donated."""
+gradients through pool reads, a backward refused once a pool it read is written; torch.compile of a
+decode step; accepted_state_indices; flat.jax's cu_seqlens and pools, bitwise flat.torch's, under
+jax.jit, in place when the pool is donated."""
 
 import re
 
@@ -282,6 +283,34 @@ def test_gradients_through_pool_reads():
     assert same(dx, dx_alone) and same(dpool, dstates)
 
 
+STALE = "modified by an inplace operation"
+
+
+def test_a_pool_written_after_a_differentiable_read_refuses_the_backward():
+    """A pool read with gradients through initial_state_indices, then written in place by a serving
+    call (final_state_indices, under no_grad) before backward(): backward raises PyTorch's error for
+    a tensor modified in place, as after any in-place op, instead of differentiating the rows written
+    since; the recurrence and the convolution (compiled: the decode step's test below)."""
+    p, args = problem("gated_deltanet", LENGTHS)
+    q = args.pop("q").requires_grad_()
+    cu, reads = offsets(LENGTHS), ints(READS)
+    pool = pool_of(P, (p.N, p.K, p.V), READS)
+    C, W = 12, 4
+    x, weight = torch.randn(1, sum(LENGTHS), C, requires_grad=True), torch.randn(C, W)
+    conv_pool = pool_of(P, (C, W - 1), READS)
+
+    o, _ = ft.gated_deltanet(q, **args, initial_state=pool, cu_seqlens=cu, initial_state_indices=reads)
+    y, _ = ft.conv(x, weight, None, conv_pool, cu_seqlens=cu, initial_state_indices=reads)
+    with torch.no_grad():
+        ft.gated_deltanet(q.detach(), **args, initial_state=pool, cu_seqlens=cu, initial_state_indices=reads,
+                          final_state_indices=ints(WRITES))
+        ft.conv(x.detach(), weight, None, conv_pool, cu_seqlens=cu, initial_state_indices=reads,
+                final_state_indices=ints(WRITES))
+    for out in (o, y):
+        with pytest.raises(RuntimeError, match=STALE):
+            out.sum().backward()
+
+
 def decode_step(x, weight, q, k, v, g, beta, state, conv_state, rows):
     """One token per sequence (B = num_seqs, T = 1) over pools updated in place."""
     x, _ = ft.conv(x, weight, None, conv_state, initial_state_indices=rows, final_state_indices=rows)
@@ -300,11 +329,18 @@ def test_compiled_decode_step_updates_the_pools_as_eager_does():
     pools = [pool_of(5, (H, K, V), rows), pool_of(5, (H * K, 3), rows, seed=1)]
     eager_pools = [t.clone() for t in pools]
     compiled = torch.compile(decode_step, fullgraph=True)
+    # Reads of the pools with gradients, whose backward the compiled step's writes make stale.
+    read, _ = ft.gated_deltanet(q.clone().requires_grad_(), k, v, g, beta, initial_state=pools[0],
+                                initial_state_indices=rows)
+    read_conv, _ = ft.conv(x.clone().requires_grad_(), weight, None, pools[1], initial_state_indices=rows)
     with torch.no_grad():
         o_eager = decode_step(x, weight, q, k, v, g, beta, *eager_pools, rows)
         o = compiled(x, weight, q, k, v, g, beta, *pools, rows)
     assert same(o, o_eager) and all(same(a, b) for a, b in zip(pools, eager_pools))
     assert not torch.isnan(pools[0][rows]).any() and torch.isnan(pools[0][[1, 3]]).all()
+    for out in (read, read_conv):
+        with pytest.raises(RuntimeError, match=STALE):
+            out.sum().backward()
 
 
 def test_pool_ops_registrations():
