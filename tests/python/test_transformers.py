@@ -3,13 +3,15 @@ against the same model after disable() (transformers' own PyTorch path), in one 
 on tiny randomly initialised configs built here (nothing downloaded): prefill logits in float32
 and bfloat16, greedy generation (one prompt, and two of different lengths left-padded), a training
 step's loss and gradients, packed sequences (cu_seq_lens_q / seq_idx, which transformers' PyTorch
-path cannot keep apart), and bad packing arguments refused by name. Also the machinery: the table
-against the installed transformers, idempotence, and the dispatcher's routing and keyword
-handling."""
+path cannot keep apart), bad packing arguments refused by name, and the Mamba-2 mixers' training
+and eval mode computing one function. Also the machinery: the table against the installed
+transformers, idempotence, the dispatcher's routing and keyword handling, and each replacement
+taking the replaced function's signature."""
 
 import contextlib
 import copy
 import importlib
+import inspect
 import subprocess
 import sys
 import warnings
@@ -21,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 
 import flat.transformers as flat_tf  # noqa: E402
 from flat.transformers import FAMILIES  # noqa: E402
-from flat.transformers._dispatch import dispatcher  # noqa: E402
+from flat.transformers._dispatch import Unservable, dispatcher  # noqa: E402
 from torch_fallbacks import plain  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -289,30 +291,46 @@ def test_enable_checks_its_model_argument():
     flat_tf.disable()
 
 
-def _probe(x, y=None, *, chunk_size=64, cu_seqlens=None):
-    return ("probe", x.device.type, y, chunk_size, cu_seqlens)
+def _original(query, y=None, scale=0.5, **kwargs):
+    return ("original", query.device.type, y, scale, kwargs)
+
+
+def _probe(q, y=None, scale=None, *, chunk_size=64, cu_seqlens=None):
+    return ("probe", q.device.type, y, scale, chunk_size, cu_seqlens)
 
 
 def test_dispatcher_routes_by_device_and_filters_keywords():
-    calls = []
-
-    def original(*args, **kwargs):
-        calls.append(kwargs)
-        return "original"
-
-    dispatch = dispatcher(original, _probe, "chunk_gated_delta_rule", "probe")
-    assert dispatch.__wrapped__ is original
-    meta = torch.empty(1, 5, 2, 3, device="meta")  # not a CPU tensor: the original, every keyword as given
-    assert dispatch(meta, 1, chunk_size=32, cu_seq_lens_k=None, output_attentions=False) == "original"
-    assert calls == [dict(chunk_size=32, cu_seq_lens_k=None, output_attentions=False)]
+    dispatch = dispatcher(_original, _probe, "chunk_gated_delta_rule", "probe")
+    assert dispatch.__wrapped__ is _original
+    meta = torch.empty(1, 5, 2, 3, device="meta")  # not a CPU tensor: the original, every argument as given
+    kwargs = dict(chunk_size=32, cu_seq_lens_k=None, output_attentions=False)
+    assert dispatch(meta, 1, **kwargs) == ("original", "meta", 1, 0.5, kwargs)
     cpu = torch.zeros(1, 5, 2, 3)
-    # Keywords the target does not take are dropped, transformers' own kwargs among them.
-    assert dispatch(cpu, 1, chunk_size=32, max_length_q=5, position_ids=None) == ("probe", "cpu", 1, 32, None)
+    # The original's arguments by its names and positions, defaults included, under the target's
+    # names (query is FLA's q); keywords the target does not take are dropped, transformers' own
+    # kwargs among them, and what its **kwargs caught reaches the target where it takes it.
+    assert dispatch(cpu, 1, max_length_q=5, position_ids=None) == ("probe", "cpu", 1, 0.5, 64, None)
+    assert dispatch(query=cpu, y=1, scale=2.0, chunk_size=32) == ("probe", "cpu", 1, 2.0, 32, None)
+    with pytest.raises(TypeError):
+        dispatch(cpu, 1, 2.0, 3)  # one positional argument more than the original takes
     # The packed sequences reach it: cu_seqlens as given, transformers' cu_seq_lens_q, or mamba_ssm's seq_idx.
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
-    assert dispatch(cpu, cu_seqlens=cu)[4] is cu
-    assert dispatch(cpu, cu_seq_lens_q=cu)[4] is cu
-    assert dispatch(cpu, seq_idx=torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.int32))[4].tolist() == [0, 2, 5]
+    assert dispatch(cpu, cu_seqlens=cu)[5] is cu
+    assert dispatch(cpu, cu_seq_lens_q=cu)[5] is cu
+    assert dispatch(cpu, seq_idx=torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.int32))[5].tolist() == [0, 2, 5]
+
+
+def test_dispatcher_refuses_an_original_it_cannot_serve():
+    """An original whose arguments have no names (*args), or one naming an argument the target
+    does not take, is not replaced: enable() leaves it with a warning, never drops the argument."""
+    with pytest.raises(Unservable, match=r"\*args"):
+        dispatcher(lambda *args, **kwargs: None, _probe, "chunk_gated_delta_rule", "probe")
+    with pytest.raises(Unservable, match="takes no gate"):
+        dispatcher(lambda query, gate=None: None, _probe, "chunk_gated_delta_rule", "probe")
+
+
+def _conv_original(hidden_states, weight, bias=None, activation=None, **kwargs):
+    return None
 
 
 def _conv_probe(x, weight, bias=None, seq_idx=None, activation=None):
@@ -320,7 +338,7 @@ def _conv_probe(x, weight, bias=None, seq_idx=None, activation=None):
 
 
 def test_dispatcher_gives_seq_idx_to_functions_taking_it():
-    dispatch = dispatcher(lambda *a, **k: None, _conv_probe, "causal_conv1d_fn", "probe")
+    dispatch = dispatcher(_conv_original, _conv_probe, "causal_conv1d_fn", "probe")
     x, w = torch.zeros(1, 3, 5), torch.zeros(3, 4)
     assert dispatch(x, w, cu_seq_lens_q=torch.tensor([0, 2, 5])).tolist() == [[0, 0, 1, 1, 1]]
     seq_idx = torch.tensor([[4, 4, 4, 7, 7]], dtype=torch.int32)
@@ -336,15 +354,106 @@ def test_dispatcher_gives_seq_idx_to_functions_taking_it():
     (dict(seq_idx=torch.zeros(1, 4, dtype=torch.int32)), r"seq_idx: expected shape \[1, 5\]"),
 ])
 def test_dispatcher_refuses_bad_packing_by_name(bad, match):
-    dispatch = dispatcher(lambda *a, **k: None, _probe, "chunk_gated_delta_rule", "probe")
+    dispatch = dispatcher(_original, _probe, "chunk_gated_delta_rule", "probe")
     with pytest.raises(ValueError, match=match):
         dispatch(torch.zeros(1, 5, 2, 3), **bad)
 
 
 def test_dispatcher_refuses_packing_for_a_batch_of_rows():
-    dispatch = dispatcher(lambda *a, **k: None, _probe, "chunk_gated_delta_rule", "probe")
+    dispatch = dispatcher(_original, _probe, "chunk_gated_delta_rule", "probe")
     with pytest.raises(ValueError, match="cu_seq_lens_q: packed sequences lie along one batch row"):
         dispatch(torch.zeros(2, 5, 2, 3), cu_seq_lens_q=torch.tensor([0, 5]))
+
+
+def _randn(g, *shape):
+    return torch.randn(*shape, generator=g)
+
+
+def _delta_rule_call(g, chunked, per_channel):
+    """Every argument of transformers' chunked (chunk_size 4) or recurrent delta rule, positionally:
+    q, k, v, the log-gate (per channel for KDA), beta, a state, output_final_state and the in-kernel
+    L2 norm on."""
+    B, T, H, K, V = 1, 7, 2, 8, 8
+    q, k, v = _randn(g, B, T, H, K), _randn(g, B, T, H, K), _randn(g, B, T, H, V)
+    gate = torch.nn.functional.logsigmoid(_randn(g, B, T, H, *((K,) if per_channel else ())))
+    beta = torch.sigmoid(_randn(g, B, T, H))
+    return (q, k, v, gate, beta, *((4,) if chunked else ()), _randn(g, B, H, K, V), True, True)
+
+
+def _mamba_inputs(g, B=2, T=7, H=4, P=3, G=2, N=5):
+    x, dt = _randn(g, B, T, H, P), _randn(g, B, T, H)
+    return x, dt, -torch.rand(H, generator=g) - 0.5, _randn(g, B, T, G, N), _randn(g, B, T, G, N)
+
+
+def _split_call(g, B=2, T=7, H=4, P=3, G=2, N=5, W=4):
+    dim, channels = H * P, H * P + 2 * G * N
+    return (_randn(g, B, T, 2 * dim + 2 * G * N + H), _randn(g, channels, W) / 2, _randn(g, channels),
+            _randn(g, H), -torch.rand(H, generator=g) - 0.5, _randn(g, H), 16, _randn(g, B, H, P, N), (0.1, 1.0),
+            True, "swish", 1 + _randn(g, dim) / 4, 1e-5, _randn(g, 8, dim), _randn(g, 8), P, G, False)
+
+
+# Each of transformers' kernel functions called with every argument its signature names, given
+# positionally, none at its default: (arguments, the positions of those it updates in place).
+POSITIONAL = {
+    "torch_chunk_gated_delta_rule": lambda g: (_delta_rule_call(g, True, False), ()),
+    "torch_recurrent_gated_delta_rule": lambda g: (_delta_rule_call(g, False, False), ()),
+    "chunk_kimi_delta_attention": lambda g: (_delta_rule_call(g, True, True), ()),
+    "recurrent_kimi_delta_attention": lambda g: (_delta_rule_call(g, False, True), ()),
+    "causal_conv1d_fn": lambda g: ((_randn(g, 2, 6, 7), _randn(g, 6, 4), _randn(g, 6), "silu"), ()),
+    "causal_conv1d_update": lambda g: ((_randn(g, 2, 6, 1), _randn(g, 2, 6, 4), _randn(g, 6, 4), _randn(g, 6),
+                                        "silu"), (1,)),
+    # state [B, H, P, N], x, dt [B, H, P], A [H, P, N], B, C [B, G, N], D, dt_bias [H, P], dt_softplus, z
+    "mamba2_selective_state_update": lambda g: ((_randn(g, 2, 4, 3, 5), _randn(g, 2, 4, 3), _randn(g, 2, 4, 3),
+                                                 -torch.rand(4, 3, 5, generator=g) - 0.5, _randn(g, 2, 2, 5),
+                                                 _randn(g, 2, 2, 5), _randn(g, 4, 3), _randn(g, 4, 3), True,
+                                                 _randn(g, 2, 4, 3)), (0,)),
+    # x, dt, A, B, C, chunk_size, D, dt_bias, initial_states, dt_softplus, dt_limit, return_final_states
+    "mamba2_chunk_scan": lambda g: ((*_mamba_inputs(g), 4, _randn(g, 4), _randn(g, 4), _randn(g, 2, 4, 3, 5),
+                                     True, (0.1, 1.0), True), ()),
+    "mamba2_split_conv1d_scan_combined": lambda g: (_split_call(g), ()),
+}
+
+
+def _assert_same(got, want, what):
+    got, want = (list(r) if isinstance(r, tuple) else [r] for r in (got, want))
+    assert len(got) == len(want), what
+    for a, b in zip(got, want):
+        assert (a is None) == (b is None), what
+        if a is not None:
+            assert a.shape == b.shape and relative(a, b) <= FP32, (what, relative(a, b))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_replaced_function_takes_the_replaced_ones_signature(family):
+    """Each replacement has the signature of the function it replaces (positional order, names,
+    defaults), as inspect reads it; called with every argument positionally it computes what the
+    original computes (a state updated in place too), and it refuses a call the original refuses.
+    transformers' mamba2_split_conv1d_scan_combined has no torch path (it returns None, and the
+    mixer takes its unfused path): there the positional call is held to mamba_ssm's function,
+    whose names transformers' signature takes, called by those names."""
+    module = importlib.import_module(FAMILIES[family]["module"])
+    calls = {}
+    for name in FAMILIES[family]["functions"]:
+        args, updated = POSITIONAL[name](torch.Generator().manual_seed(3))
+        copies = [[a.clone() if i in updated else a for i, a in enumerate(args)] for _ in range(2)]
+        signature = inspect.signature(plain(getattr(module, name)))
+        assert len(args) == sum(p.kind is not p.VAR_KEYWORD for p in signature.parameters.values()), name
+        if name == "mamba2_split_conv1d_scan_combined":
+            from flat.compat.mamba_ssm import mamba_split_conv1d_scan_combined as by_name
+            want = by_name(**dict(zip(signature.parameters, copies[0])))
+        else:
+            with path(False), torch.no_grad():
+                want = getattr(module, name)(*copies[0])
+        calls[name] = (signature, args, updated, copies, want)
+    with path(True), torch.no_grad():
+        for name, (signature, args, updated, copies, want) in calls.items():
+            replacement = getattr(module, name)
+            assert hasattr(replacement, "flat_original") and inspect.signature(replacement) == signature, name
+            _assert_same(replacement(*copies[1]), want, name)
+            for i in updated:
+                _assert_same(copies[1][i], copies[0][i], f"{name}: argument {i}, updated in place")
+            with pytest.raises(TypeError):
+                replacement(*args, None)  # one positional argument more than the original takes
 
 
 # ---- The families -------------------------------------------------------------------------------
@@ -442,6 +551,31 @@ def test_training_step(family, use_cache):
     assert not bad
 
 
+# The Mamba-2 mixers with their gated norm: FalconH1's is off by default (mamba_rms_norm), and its
+# config says whether it norms before the gate; the others always norm after it.
+GATED_NORMS = [(f, {}) for f in sorted(MAMBA - {"falcon_h1"})] + [
+    ("falcon_h1", dict(mamba_rms_norm=True, mamba_norm_before_gate=before)) for before in (True, False)]
+
+
+@pytest.mark.parametrize("family, changes", GATED_NORMS)
+def test_mamba2_mixers_compute_one_function_in_training_and_eval_mode(family, changes):
+    """Training mode without a cache runs the mixers' fused call (mamba2_split_conv1d_scan_combined,
+    to which transformers passes FalconH1's norm_before_gate=False whatever its config says), eval
+    mode their unfused path through the gated norm module: on flat both give transformers' logits."""
+    model = build(family, **changes)
+    ids = tokens(2, 40)
+    want = logits(model, False, ids, use_cache=False)
+    counts = {}
+    model.train()
+    try:
+        trained = logits(model, True, ids, counts, use_cache=False)
+    finally:
+        model.eval()
+    assert counts.get("mamba2_split_conv1d_scan_combined", 0) >= 1, counts
+    assert relative(trained, want) <= FP32
+    assert relative(logits(model, True, ids, use_cache=False), want) <= FP32
+
+
 LENGTHS = (7, 19, 11)
 
 
@@ -522,6 +656,8 @@ def test_packing_over_a_batch_of_rows_is_refused_by_name(family):
 # ---- Layer-level forwards -----------------------------------------------------------------------
 
 LAYER_FAMILIES = [f for f in CONFIGS if FAMILIES[f].get("layers")]
+# Those whose Gated DeltaNet layers run whole on flat (FalconH1's mixer runs its original forward).
+DELTANET_LAYER_FAMILIES = [f for f in LAYER_FAMILIES if f not in MAMBA]
 
 
 def _layer_classes(family):
@@ -529,7 +665,7 @@ def _layer_classes(family):
     return module, {name: getattr(module, name) for name in FAMILIES[family]["layers"]}
 
 
-@pytest.mark.parametrize("family", LAYER_FAMILIES)
+@pytest.mark.parametrize("family", DELTANET_LAYER_FAMILIES)
 def test_layer_forward_is_installed_used_and_restored(family):
     """enable() replaces the layer class's forward (swapped() lists it); a prefill and a decode run
     every kernel through it, none through the function-level dispatchers; disable() restores the
@@ -564,7 +700,7 @@ SCHEDULE = [(True, 9), (True, 1), (False, 1), (True, 1), (True, 5), (False, 1), 
 
 
 @pytest.mark.parametrize("record_past", [False, True])
-@pytest.mark.parametrize("family", LAYER_FAMILIES)
+@pytest.mark.parametrize("family", DELTANET_LAYER_FAMILIES)
 def test_layer_forward_keeps_the_cache_protocol(family, record_past):
     """Step by step with a cache (prefill, single-token decode, chunked prefill on a cache, the cache
     recording the past as for speculative decoding), switching between flat and transformers'
@@ -590,7 +726,7 @@ def test_layer_forward_keeps_the_cache_protocol(family, record_past):
 
 
 @pytest.mark.skipif(not KEEPS_STATES, reason="transformers before 5.25 keeps no recurrent states to go back to")
-@pytest.mark.parametrize("family", LAYER_FAMILIES)
+@pytest.mark.parametrize("family", DELTANET_LAYER_FAMILIES)
 def test_layer_forward_keeps_the_states_speculative_decoding_goes_back_to(family):
     """transformers 5.25's speculative decoding on flat: a cache recording the past keeps the states
     after each of the last drafted tokens; four drafts verified in one call (the last two wrong),

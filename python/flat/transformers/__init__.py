@@ -25,7 +25,7 @@ import threading
 import warnings
 from typing import Dict, List, Tuple
 
-from ._dispatch import dispatcher
+from ._dispatch import Unservable, dispatcher
 from ._families import FAMILIES
 
 __all__ = ["FAMILIES", "enable", "disable", "is_enabled", "swapped"]
@@ -64,8 +64,13 @@ def _replace(originals: dict, key: tuple, owner, attribute: str, label: str, spe
     if target is None:
         left.append(f"{label} ({'.'.join(spec)} is not there)")
         return
+    try:
+        replacement = make(current, target)
+    except Unservable as e:
+        left.append(f"{label} ({e})")
+        return
     originals[key] = current
-    setattr(owner, attribute, make(current, target))
+    setattr(owner, attribute, replacement)
 
 
 def _swap(module_name: str, module, left: List[str]) -> None:
@@ -143,8 +148,9 @@ def enable(model=None):
     Idempotent.
 
     The modeling modules imported already are swapped now, the others as they are imported (until
-    disable()). A listed function the installed transformers lacks, or whose flat.compat function
-    is not there, is left as it is, with a RuntimeWarning naming it."""
+    disable()). A listed function the installed transformers lacks, whose flat.compat function is
+    not there, or whose signature flat.compat's function cannot serve, is left as it is, with a
+    RuntimeWarning naming it."""
     global _enabled
     if model is not None:
         _check_model(model)

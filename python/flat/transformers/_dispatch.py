@@ -1,9 +1,13 @@
 """The function that takes a kernel function's place in a modeling module: CPU tensors go to
-flat.compat's function, anything else to the function it replaced."""
+flat.compat's function, anything else to the function it replaced. It takes the replaced function's
+signature (positional order, names, defaults): a call is bound to that signature and handed to
+flat.compat's function by keyword, under flat.compat's names."""
 
+import contextlib
+import contextvars
 import functools
 import inspect
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -14,6 +18,71 @@ from ._families import SEQUENCE_FUNCTIONS
 # layers pass transformers' cu_seq_lens_q under that name), transformers' own cu_seq_lens_q (in the
 # **kwargs every layer forwards), and mamba_ssm's seq_idx.
 PACKING = ("cu_seqlens", "cu_seq_lens_q", "seq_idx")
+
+# transformers' names for its kernel functions' arguments where flat.compat's function (FLA's,
+# mamba_ssm's or causal_conv1d's convention) names them otherwise.
+RENAMED = {"query": "q", "key": "k", "value": "v", "hidden_states": "x"}
+
+# Arguments of transformers' functions that a flat.compat function not naming them has no use for:
+# the chunk the torch fallbacks of the delta rules tile the sequence by (FLA's functions, like
+# flat's kernels, choose their own; the result is the same).
+UNUSED = ("chunk_size",)
+
+# Arguments fixed for the calls made inside a layer's forward (flat.compat function -> {argument:
+# value}), over what the call passes: fixed_arguments().
+_fixed: contextvars.ContextVar = contextvars.ContextVar("flat_transformers_fixed", default={})
+
+
+class Unservable(TypeError):
+    """A function the dispatcher cannot take the place of: its signature cannot be read, or it has
+    an argument flat.compat's function does not take."""
+
+
+@contextlib.contextmanager
+def fixed_arguments(target_name: str, **arguments) -> Iterator[None]:
+    """Within it (this thread or task), calls that reach flat.compat's `target_name` through a
+    dispatcher take `arguments` whatever the caller passed for them."""
+    token = _fixed.set({**_fixed.get(), target_name: arguments})
+    try:
+        yield
+    finally:
+        _fixed.reset(token)
+
+
+def signature_of(original: Callable) -> inspect.Signature:
+    """The signature of the transformers function `original` stands for: its own (5.24's hub-kernel
+    wrapper carries its torch function's), or for transformers 5.25's kernel functions, modules of
+    the kernels library's whose forward takes (*args, **kwargs), that of the function their forward
+    calls."""
+    function = original
+    if isinstance(original, torch.nn.Module):
+        function = inspect.getclosurevars(type(original).forward).nonlocals.get("func", original)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError) as e:
+        raise Unservable(f"its signature cannot be read ({e})") from None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values()):
+        raise Unservable(f"its signature {signature} takes *args, which have no names to pass on")
+    return signature
+
+
+def _renamed(name: str, takes: Tuple[str, ...]) -> str:
+    """The name flat.compat's function (taking `takes`) gives the original's argument `name`."""
+    return name if name in takes else RENAMED.get(name, name)
+
+
+def _arguments(signature: inspect.Signature, takes: Tuple[str, ...], args, kwargs) -> Dict[str, Any]:
+    """A call bound to the original's signature, its defaults filled in, as keyword arguments under
+    flat.compat's names: the original's own arguments over what its **kwargs caught."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    named, caught = {}, {}
+    for name, value in bound.arguments.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            caught = value
+        else:
+            named[_renamed(name, takes)] = value
+    return {**caught, **named}
 
 
 def _first_tensor(args, kwargs) -> Optional[torch.Tensor]:
@@ -75,9 +144,10 @@ def _offsets_from(seq_idx: Any, batch: int, tokens: int) -> torch.Tensor:
     return sequence_offsets(seq_idx, batch, tokens)
 
 
-def _packing(kwargs: Dict[str, Any], target: str, takes: Tuple[str, ...], x: torch.Tensor) -> Dict[str, Any]:
-    """The packed-sequence arguments of a call, in the form the compat function takes."""
-    given = {k: kwargs.get(k) for k in PACKING if kwargs.get(k) is not None}
+def _packing(arguments: Dict[str, Any], target: str, takes: Tuple[str, ...], x: torch.Tensor) -> Dict[str, Any]:
+    """The packed-sequence arguments of a call (`arguments`, by name), in the form the compat
+    function takes."""
+    given = {k: arguments.get(k) for k in PACKING if arguments.get(k) is not None}
     if not given:
         return {}
     axis = SEQUENCE_FUNCTIONS.get(target)
@@ -102,10 +172,17 @@ def _packing(kwargs: Dict[str, Any], target: str, takes: Tuple[str, ...], x: tor
 
 
 def dispatcher(original: Callable, target: Callable, target_name: str, where: str) -> Callable:
-    """What replaces `original` (a modeling module's global, `where`): CPU tensors go to `target`
-    (flat.compat's `target_name`) with the keyword arguments it takes, the packed-sequence ones
-    translated; anything else goes to `original` as called."""
+    """What replaces `original` (a modeling module's global, `where`), with its signature: CPU
+    tensors go to `target` (flat.compat's `target_name`) with the call's arguments bound to that
+    signature, by the names `target` takes (RENAMED), the packed-sequence ones translated, the
+    ones it does not take dropped; anything else goes to `original` as called. Raises Unservable
+    where an argument the original names would be dropped (other than UNUSED)."""
+    signature = signature_of(original)
     takes = _parameters(target)
+    unserved = [name for name, p in signature.parameters.items() if p.kind is not inspect.Parameter.VAR_KEYWORD
+                and _renamed(name, takes) not in takes and name not in UNUSED]
+    if unserved:
+        raise Unservable(f"{target.__module__}.{target_name} takes no {', '.join(unserved)}")
 
     # Its name and docstring, not its attributes: transformers 5.25's kernel functions are modules
     # (the kernels library's), whose state is theirs alone.
@@ -114,15 +191,17 @@ def dispatcher(original: Callable, target: Callable, target_name: str, where: st
         x = _first_tensor(args, kwargs)
         if x is None or x.device.type != "cpu":
             return original(*args, **kwargs)
-        packing = _packing(kwargs, target_name, takes, x)
-        kept = {k: v for k, v in kwargs.items() if k in takes and k not in PACKING}
-        kept.update(packing)
         try:
-            return dispatch.flat_target(*args, **kept)
+            arguments = _arguments(signature, takes, args, kwargs)
+            arguments.update(_fixed.get().get(target_name, {}))
+            kept = {k: v for k, v in arguments.items() if k in takes and k not in PACKING}
+            kept.update(_packing(arguments, target_name, takes, x))
+            return dispatch.flat_target(**kept)
         except Exception as e:
             e.add_note(f"(flat.transformers: {where} on CPU tensors runs {target.__module__}.{target_name})")
             raise
 
+    dispatch.__signature__ = signature
     dispatch.flat_original = original
     dispatch.flat_target = target
     return dispatch

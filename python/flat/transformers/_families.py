@@ -11,8 +11,10 @@ a function silently left on the torch path.
 A family may also list layers (``"layers"``: class name -> the function in
 flat.transformers._layers that makes the replacement of the class's ``forward`` from the original):
 whole layers transformers marks ``@use_kernel_forward_from_hub`` whose forward flat runs itself,
-where that pays (docs/transformers.md). Their kernel functions stay swapped too: the original
-forward, which a layer's replacement calls for what it does not serve, reaches flat through them.
+where that pays (docs/transformers.md), and FalconH1's mixer, whose original forward runs with its
+fused call's norm_before_gate taken from the config. Their kernel functions stay swapped too: the
+original forward, which a layer's replacement calls for what it does not serve, reaches flat
+through them.
 """
 
 # The compat functions, by the package whose calling convention they take.
@@ -69,7 +71,7 @@ FAMILIES = {
     "mamba2": _family("mamba2", _MAMBA2),
     "nemotron_h": _family("nemotron_h", _MAMBA2),
     "granitemoehybrid": _family("granitemoehybrid", _MAMBA2),
-    "falcon_h1": _family("falcon_h1", _MAMBA2),
+    "falcon_h1": _family("falcon_h1", _MAMBA2, {"FalconH1Mixer": (_LAYERS, "falcon_h1_mixer_forward")}),
     "bamba": _family("bamba", _MAMBA2),
     "lfm2": _family("lfm2", _CONVOLUTION),
     "lfm2_moe": _family("lfm2_moe", _CONVOLUTION),

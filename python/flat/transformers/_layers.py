@@ -34,6 +34,12 @@ function-level swap where it can.
 
 The kernels each forward calls are looked up in its ``flat_kernels`` dict, keyed by the module
 globals of the function-level swap they stand in for (tests count the calls through it).
+
+FalconH1's Mamba-2 mixer (``falcon_h1_mixer_forward``) runs its original forward: with its gated
+norm on (``mamba_rms_norm``), the fused call its training mode makes
+(``mamba2_split_conv1d_scan_combined``, to which transformers passes ``norm_before_gate=False``)
+takes the norm's own ``norm_before_gate`` (the config's ``mamba_norm_before_gate``), which its
+unfused path, in eval mode or with a cache, applies: the mixer computes one function in both modes.
 """
 
 import functools
@@ -44,7 +50,7 @@ import torch
 
 from .. import torch as _ft
 from ..compat.causal_conv1d import causal_conv1d_update as _compat_conv_update
-from ._dispatch import _check_seq_idx, _offsets, _offsets_from
+from ._dispatch import _check_seq_idx, _offsets, _offsets_from, fixed_arguments
 
 _DTYPES = (torch.float32, torch.bfloat16)
 _ACTIVATIONS = ("silu", "swish")
@@ -342,3 +348,18 @@ def olmo_hybrid_gated_deltanet_forward(original: Callable) -> Callable:
     """The same for OlmoHybridGatedDeltaNet.forward (separate projections, o_norm, o_proj,
     allow_neg_eigval: beta = 2 sigmoid(b))."""
     return _forward(original, _OLMO_HYBRID, "olmo_hybrid_gated_deltanet_forward")
+
+
+def falcon_h1_mixer_forward(original: Callable) -> Callable:
+    """The forward that takes the place of `original` (FalconH1Mixer.forward): `original`, its fused
+    call taking the config's norm_before_gate where the mixer has its gated norm."""
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        if not self.mamba_rms_norm:
+            return original(self, *args, **kwargs)
+        with fixed_arguments("mamba_split_conv1d_scan_combined", norm_before_gate=self.norm.norm_before_gate):
+            return original(self, *args, **kwargs)
+
+    forward.flat_original = original
+    return forward
