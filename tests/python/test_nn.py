@@ -164,8 +164,8 @@ def test_layers_take_fla_s_layer_idx_and_keywords(variant):
     """FLA's layers take layer_idx and ignore keyword arguments they do not know (these warn, naming
     them); forward takes FLA's use_cache (output_final_state) and output_attentions, and refuses an
     attention_mask or a past_key_values cache by name."""
-    with pytest.warns(UserWarning, match="ignoring fuse_norm, norm_first"):
-        layer = LAYERS[variant](**CONFIGS[variant], layer_idx=3, fuse_norm=True, norm_first=False)
+    with pytest.warns(UserWarning, match="ignoring future_option, norm_first"):
+        layer = LAYERS[variant](**CONFIGS[variant], layer_idx=3, future_option=1, norm_first=False)
     assert layer.layer_idx == 3
     x = torch.randn(1, 5, 32)
     o, state = layer(x, use_cache=True, output_attentions=False)
@@ -177,6 +177,60 @@ def test_layers_take_fla_s_layer_idx_and_keywords(variant):
     with pytest.raises(ValueError, match="flat.nn: past_key_values: no cache object; pass the State as "
                                          "initial_state"):
         layer(x, past_key_values=object())
+
+
+def _fla_gla(gate=True, norm="g_norm_swish_gate", affine=True):
+    """FLA 0.6's GatedLinearAttention's parameters at CONFIGS["gla"] (key_dim 16, 8 per key-value
+    head group, value_dim 32, 16 per group, head_v_dim 16, gate_low_rank_dim 16, conv_size 4)."""
+    names = {"q_proj.weight": (16, 32), "k_proj.weight": (8, 32), "v_proj.weight": (16, 32),
+             "q_conv1d.weight": (16, 1, 4), "k_conv1d.weight": (8, 1, 4), "v_conv1d.weight": (16, 1, 4),
+             "gk_proj.0.weight": (16, 32), "gk_proj.1.weight": (8, 16), "gk_proj.1.bias": (8,),
+             "o_proj.weight": (32, 32)}
+    if gate:
+        names["g_proj.weight"] = (32, 32)
+    if affine:
+        names[f"{norm}.weight"] = (16,)
+    return names
+
+
+def _fla_retnet(gate=True, norm="g_norm_swish_gate"):
+    """FLA 0.6's MultiScaleRetention's at CONFIGS["retnet"] (key_dim 32, value_dim 64, head_v_dim 32;
+    its rotary embedding holds no parameter)."""
+    names = {"q_proj.weight": (32, 32), "k_proj.weight": (32, 32), "v_proj.weight": (64, 32),
+             "o_proj.weight": (32, 64), f"{norm}.weight": (32,)}
+    if gate:
+        names["g_proj.weight"] = (64, 32)
+    return names
+
+
+# FLA's Mamba2 at CONFIGS["mamba2"]: intermediate 64, 4 heads, conv_dim 64 + 2 * 2 * 8; its norm's
+# weight covers the intermediate width, normalised in n_groups groups.
+_FLA_MAMBA2 = {"conv1d.weight": (96, 1, 4), "conv1d.bias": (96,), "in_proj.weight": (164, 32), "dt_bias": (4,),
+               "A_log": (4,), "norm.weight": (64,), "D": (4,), "out_proj.weight": (32, 64)}
+
+
+@pytest.mark.parametrize("variant, config, fla", [
+    ("gla", {}, _fla_gla()),
+    ("gla", dict(use_output_gate=False), _fla_gla(gate=False, norm="g_norm")),
+    ("gla", dict(gate_fn="sigmoid"), _fla_gla(norm="g_norm")),
+    ("gla", dict(fuse_norm=False), _fla_gla(norm="g_norm")),
+    ("gla", dict(elementwise_affine=False), _fla_gla(affine=False)),
+    ("retnet", {}, _fla_retnet()),
+    ("retnet", dict(use_output_gate=False), _fla_retnet(gate=False, norm="g_norm")),
+    ("mamba2", {}, _FLA_MAMBA2),
+])
+def test_fla_s_state_dict_loads_strictly(variant, config, fla):
+    """FLA 0.6's parameter names and shapes (written out above) for the same hyperparameters: the
+    layer's state dict has exactly them, one of them loads strictly, and the layer computes with it
+    as its float64 reference does."""
+    layer = LAYERS[variant](**CONFIGS[variant], **config)
+    assert {name: tuple(t.shape) for name, t in layer.state_dict().items()} == fla
+    torch.manual_seed(2)
+    layer.load_state_dict({name: 0.3 * torch.randn(shape) for name, shape in fla.items()}, strict=True)
+    reference = copy.deepcopy(layer).double()
+    reference.ops = "reference"
+    x = torch.randn(1, 9, 32)
+    assert relative_error(layer(x)[0], reference(x.double())[0]) <= BOUND
 
 
 # ---- Serving: a pool of states --------------------------------------------------------------

@@ -11,7 +11,7 @@ Every layer maps ``x [B, T, hidden_size]`` to ``(o [B, T, hidden_size], state)``
 3. the gates from their blocks (GLA's low-rank ``gk_proj``, Mamba-2's and Gated DeltaNet's
    ``dt``/``A_log``, KDA's ``f_proj``, the write strength ``beta``), in float32;
 4. the recurrence on q, k, v read as strided views of the convolution's output;
-5. the fused output norm and gate (``o_norm``; ``g_norm_swish_gate`` for GLA and RetNet;
+5. the fused output norm and gate (``o_norm``; ``g_norm_swish_gate`` or ``g_norm`` for GLA and RetNet;
    Mamba-2's ``norm``), then ``o_proj``.
 
 ``initial_state`` / ``output_final_state`` carry a :class:`flat.nn.State` (the recurrent state
@@ -114,17 +114,23 @@ class ShortConvolution(nn.Module):
 class FusedRMSNormGated(nn.Module):
     """The output norm and gate (FLA's FusedRMSNormGated): ``x / rms(x) * weight * act(g)`` over the
     last axis, or with ``norm_before_gate=False`` (Mamba-2) the gate applied first; ``g=None`` gives
-    a plain RMSNorm. ``weight [hidden_size]``, or ``[groups, hidden_size]`` for groups of heads."""
+    a plain RMSNorm. ``weight [groups * hidden_size]`` (FLA's Mamba-2 norm's with ``groups`` groups
+    of ``hidden_size`` channels, each normalised alone), a parameter; with
+    ``elementwise_affine=False`` ones, not a parameter (FLA's norms then have no weight)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, activation: str = "silu", norm_before_gate: bool = True,
-                 groups: int = 1):
+                 groups: int = 1, elementwise_affine: bool = True):
         super().__init__()
         self.hidden_size, self.eps, self.activation = hidden_size, eps, activation
         self.norm_before_gate, self.groups = norm_before_gate, groups
-        self.weight = nn.Parameter(torch.ones(hidden_size) if groups == 1 else torch.ones(groups, hidden_size))
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(groups * hidden_size))
+        else:
+            self.register_buffer("weight", torch.ones(groups * hidden_size), persistent=False)
 
     def forward(self, x: Tensor, g: Optional[Tensor] = None, ops: str = "kernels") -> Tensor:
-        return ops_named(ops).norm(x, g, self.weight, activation=self.activation, eps=self.eps,
+        weight = self.weight if self.groups == 1 else self.weight.view(self.groups, self.hidden_size)
+        return ops_named(ops).norm(x, g, weight, activation=self.activation, eps=self.eps,
                                    norm_before_gate=self.norm_before_gate)
 
 
@@ -375,31 +381,50 @@ class LinearAttention(_QKVMixer):
         return self.norm(o, None, self.ops).flatten(2)
 
 
-class MultiScaleRetention(_QKVMixer):
+class _GatedNormMixer(_QKVMixer):
+    """RetNet and GLA: an RMSNorm per head then, with ``use_output_gate``, the gate ``g_proj``
+    through ``gate_fn``, the norm under FLA's name: ``g_norm_swish_gate`` where FLA fuses the two
+    (``gate_fn="swish"``, ``fuse_norm``, ``use_output_gate``), ``g_norm`` otherwise (FLA's norm, then
+    the product with ``gate_fn(g)``: the same computation, fused here either way)."""
+
+    def _output_gate(self, hidden_size: int, value_dim: int, use_output_gate: bool, gate_fn: str, fuse_norm: bool,
+                     elementwise_affine: bool, norm_eps: float) -> None:
+        self.use_output_gate = use_output_gate
+        if use_output_gate:
+            self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.norm_name = "g_norm_swish_gate" if gate_fn == "swish" and fuse_norm and use_output_gate else "g_norm"
+        self.add_module(self.norm_name, FusedRMSNormGated(self.head_v_dim, norm_eps, gate_fn,
+                                                          elementwise_affine=elementwise_affine))
+
+    def _gate_blocks(self) -> List[Tuple[str, nn.Linear]]:
+        return [("gate", self.g_proj)] if self.use_output_gate else []
+
+    def _output(self, o, x, blocks):
+        gate = _heads_view(blocks["gate"], self.num_heads) if self.use_output_gate else None
+        return getattr(self, self.norm_name)(o, gate, self.ops).flatten(2)
+
+
+class MultiScaleRetention(_GatedNormMixer):
     """RetNet (variant ``retnet``; FLA's MultiScaleRetention without the rotary embedding): a fixed
-    decay ``gamma_h = 1 - 2^(-5-h)`` per head, a SiLU output gate ``g_proj`` through
-    ``g_norm_swish_gate``, ``o_proj``."""
+    decay ``gamma_h = 1 - 2^(-5-h)`` per head, the output norm and gate (``g_proj``, SiLU by default),
+    ``o_proj``."""
 
     variant = "retnet"
 
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 2.0, num_heads: int = 8,
                  num_kv_heads: Optional[int] = None, use_short_conv: bool = False, conv_size: int = 4,
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
-                 norm_eps: float = 1e-5, ops: str = "kernels", precision: str = "exact",
-                 layer_idx: Optional[int] = None,
-                 **kwargs):
+                 elementwise_affine: bool = True, norm_eps: float = 1e-5, fuse_norm: bool = True,
+                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
         super().__init__(ops, layer_idx, kwargs, precision)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
-        self.use_output_gate = use_output_gate
         self._qkv_modules(hidden_size, key_dim, self.head_k_dim * self.num_kv_heads,
                           self.head_v_dim * self.num_kv_heads, use_short_conv, conv_size, conv_bias)
-        if use_output_gate:
-            self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
-        self.g_norm_swish_gate = FusedRMSNormGated(self.head_v_dim, norm_eps, gate_fn)
+        self._output_gate(hidden_size, value_dim, use_output_gate, gate_fn, fuse_norm, elementwise_affine, norm_eps)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
     def _extra(self):
-        return [("gate", self.g_proj)] if self.use_output_gate else []
+        return self._gate_blocks()
 
     def _inputs(self, x, blocks):
         q, k, v = self._qkv(blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
@@ -408,42 +433,33 @@ class MultiScaleRetention(_QKVMixer):
         log_gamma = torch.log1p(-torch.pow(2.0, -5.0 - torch.arange(self.num_heads, dtype=dtype)))
         return dict(q=q, k=k, v=v, g=log_gamma)
 
-    def _output(self, o, x, blocks):
-        gate = _heads_view(blocks["gate"], self.num_heads) if self.use_output_gate else None
-        return self.g_norm_swish_gate(o, gate, self.ops).flatten(2)
 
-
-class GatedLinearAttention(_QKVMixer):
+class GatedLinearAttention(_GatedNormMixer):
     """GLA (variant ``gla``; FLA's GatedLinearAttention): a per-channel forget gate from a low-rank
-    ``gk_proj``, ``logsigmoid(.) / gate_logit_normalizer``, a SiLU output gate ``g_proj`` through
-    ``g_norm_swish_gate``, ``o_proj``."""
+    ``gk_proj``, ``logsigmoid(.) / gate_logit_normalizer``, the output norm and gate (``g_proj``, SiLU
+    by default), ``o_proj``."""
 
     variant = "gla"
 
     def __init__(self, hidden_size: int = 1024, expand_k: float = 0.5, expand_v: float = 1.0, num_heads: int = 4,
                  num_kv_heads: Optional[int] = None, use_short_conv: bool = False, conv_size: int = 4,
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
-                 norm_eps: float = 1e-5, gate_logit_normalizer: int = 16, gate_low_rank_dim: int = 16,
-                 clamp_min: Optional[float] = None, ops: str = "kernels", precision: str = "exact",
-                 layer_idx: Optional[int] = None,
-                 **kwargs):
+                 elementwise_affine: bool = True, norm_eps: float = 1e-5, gate_logit_normalizer: int = 16,
+                 gate_low_rank_dim: int = 16, clamp_min: Optional[float] = None, fuse_norm: bool = True,
+                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
         super().__init__(ops, layer_idx, kwargs, precision)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
-        self.use_output_gate = use_output_gate
         self.gate_logit_normalizer, self.clamp_min = gate_logit_normalizer, clamp_min
         key_dim_kv = self.head_k_dim * self.num_kv_heads
         self._qkv_modules(hidden_size, key_dim, key_dim_kv, self.head_v_dim * self.num_kv_heads, use_short_conv,
                           conv_size, conv_bias)
-        if use_output_gate:
-            self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
         self.gk_proj = nn.Sequential(nn.Linear(hidden_size, gate_low_rank_dim, bias=False),
                                      nn.Linear(gate_low_rank_dim, key_dim_kv, bias=True))
-        self.g_norm_swish_gate = FusedRMSNormGated(self.head_v_dim, norm_eps, gate_fn)
+        self._output_gate(hidden_size, value_dim, use_output_gate, gate_fn, fuse_norm, elementwise_affine, norm_eps)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
     def _extra(self):
-        gate = [("gate", self.g_proj)] if self.use_output_gate else []
-        return gate + [("forget", self.gk_proj[0])]
+        return self._gate_blocks() + [("forget", self.gk_proj[0])]
 
     def _inputs(self, x, blocks):
         q, k, v = self._qkv(blocks, (self.num_heads, self.num_kv_heads, self.num_kv_heads))
@@ -451,10 +467,6 @@ class GatedLinearAttention(_QKVMixer):
         if self.clamp_min is not None:
             gk = gk.clamp_min(self.clamp_min)
         return dict(q=q, k=k, v=v, g=_heads_view(gk, self.num_kv_heads))
-
-    def _output(self, o, x, blocks):
-        gate = _heads_view(blocks["gate"], self.num_heads) if self.use_output_gate else None
-        return self.g_norm_swish_gate(o, gate, self.ops).flatten(2)
 
 
 class _DeltaMixer(_QKVMixer):
@@ -701,8 +713,8 @@ class Mamba2(_Mixer):
     def __init__(self, num_heads: Optional[int] = None, head_dim: int = 64, hidden_size: int = 2048,
                  state_size: int = 128, expand: int = 2, n_groups: int = 1, conv_kernel: int = 4,
                  use_conv_bias: bool = True, use_bias: bool = False, norm_eps: float = 1e-5,
-                 time_step_min: float = 0.001, time_step_max: float = 0.1, time_step_floor: float = 1e-4,
-                 time_step_limit: Tuple[float, float] = (0.0, float("inf")), ops: str = "kernels",
+                 dt_min: float = 0.001, dt_max: float = 0.1, dt_init_floor: float = 1e-4,
+                 dt_limit: Tuple[float, float] = (0.0, float("inf")), ops: str = "kernels",
                  precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
         super().__init__(ops, layer_idx, kwargs, precision)
         intermediate = expand * hidden_size
@@ -711,11 +723,11 @@ class Mamba2(_Mixer):
                f"num_heads * head_dim = {num_heads} * {head_dim} must equal expand * hidden_size = {intermediate}")
         _divides("num_heads", num_heads, "n_groups", n_groups)
         self.num_heads, self.head_dim, self.state_size, self.n_groups = num_heads, head_dim, state_size, n_groups
-        self.intermediate_size, self.time_step_limit = intermediate, time_step_limit
+        self.intermediate_size, self.dt_limit = intermediate, dt_limit
         conv_dim = intermediate + 2 * n_groups * state_size
         self.in_proj = nn.Linear(hidden_size, intermediate + conv_dim + num_heads, bias=use_bias)
         self.conv1d = ShortConvolution(conv_dim, conv_kernel, use_conv_bias)
-        self.dt_bias = nn.Parameter(_dt_bias(num_heads, time_step_min, time_step_max, time_step_floor))
+        self.dt_bias = nn.Parameter(_dt_bias(num_heads, dt_min, dt_max, dt_init_floor))
         self.A_log = nn.Parameter(torch.log(torch.arange(1, num_heads + 1, dtype=torch.float32)))
         self.D = nn.Parameter(torch.ones(num_heads))
         self.norm = FusedRMSNormGated(intermediate // n_groups, norm_eps, norm_before_gate=False, groups=n_groups)
@@ -741,7 +753,7 @@ class Mamba2(_Mixer):
         I, H, GS = self.intermediate_size, self.num_heads, self.n_groups * self.state_size
         x, B, C = blocks["conv"].split([I, GS, GS], dim=-1)
         dt = F.softplus(blocks["dt"].float() + self.dt_bias.float())
-        lo, hi = self.time_step_limit
+        lo, hi = self.dt_limit
         if lo > 0.0 or hi < float("inf"):
             dt = dt.clamp(lo, hi)
         x = _heads_view(x, H)
