@@ -2,7 +2,8 @@
 the gradient of every parameter and of the input), state passing across calls, bf16, bad
 hyperparameters, and serving over a pool of states (a decode loop, a speculative step, bitwise the
 calls with a state per sequence, a refused call changing neither pool, a backward refused once a pool
-it read is written); a layer's precision reaching its recurrence."""
+it read is written); a layer's precision reaching its recurrence; FLA 0.6's state dicts loading
+strictly where its parameter names depend on hyperparameters."""
 
 import copy
 
