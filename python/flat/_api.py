@@ -66,7 +66,9 @@ class Xp(NamedTuple):
 
 
 def _size(x) -> int:
-    return math.prod(int(s) for s in x.shape)
+    """x's element count from its shape (torch and JAX arrays alike), in a form torch.compile traces
+    (a generator passed to math.prod breaks its graph)."""
+    return math.prod([int(s) for s in x.shape])
 
 
 def _check_lower_bound(use_gate_in_kernel: bool, safe_gate: bool, lower_bound) -> None:

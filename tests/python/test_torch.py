@@ -1,6 +1,6 @@
 """flat.torch: every operation forward and backward against the float64 oracle at the library's
-bounds (precision="fast" at FLA's); bitwise the library's results; torch.compile; the custom ops' registrations (opcheck);
-strided inputs read in place; bad input; PyTorch's thread count."""
+bounds (precision="fast" at FLA's); bitwise the library's results; torch.compile (every function with every
+option); the custom ops' registrations (opcheck); strided inputs read in place; bad input; PyTorch's thread count."""
 
 import numpy as np
 import pytest
@@ -107,6 +107,69 @@ def test_torch_compile_gives_eager_results():
     compiled = torch.compile(model, fullgraph=True)(q, k, v, g, x, weight)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+
+
+def every_option():
+    """Each function's call with every option it takes set (off its default) at once, on tiny inputs:
+    ({function name: its call on the tensors}, the tensors by name). Options that exclude each other
+    (la's normalize) take a second call; the pool writes (final_state_indices, token_state_indices)
+    are compiled in test_serving.py's decode step."""
+    torch.manual_seed(0)
+    T, H, K, V, G = 20, 2, 16, 8, 4
+    q, k = torch.randn(1, T, H, K), torch.randn(1, T, H, K)
+    v, raw_beta = torch.randn(1, T, H, V), torch.randn(1, T, H)
+    pool = torch.randn(3, H, V, K)  # FLA's V-first states (state_v_first), read through initial_state_indices
+    sequences = dict(cu_seqlens=torch.tensor([0, 7, T]), initial_state_indices=torch.tensor([2, -1]))
+    common = dict(scale=0.5, output_final_state=True, chunk_size=16, use_qk_l2norm_in_kernel=True, check_values=False,
+                  state_v_first=True, precision="fast", **sequences)
+    beta = dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    bounded = dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-4.0, gate_group=G, solve="doubling")
+    tensors = dict(q=q, k=k, v=v, pool=pool, raw_beta=raw_beta, beta=torch.rand(1, T, H), g_head=-torch.rand(1, T, H),
+                   g_channel=-torch.rand(1, T, H, K), raw_head=torch.randn(1, T, H),
+                   raw_group=torch.randn(1, T, H, K // G), A_log=torch.randn(H), dt_head=torch.randn(H),
+                   dt_group=torch.randn(H * K // G), g_gamma=-torch.rand(H),
+                   b=torch.rand(1, T, H, K), w=torch.rand(1, T, H, V), g_sla=-torch.rand(1, T, 1, K // G),
+                   v_sla=torch.randn(1, T, 4, V), x=torch.randn(1, T, H * K), conv_weight=torch.randn(H * K, 4),
+                   conv_bias=torch.randn(H * K), conv_pool=torch.randn(3, H * K, 3), norm_weight=torch.randn(K),
+                   norm_bias=torch.randn(K), residual=torch.randn(1, T, H, K))
+    calls = {
+        "la": lambda t: (ft.la(t["q"], t["k"], t["v"], initial_state=t["pool"], **common),
+                         ft.la(t["q"], t["k"], t["v"], normalize=True)),
+        "retnet": lambda t: ft.retnet(t["q"], t["k"], t["v"], g_gamma=t["g_gamma"], initial_state=t["pool"], **common),
+        "mamba2": lambda t: ft.mamba2(t["q"], t["k"], t["v"], t["g_head"], g_gamma=t["g_gamma"],
+                                      initial_state=t["pool"], **common),
+        "gla": lambda t: ft.gla(t["q"], t["k"], t["v"], t["g_channel"], initial_state=t["pool"], **common),
+        "deltanet": lambda t: ft.deltanet(t["q"], t["k"], t["v"], t["raw_beta"], initial_state=t["pool"],
+                                          solve="blocked", **beta, **common),
+        "gated_deltanet": lambda t: ft.gated_deltanet(t["q"], t["k"], t["v"], t["raw_head"], t["raw_beta"],
+                                                      use_gate_in_kernel=True, A_log=t["A_log"], dt_bias=t["dt_head"],
+                                                      initial_state=t["pool"], solve="subst", **beta, **common),
+        "kda": lambda t: ft.kda(t["q"], t["k"], t["v"], t["raw_group"], t["raw_beta"], A_log=t["A_log"],
+                                dt_bias=t["dt_group"], initial_state=t["pool"], **bounded, **beta, **common),
+        "gdn2": lambda t: ft.gdn2(t["q"], t["k"], t["v"], t["raw_group"], t["b"], t["w"], dt_bias=t["dt_group"],
+                                  initial_state=t["pool"], **bounded, **common),
+        "sla": lambda t: ft.sla(t["q"], t["k"], t["v_sla"], t["g_sla"], t["beta"], gate_group=G, solve="subst",
+                                initial_state=t["pool"].repeat(1, 2, 1, 1), **common),
+        "conv": lambda t: ft.conv(t["x"], t["conv_weight"], t["conv_bias"], t["conv_pool"], True, "silu", **sequences),
+        "rms_norm_gated": lambda t: ft.rms_norm_gated(t["q"], t["k"], t["norm_weight"], t["norm_bias"], "sigmoid",
+                                                      t["residual"], True, True, 1e-5, False),
+    }
+    return calls, tensors
+
+
+@pytest.mark.parametrize("function", ["la", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda", "gdn2",
+                                      "sla", "conv", "rms_norm_gated"])
+def test_every_option_compiles_without_a_graph_break(function):
+    """torch.compile(fullgraph=True) of each function with every option it takes (FLA's
+    use_gate_in_kernel with A_log, dt_bias, lower_bound among them) gives the eager results bitwise
+    (aot_eager: the graph, the fake implementations and the functionalization of a full compile,
+    without its code generation, which rounds the options' float32 arithmetic differently)."""
+    calls, tensors = every_option()
+    eager = calls[function](tensors)
+    compiled = torch.compile(calls[function], fullgraph=True, backend="aot_eager")(tensors)
+    eager, compiled = torch.utils._pytree.tree_leaves(eager), torch.utils._pytree.tree_leaves(compiled)
+    assert len(eager) == len(compiled)
+    assert all(a is None and b is None or torch.equal(a, b) for a, b in zip(eager, compiled))
 
 
 def test_custom_op_registrations():
