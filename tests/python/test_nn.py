@@ -138,6 +138,17 @@ def test_bad_hyperparameters_raise_before_any_work(variant, config, message):
         LAYERS[variant](**config)
 
 
+def test_one_gate_value_per_head_is_a_group_of_channels():
+    """SLA with gate_group = head_dim (SystolicLinearAttention(head_dim=64) with the default
+    gate_group = 64): its forget gate [B, T, heads, 1] is one group of channels per head, not
+    Gated DeltaNet's gate per head [B, T, heads]; the layer matches its float64 reference."""
+    layer, reference = make("sla", gate_group=CONFIGS["sla"]["head_dim"])
+    x = torch.randn(1, 20, 32)
+    y, state = layer(x, output_final_state=True)
+    yr, state_r = reference(x.double(), output_final_state=True)
+    assert relative_error(y, yr) <= BOUND and relative_error(state.recurrent, state_r.recurrent) <= BOUND
+
+
 @pytest.mark.parametrize("variant", sorted(CONFIGS))
 def test_a_layers_precision_reaches_its_recurrence(variant):
     seen = []

@@ -534,11 +534,13 @@ class _GatedDeltaMixer(_DeltaMixer):
     def _state_dims(self) -> Tuple[int, int, int]:  # num_v_heads value heads, num_heads or more
         return self.num_v_heads, self.head_k_dim, self.head_v_dim
 
-    def _decay(self, a: Tensor, heads: int) -> Tensor:
-        """g [B, T, heads] (one value per head) or [B, T, heads, width] from a [B, T, heads * width]."""
+    def _decay(self, a: Tensor, heads: Optional[int] = None) -> Tensor:
+        """g [B, T, H] (one value per head, Gated DeltaNet's: heads None) from a [B, T, H], or
+        [B, T, heads, width] (a value per channel or group of channels, width 1 included) from a
+        [B, T, heads * width]."""
         a = a.float() + self.dt_bias.float()
         A = torch.exp(self.A_log.float())
-        if a.shape[-1] == heads:
+        if heads is None:
             return -A * F.softplus(a)
         return -A.view(heads, 1) * F.softplus(_heads_view(a, heads))
 
@@ -578,7 +580,7 @@ class GatedDeltaNet(_GatedDeltaMixer):
 
     def _inputs(self, x, blocks):
         args = self._delta_inputs(blocks, (self.num_heads, self.num_heads, self.num_v_heads), blocks["beta"])
-        args["g"] = self._decay(blocks["forget"], self.num_v_heads)
+        args["g"] = self._decay(blocks["forget"])
         return args
 
     def _output(self, o, x, blocks):
