@@ -42,7 +42,7 @@ through initial_state_indices; without them every sequence starts from zero) and
 second value: (o, initial_state). That call is for inference: no gradient flows through it.
 
 An empty batch (B = 0 or T = 0) returns an empty o and the initial state as the final state (zeros
-without one).
+without one); over a pool, the rows read (none with B = 0, every index array empty).
 """
 
 import math

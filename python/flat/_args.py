@@ -44,6 +44,17 @@ class Sequences(NamedTuple):
         return self.final_state_indices is not None or self.token_state_indices is not None
 
 
+def rowless(sequences: Sequences, pool, B: int) -> bool:
+    """Whether a call over a pool has no sequence, so reads and writes no row: B = 0 without
+    cu_seqlens, every index array given empty. The library takes an empty index array for one not
+    given, so it would judge the pool a state per sequence, [B = 0, ...]: the front ends run such a
+    call without the arrays on the pool's first 0 rows (and return the pool as it was from a call
+    that writes it)."""
+    indices = [x for x in sequences[1:] if x is not None]
+    return (pool is not None and sequences.cu_seqlens is None and int(B) == 0 and bool(indices) and
+            all(int(x.shape[0]) == 0 for x in indices))
+
+
 def sequence_count(B: int, cu_seqlens) -> int:
     """How many sequences a call has, so how many rows its states: B, or num_seqs with cu_seqlens."""
     return B if cu_seqlens is None else max(int(cu_seqlens.shape[0]) - 1, 0)

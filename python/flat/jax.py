@@ -215,12 +215,15 @@ _pool_recurrence.defvjp(_no_gradient, _no_gradient)
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_state, output_final_state,
          chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values, sequences):
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values)
-    sequences = _sequences(sequences, initial_state)
-    if sequences.writes_pool:
-        return _pool_recurrence(variant, c, q, k, v, g, beta, b, w, initial_state, *sequences)
+    sequences, pool = _sequences(sequences, initial_state), initial_state
+    writes = sequences.writes_pool
+    if _args.rowless(sequences, pool, q.shape[0]):  # no sequence: the call on the pool's first 0 rows
+        initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
+    elif writes:
+        return _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, *sequences)
     o, final_state = _recurrence(variant, c, bool(output_final_state), q, k, v, g, beta, b, w, initial_state,
                                  sequences.cu_seqlens, sequences.initial_state_indices)
-    return o, (final_state if output_final_state else None)
+    return o, (pool if writes else final_state if output_final_state else None)
 
 
 # One function per variant (python/flat/_api.py), as flat.torch's.
@@ -322,12 +325,15 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
     activation = _args.conv_activation(activation)
     sequences = _sequences(_args.Sequences(cu_seqlens, initial_state_indices, final_state_indices,
                                            token_state_indices), initial_state)
-    if sequences.writes_pool:
-        return _pool_conv(activation, x, weight, bias, initial_state, *sequences)
+    writes, pool = sequences.writes_pool, initial_state
+    if _args.rowless(sequences, pool, x.shape[0]):  # no sequence: the call on the pool's first 0 rows
+        initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
+    elif writes:
+        return _pool_conv(activation, x, weight, bias, pool, *sequences)
     y, state = _conv(activation, bool(output_final_state), x, weight, bias, initial_state, sequences.cu_seqlens,
                      sequences.initial_state_indices)
     # Without a state (W = 1) the handler's is absent, shape (0,); an empty batch's has its rank.
-    return y, (state if output_final_state and state.ndim > 1 else None)
+    return y, (pool if writes else state if output_final_state and state.ndim > 1 else None)
 
 
 # ---- The output norm and gate ----------------------------------------------------------------

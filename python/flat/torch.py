@@ -331,15 +331,18 @@ def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = No
          sequences: _args.Sequences) -> Tuple[Tensor, Optional[Tensor]]:
     c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values)
     direct = _direct(q, k, v, g, beta, b, w, initial_state)
-    if _check_sequences(sequences, initial_state, (q, k, v, g, beta, b, w)):
+    writes, pool = _check_sequences(sequences, initial_state, (q, k, v, g, beta, b, w)), initial_state
+    if _args.rowless(sequences, pool, q.shape[0]):  # no sequence: the call on the pool's first 0 rows
+        initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
+    elif writes:
         o = (_forward_pool_impl if direct else _forward_pool)(
-            variant, q, k, v, g, beta, b, w, initial_state, *sequences, c.scale, c.chunk, c.l2norm_qk, c.solve,
-            c.precision, c.gate_group, c.check_values)
-        return o, _written(initial_state, direct)
+            variant, q, k, v, g, beta, b, w, pool, *sequences, c.scale, c.chunk, c.l2norm_qk, c.solve, c.precision,
+            c.gate_group, c.check_values)
+        return o, _written(pool, direct)
     o, final_state = (_forward_impl if direct else _forward)(
         variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens, sequences.initial_state_indices, c.scale,
         c.chunk, c.l2norm_qk, c.solve, c.precision, c.gate_group, c.check_values, output_final_state)
-    return o, (final_state if output_final_state else None)
+    return o, (pool if writes else final_state if output_final_state else None)
 
 
 # ---- One function per variant (python/flat/_api.py): la, retnet, mamba2, gla, deltanet,
@@ -484,13 +487,16 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
     activation = _args.conv_activation(activation)
     sequences = _args.Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
     direct = _direct(x, weight, bias, initial_state)
-    if _check_sequences(sequences, initial_state, (x, weight, bias)):
-        y = (_conv_forward_pool_impl if direct else _conv_forward_pool)(x, weight, bias, initial_state, *sequences,
-                                                                         activation)
-        return y, _written(initial_state, direct)
+    writes, pool = _check_sequences(sequences, initial_state, (x, weight, bias)), initial_state
+    if _args.rowless(sequences, pool, x.shape[0]):  # no sequence: the call on the pool's first 0 rows
+        initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
+    elif writes:
+        y = (_conv_forward_pool_impl if direct else _conv_forward_pool)(x, weight, bias, pool, *sequences, activation)
+        return y, _written(pool, direct)
     y, state = (_conv_forward_impl if direct else _conv_forward)(
-        x, weight, bias, initial_state, cu_seqlens, initial_state_indices, activation, output_final_state)
-    return y, (_absent(state) if output_final_state else None)
+        x, weight, bias, initial_state, sequences.cu_seqlens, sequences.initial_state_indices, activation,
+        output_final_state)
+    return y, (pool if writes else _absent(state) if output_final_state else None)
 
 
 # ---- The output norm and gate ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Arguments at their edges, in flat.torch and flat.jax alike: an empty batch (B = 0 or T = 0) runs
-as any framework op does; a scale that is not a finite number, an initial_state whose shape is not a
+as any framework op does, over a pool too; a scale that is not a finite number, an initial_state whose shape is not a
 state's, an empty cu_seqlens, index values that JAX would narrow, an unknown solve or precision name
 reaching the FFI directly, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
 arguments (a bfloat16 initial_state, state_v_first, the gate and beta formed around the kernel,
@@ -109,6 +109,40 @@ def test_conv_and_norm_empty_batch(B, T):
     assert yj.shape == (B, T, 6) and np.array_equal(np.asarray(statej), state0.detach().numpy())
     dweight = jax.grad(lambda w: fj.rms_norm_gated(jnp.zeros((B, T, 8)), None, w).sum())(jnp.ones(8))
     assert not np.asarray(dweight).any()
+
+
+@pytest.mark.parametrize("B, T", EMPTY)
+def test_empty_batch_over_a_pool(B, T):
+    """An empty batch over a pool, each sequence reading and writing its own row: the rows read
+    come back as the final states, and the pool as it was from a write; with B = 0 (empty index
+    arrays, no row) as with T = 0. The recurrence and the convolution, flat.torch and flat.jax."""
+    rows = torch.tensor([2, 0, 3][:B], dtype=torch.int64)
+    inputs = {name: torch.tensor(x) for name, x in recurrence_inputs("la", B, T).items()}
+    pool, conv_pool = torch.tensor(states(4)), torch.randn(4, 6, 3)
+    x, weight = torch.randn(B, T, 6), torch.randn(6, 4)
+    o, finals = ft.la(**inputs, initial_state=pool, output_final_state=True, initial_state_indices=rows)
+    assert o.shape == (B, T, H, V) and torch.equal(finals, pool[rows])
+    y, conv_finals = ft.conv(x, weight, None, conv_pool, True, initial_state_indices=rows)
+    assert y.shape == (B, T, 6) and torch.equal(conv_finals, conv_pool[rows])
+    before = pool.clone(), conv_pool.clone()
+    o, written = ft.la(**inputs, initial_state=pool, initial_state_indices=rows, final_state_indices=rows)
+    y, conv_written = ft.conv(x, weight, None, conv_pool, initial_state_indices=rows, final_state_indices=rows)
+    assert o.shape == (B, T, H, V) and y.shape == (B, T, 6) and written is pool and conv_written is conv_pool
+    assert torch.equal(pool, before[0]) and torch.equal(conv_pool, before[1])
+
+    _, jnp, fj = jax_modules()
+    j = {name: jnp.asarray(t.numpy()) for name, t in dict(**inputs, pool=pool, conv_pool=conv_pool, x=x, weight=weight,
+                                                          rows=rows).items()}
+    la = {name: j[name] for name in inputs}
+    o, finals = fj.la(**la, initial_state=j["pool"], output_final_state=True, initial_state_indices=j["rows"])
+    assert o.shape == (B, T, H, V) and np.array_equal(np.asarray(finals), pool[rows].numpy())
+    _, written = fj.la(**la, initial_state=j["pool"], initial_state_indices=j["rows"], final_state_indices=j["rows"])
+    assert np.array_equal(np.asarray(written), pool.numpy())
+    y, conv_finals = fj.conv(j["x"], j["weight"], None, j["conv_pool"], True, initial_state_indices=j["rows"])
+    assert y.shape == (B, T, 6) and np.array_equal(np.asarray(conv_finals), conv_pool[rows].numpy())
+    _, conv_written = fj.conv(j["x"], j["weight"], None, j["conv_pool"], initial_state_indices=j["rows"],
+                              final_state_indices=j["rows"])
+    assert np.array_equal(np.asarray(conv_written), conv_pool.numpy())
 
 
 # ---- Refused arguments -----------------------------------------------------------------------------
