@@ -108,6 +108,21 @@ def test_conv_fn_initial_and_final_states(T, initial):
     close(buffer, ref_final, OUT, "final_states_out")
 
 
+def test_conv_fn_of_width_one_takes_its_own_final_states_back():
+    """W = 1 keeps no past input: its final states are [B, D, 0], and passed back as initial_states
+    (as a caller chaining calls does for any W) they are taken, reading nothing: two chunks give the
+    one call's output, the fallback's."""
+    torch.manual_seed(1)
+    x, weight, bias = torch.randn(2, 5, 7), torch.randn(5, 1), torch.randn(5)
+    whole = cc.causal_conv1d_fn(x, weight, bias, activation="silu")
+    close(whole, ref_conv(x, weight, bias, activation="silu"), OUT, "out")
+    first, states = cc.causal_conv1d_fn(x[..., :3], weight, bias, return_final_states=True, activation="silu")
+    second, final = cc.causal_conv1d_fn(x[..., 3:], weight, bias, initial_states=states, return_final_states=True,
+                                        activation="silu")
+    assert states.shape == final.shape == (2, 5, 0)
+    assert torch.equal(torch.cat([first, second], -1), whole)
+
+
 @pytest.mark.parametrize("Bn", [1, 2])
 def test_conv_fn_seq_idx_matches_separate_calls(Bn):
     torch.manual_seed(Bn)

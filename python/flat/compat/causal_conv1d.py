@@ -28,7 +28,8 @@ Differences from the package:
   Negative values are sequence ids like any other (no padding convention). With seq_idx,
   initial_states and return_final_states are refused, as in the package.
 - return_final_states does not need a channel-last x, and any width flat's convolution takes is
-  accepted (the package's CUDA kernels take 2 to 4); with W = 1 the final states are [B, D, 0].
+  accepted (the package's CUDA kernels take 2 to 4); with W = 1 the final states are [B, D, 0],
+  and so may initial_states be (they hold no input).
 - causal_conv1d_update: conv_state_indices must address rows of conv_state (0 <= index < rows,
   no repeats); the package has no checks (and newer versions skip negative indices).
 - Bad input raises ValueError naming the argument ("flat: <arg>: expected ..., got ...").
@@ -97,6 +98,8 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     state0 = None
     if initial_states is not None:
         state0 = _tensor("initial_states", initial_states, (Bn, D, W - 1), f"[B={Bn}, D={D}, W-1={W - 1}]").float()
+        if W == 1:  # [B, D, 0], as this function returns the final states: no past input to read
+            state0 = None
     if final_states_out is not None and return_final_states:
         _tensor("final_states_out", final_states_out, (Bn, D, W - 1), f"[B={Bn}, D={D}, W-1={W - 1}]")
 
