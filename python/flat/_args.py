@@ -25,8 +25,18 @@ class Call(NamedTuple):
 def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool, solve: str, precision: str,
          gate_group: Optional[int], check_values: bool) -> Call:
     """FLA's keyword arguments as the library's options."""
-    return Call(None if scale is None else float(scale), int(chunk_size), bool(use_qk_l2norm_in_kernel), solve,
-                precision, int(gate_group or 0), bool(check_values))
+    return Call(None if scale is None else float(scale), int(chunk_size), bool(use_qk_l2norm_in_kernel),
+                _name("solve", solve), _name("precision", precision), int(gate_group or 0), bool(check_values))
+
+
+def _name(option: str, value):
+    """A named option's value, which the library checks; None is refused here, where the library
+    would never see it (an option of value None is left at its default): a name option has its
+    default in the signature, and None is none of its names (as flat.nn's precision=, and FLA's
+    named modes, refuse it)."""
+    if value is None:
+        raise ValueError(f"flat: {option}: expected a name, got None (leave the argument out for its default)")
+    return value
 
 
 class Sequences(NamedTuple):

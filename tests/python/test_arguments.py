@@ -1,7 +1,7 @@
 """Arguments at their edges, in flat.torch and flat.jax alike: an empty batch (B = 0 or T = 0) runs
 as any framework op does, over a pool too; a scale that is not a finite number, an initial_state whose shape is not a
 state's, an empty cu_seqlens, index values that JAX would narrow, an unknown solve or precision name
-reaching the FFI directly, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
+reaching the FFI directly, None for either, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
 arguments (a bfloat16 initial_state, state_v_first, the gate and beta formed around the kernel,
 g_gamma, la's normalize with FLA's state pair, conv's and rms_norm_gated's activation, bias, residual
 and defaults) against plain PyTorch formulas, and refused by name where they do not fit; FLA's
@@ -256,6 +256,23 @@ def test_unknown_option_names_are_refused_by_both_bindings(option, value, expect
         _core.call("forward", "deltanet", dict(q=view, k=view, v=view, beta=(beta.data_ptr(), "f32", (1, 4, H),
                                                                            beta.stride()), y=view),
                    ([], [], [], []), dict(chunk=16, **{option: value}), 1, "flat")
+
+def test_none_is_no_solve_or_precision_name_anywhere():
+    """solve=None and precision=None are refused by name in flat.torch and flat.jax, as flat.nn's
+    layers refuse precision=None: None is none of the names, and leaving the argument out gives the
+    default."""
+    inputs = recurrence_inputs("deltanet", 1, 4)
+    _, jnp, fj = jax_modules()
+    for option in ("solve", "precision"):
+        message = re.escape(f"flat: {option}: expected a name, got None (leave the argument out for its default)")
+        with pytest.raises(ValueError, match=message):
+            ft.deltanet(**{n: torch.tensor(x) for n, x in inputs.items()}, **{option: None})
+        with pytest.raises(ValueError, match=message):
+            fj.deltanet(**{n: jnp.asarray(x) for n, x in inputs.items()}, **{option: None})
+    from flat.nn import LAYERS
+    with pytest.raises(ValueError, match=re.escape("precision: expected 'exact' or 'fast', got None")):
+        LAYERS["deltanet"](hidden_size=32, num_heads=2, precision=None)
+
 
 # ---- accepted_state_indices ---------------------------------------------------------------------
 
