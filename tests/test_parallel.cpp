@@ -1,9 +1,14 @@
 // parallel_ranges on the worker threads: every item once, failures passed to the caller, and
-// callers the workers cannot serve (nested, concurrent) served by threads of their own.
+// callers the workers cannot serve (nested, concurrent) served by threads of their own; a child
+// forked once the workers run ends normally.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -80,6 +85,22 @@ TEST(ParallelRanges, ThreadsCappedAtAFewPerHardwareThread) {
   EXPECT_EQ(ranges, cpu::max_threads());
   EXPECT_LE(int(seen.size()), cpu::max_threads());
   EXPECT_EQ(cpu::max_threads(), 4 * int(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+// The workers are never joined, so exit() has no thread to join: a child forked once they run
+// (its copy of the pool names threads it does not have) ends through exit() with status 0. Joining
+// the workers at exit killed it (std::system_error from the pool's destructor, or a crash). The
+// child starts no thread, which ThreadSanitizer refuses after a fork.
+TEST(ParallelRanges, ForkedChildExitsNormally) {
+  expect_each_item_once(8, 4);  // the workers are running
+  std::fflush(nullptr);         // nothing buffered is written twice
+  const pid_t child = fork();
+  ASSERT_NE(child, -1);
+  if (child == 0) std::exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

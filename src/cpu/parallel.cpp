@@ -38,19 +38,10 @@ bool poll(Done&& done) {
   }
 }
 
-// Worker threads that live as long as the process. One caller at a time; the caller runs part 0
-// itself.
+// Worker threads that live as long as the process and end with it: never stopped nor joined (see
+// run_on_pool). One caller at a time; the caller runs part 0 itself.
 class ThreadPool {
  public:
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
   bool run(int parts, const std::function<void(int64_t)>& part) {
     std::unique_lock<std::mutex> caller(busy_, std::try_to_lock);
     if (!caller.owns_lock()) return false;
@@ -81,8 +72,7 @@ class ThreadPool {
     for (;;) {
       if (!poll([&] { return round_.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || round_.load(std::memory_order_acquire) != seen; });
-        if (stop_) return;
+        wake_.wait(lock, [&] { return round_.load(std::memory_order_acquire) != seen; });
       }
       const std::function<void(int64_t)>* part;
       int parts;
@@ -109,7 +99,6 @@ class ThreadPool {
   int parts_ = 0;
   std::atomic<int> pending_{0};
   std::atomic<uint64_t> round_{0};
-  bool stop_ = false;
 };
 
 }  // namespace
@@ -121,7 +110,10 @@ int max_threads() {
 
 bool run_on_pool(int parts, const std::function<void(int64_t)>& part) {
   if (in_pool_worker) return false;
-  static ThreadPool pool;
+  // Never destroyed, so the process's exit joins no thread: a join at exit aborted a forked child,
+  // whose copy of the pool names threads it does not have (std::system_error in a destructor), and
+  // would make the exit wait on the workers of a caller still running on another thread.
+  static ThreadPool& pool = *new ThreadPool;
   // A forked child has the pool's memory but not its threads.
   static const pid_t owner = getpid();
   if (getpid() != owner) return false;

@@ -13,7 +13,8 @@
 namespace flat::cpu {
 
 // Runs part(0) on the calling thread and part(1) .. part(parts - 1) on the process's worker
-// threads (started on first use, then asleep between calls), returning when all are done.
+// threads (started on first use, then asleep between calls; never joined: they end with the
+// process), returning when all are done.
 // Returns false, having run nothing, when the workers are busy with another caller or when
 // called from one of them.
 bool run_on_pool(int parts, const std::function<void(int64_t)>& part);
