@@ -6,7 +6,8 @@
 Each is an XLA custom call through JAX's typed FFI (the handlers in flat._core, run on XLA's
 intra-op threads) wrapped in ``jax.custom_vjp``, so ``jax.grad``, ``jax.jit``, ``jax.eval_shape``
 and ``jax.vmap`` (over a leading axis, one call per element) work. Inputs are float32 or bfloat16
-arrays; states float32. A bad argument raises an error carrying the library's message.
+arrays; states float32. A bad argument raises an error carrying the library's message (its tensor
+named as here: ``initial_state``, the library's ``h0`` and ``state0``).
 
 Serving (python/flat/_api.py): ``cu_seqlens`` and the index arrays (int32 or int64) are traced
 arrays, not static. A call with ``final_state_indices`` or ``token_state_indices`` returns the pool

@@ -27,7 +27,8 @@ Inputs are read in place: ``q``, ``k``, ``v`` may be column slices of one fused 
 their last axis must be contiguous; otherwise it is made so). The kernels run without the GIL on
 PyTorch's intra-op threads (``torch.get_num_threads()``: the OpenMP runtime torch loaded, which
 this module shares by being imported after torch). A bad argument raises ``ValueError`` with the
-library's message; nothing is written then.
+library's message (its tensor named as here: ``initial_state``, the library's ``h0`` and ``state0``);
+nothing is written then.
 """
 
 import functools

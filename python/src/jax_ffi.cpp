@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "flat/call.h"
+#include "names.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -107,14 +108,15 @@ ExecutionContext context_of(ffi::ThreadPool& pool) {
   return context;
 }
 
-// The library's errors (flat::Error) as XLA's, which JAX raises with the message.
+// The library's errors (flat::Error) as XLA's, which JAX raises with the message, its argument
+// named as flat.jax names it (names.h).
 template <class Body>
 ffi::Error guarded(Body&& body) {
   try {
     body();
     return ffi::Error::Success();
   } catch (const std::exception& e) {
-    return ffi::Error::InvalidArgument(e.what());
+    return ffi::Error::InvalidArgument(python_names(e.what()));
   }
 }
 

@@ -1,7 +1,8 @@
 // flat._core: the library's calls by name for Python (flat/call.h), on tensors passed as views
 // (data pointer, dtype, shape, strides), so PyTorch's tensors and their strided slices are read
 // and written in place. The GIL is released while a kernel runs. flat::Error arrives as ValueError
-// (nanobind maps std::invalid_argument), with the library's message.
+// (nanobind maps std::invalid_argument), with the library's message, its argument named as the
+// Python functions name it (names.h).
 //
 // Also: the variants' table, the CPU target a call runs on, and the JAX FFI handler (jax_ffi.cpp)
 // as a capsule. The float64 oracles are a module of their own for the tests
@@ -24,6 +25,7 @@
 #include "flat/call.h"
 #include "host_threads.h"
 #include "jax_ffi.h"
+#include "names.h"
 #include "variants.h"
 
 namespace nb = nanobind;
@@ -108,7 +110,11 @@ void call(const std::string& operation, const std::string& variant, const std::m
   named.options = options_of(options);
   const ExecutionContext context = context_of(threads, pool);
   nb::gil_scoped_release unlocked;
-  flat::call(named, context);
+  try {
+    flat::call(named, context);
+  } catch (const Error& e) {
+    throw Error(python_names(e.what()));
+  }
 }
 
 // A call's outputs as the library describes them (flat::output_shapes): (name, dtype, shape) for
@@ -127,9 +133,14 @@ std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> output_s
       throw Error("flat: " + name + ": expected rank 1 to 4, got rank " + std::to_string(shape.size()));
     tensors.emplace_back(name, Tensor::contiguous(nullptr, dtype_of(dtype), shape));
   }
+  std::vector<std::pair<std::string_view, Tensor>> shapes;
+  try {
+    shapes = flat::output_shapes(op, which, tensors, {cu_seqlens, initial_state_indices}, options_of(options));
+  } catch (const Error& e) {
+    throw Error(python_names(e.what()));
+  }
   std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> out;
-  for (const auto& [name, t] : flat::output_shapes(op, which, tensors, {cu_seqlens, initial_state_indices},
-                                                   options_of(options)))
+  for (const auto& [name, t] : shapes)
     out.emplace_back(std::string(name), std::string(dtype_name(t.dtype)),
                      std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank));
   return out;

@@ -1,11 +1,12 @@
 """Arguments at their edges, in flat.torch and flat.jax alike: an empty batch (B = 0 or T = 0) runs
-as any framework op does, over a pool too; a scale that is not a finite number, an initial_state whose shape is not a
-state's, an empty cu_seqlens, index values that JAX would narrow, an unknown solve or precision name
-reaching the FFI directly, None for either, and bad accepted_state_indices arguments are refused by name, nothing written. FLA 0.6's
-arguments (a bfloat16 initial_state, state_v_first, the gate and beta formed around the kernel,
-g_gamma, la's normalize with FLA's state pair, conv's and rms_norm_gated's activation, bias, residual
-and defaults) against plain PyTorch formulas, and refused by name where they do not fit; FLA's
-positional order of each function flat shares."""
+as any framework op does, over a pool too; a scale that is not a finite number, an initial_state
+whose shape is not a state's, an empty cu_seqlens, index values that JAX would narrow, an unknown
+solve or precision name reaching the FFI directly, None for either, and bad accepted_state_indices
+arguments are refused by name (the library's refusals naming the initial_state as passed), nothing
+written. FLA 0.6's arguments (a bfloat16 initial_state, state_v_first, the gate and beta formed
+around the kernel, g_gamma, la's normalize with FLA's state pair, conv's and rms_norm_gated's
+activation, bias, residual and defaults) against plain PyTorch formulas, and refused by name where
+they do not fit; FLA's positional order of each function flat shares."""
 
 import inspect
 import re
@@ -175,12 +176,39 @@ def test_an_initial_state_of_the_wrong_rank_is_refused():
         ft.la(**inputs, initial_state=torch.tensor(3.0))
     with pytest.raises(ValueError, match=re.escape("flat: initial_state: expected a tensor of rank 1 to 4, got rank 0")):
         ft.conv(torch.randn(1, 4, 6), torch.randn(6, 4), initial_state=torch.tensor(3.0))
-    with pytest.raises(ValueError, match=re.escape("flat: h0: expected rank 4 [B=1, N=2, K=16, V=8], got rank 1 [1]")):
+    with pytest.raises(ValueError, match=re.escape("flat: initial_state: expected rank 4 [B=1, N=2, K=16, V=8], got "
+                                                   "rank 1 [1]")):
         ft.la(**inputs, initial_state=torch.tensor([3.0]))
     _, jnp, fj = jax_modules()
     with pytest.raises(Exception, match=re.escape("flat: initial_state: expected an array of rank 1 to 4, got rank 0")):
         fj.la(**{n: jnp.asarray(x.numpy()) for n, x in inputs.items()}, initial_state=jnp.float32(3.0))[0]\
             .block_until_ready()
+
+
+def test_the_librarys_refusals_name_the_initial_state_as_passed():
+    """The library's h0 (the recurrence's) and state0 (the convolution's) are the caller's
+    initial_state: its refusals name them so, a non-finite state, a pool row read (initial_state[2]),
+    a wrong shape, in flat.torch and flat.jax (there at run time, under jax.jit)."""
+    inputs = recurrence_inputs("la", 1, 4)
+    nan_state, nan_pool = states(1), states(4)
+    nan_state[0, 1, 2, 3] = nan_pool[2, 0, 0, 0] = np.nan
+    nan = re.escape("flat: initial_state: expected finite values, got nan at [0, 1, 2, 3]")
+    nan_row = re.escape("flat: initial_state[2]: expected finite values, got nan at [0, 0, 0]")
+    conv_shape = re.escape("flat: initial_state: expected shape [B=1, C=6, W-1=3], got [2, 6, 3]")
+    t = {n: torch.tensor(x) for n, x in inputs.items()}
+    with pytest.raises(ValueError, match=nan):
+        ft.la(**t, initial_state=torch.tensor(nan_state))
+    with pytest.raises(ValueError, match=nan_row):
+        ft.la(**t, initial_state=torch.tensor(nan_pool), initial_state_indices=torch.tensor([2]))
+    with pytest.raises(ValueError, match=conv_shape):
+        ft.conv(torch.randn(1, 4, 6), torch.randn(6, 4), None, torch.zeros(2, 6, 3))
+    jax, jnp, fj = jax_modules()
+    j = {n: jnp.asarray(x) for n, x in inputs.items()}
+    run = jax.jit(lambda state: fj.la(**j, initial_state=state)[0])
+    with pytest.raises(Exception, match=nan):
+        run(jnp.asarray(nan_state)).block_until_ready()
+    with pytest.raises(ValueError, match=conv_shape):
+        fj.conv(jnp.zeros((1, 4, 6)), jnp.zeros((6, 4)), None, jnp.zeros((2, 6, 3)))
 
 
 def test_an_empty_cu_seqlens_is_refused():
