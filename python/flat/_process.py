@@ -6,8 +6,17 @@ release takes the GIL; if the interpreter is finalizing by then, CPython ends th
 noexcept destructor and the process aborts ("terminate called without an active exception"; a core
 of flat.bench --context-parallel showed c10d::ProcessGroupGloo::runLoop destroying an
 AsyncBarrierWork under Py_FinalizeEx; pytorch/pytorch#179291). About one run in forty did so on
-our 2-core machines. A process whose work is done, results handed over and process group destroyed,
-ends without finalization instead."""
+our 2-core machines.
+
+Only a group still alive at finalization has such threads: destroy_process_group destroys the group,
+joining its threads, once nothing else references it. PyTorch's torch.distributed.nn.functional
+references the default group when it is imported while one is up (its functions' default argument
+``group=group.WORLD``), and the first call of any custom op imports it (through torch._dynamo): in
+flat's workers that was the first flat.torch call, so the group lived on. flat.context_parallel
+imports it with flat.torch, before init_process_group, so it holds None. A group a script still
+references (its own variables, a context_parallel(group) given it and the outputs of its calls)
+lives on all the same, so a process whose work is done, results handed over and process group
+destroyed, ends without finalization: flat's bench and test workers and flat.train's ranks."""
 
 import os
 import sys

@@ -80,6 +80,15 @@ from torch import Tensor
 
 from ._args import Sequences, check_sequences
 
+if dist.is_available():
+    # Before the user's init_process_group (this module is imported with flat.torch): the first call
+    # of a custom op (flat.torch's) imports torch._dynamo, which imports this module of PyTorch, whose
+    # functions take ``group=group.WORLD`` as a default argument, the default group of that moment,
+    # kept for good. Imported while a group is up, they would keep it, and its gloo threads, alive
+    # past destroy_process_group into the interpreter's finalization, where a gloo thread releasing
+    # a finished collective's tensors aborts the process now and then (python/flat/_process.py).
+    import torch.distributed.nn.functional  # noqa: F401
+
 _NAME = "flat.torch.context_parallel"
 
 

@@ -5,10 +5,15 @@ share. Packed batches (cu_seqlens) against the oracle on each sequence alone: se
 than a chunk, across one and two share boundaries, ending exactly at one, empty; a share of no
 tokens, one holding only the middle of a sequence; initial states on and off, each row's gradient on
 the rank where its sequence starts. One all-gather of states per call whatever the length; a rank
-whose arguments are refused raises its error and every other rank one naming it, none waits."""
+whose arguments are refused raises its error and every other rank one naming it, none waits. A
+user's script ending through the interpreter's own exit exits 0 on every rank, its group's gloo
+threads gone at destroy_process_group."""
 
 import datetime
+import os
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -408,6 +413,28 @@ def _free_port() -> int:
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_variant_split_across_ranks_matches_the_oracle(world):
     mp.spawn(_worker, args=(world, _free_port(), NAMES), nprocs=world, join=True)
+
+
+def test_a_users_script_tears_down_its_group_and_exits_normally():
+    """context_parallel_user.py, a user's two-rank script (flat.torch's calls forward and backward, a
+    barrier, destroy_process_group, the interpreter's own exit), three times: every rank exits 0, and
+    destroy_process_group leaves no gloo thread to run into the interpreter's finalization (before
+    flat.torch imported torch.distributed.nn.functional itself, its first call while the group was
+    up made that module's default arguments keep the group, and its threads, alive)."""
+    script = os.path.join(os.path.dirname(__file__), "context_parallel_user.py")
+    for run in range(3):
+        port = _free_port()
+        ranks = [subprocess.Popen([sys.executable, script, str(rank), "2", str(port)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=dict(os.environ)) for rank in range(2)]
+        try:
+            outputs = [process.communicate(timeout=120) for process in ranks]
+        finally:
+            for process in ranks:
+                process.kill()  # a rank still running (the other timed out); nothing once both ended
+        left = "[]" if sys.platform == "linux" else "None"  # None: no /proc to list threads
+        for rank, (process, (out, err)) in enumerate(zip(ranks, outputs)):
+            assert process.returncode == 0, f"run {run} rank {rank}: exit code {process.returncode}\n{err}"
+            assert f"gloo threads after destroy_process_group: {left}\n" in out, f"run {run} rank {rank}: {out}"
 
 
 def test_refused_without_a_process_group():
