@@ -272,6 +272,24 @@ TEST(NormGate, ZeroRows) {
   for (double v : got.y) EXPECT_EQ(v, 0.0);
 }
 
+// Rows at 1e20 and 1e30, whose fp32 sum of squares overflows, at 1e-20, whose squares underflow
+// (eps then rules), and rows mixing the three within themselves: every output as the oracle's,
+// through both orders of norm and gate, fp32 and bf16, on every target.
+TEST(NormGate, HugeAndTinyMagnitudes) {
+  for (double x_scale : {1e20, 1e30, 1e-20, 1.0})
+    for (bool norm_before_gate : {true, false})
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        NormCase c;
+        c.D = 37;
+        c.x_scale = x_scale;
+        c.mixed_magnitudes = x_scale == 1.0;
+        c.norm_before_gate = norm_before_gate;
+        c.x_dtype = c.y_dtype = dtype;
+        SCOPED_TRACE(c.name());
+        expect_matches_oracle(c);
+      }
+}
+
 TEST(NormGate, SameBitsForAnyThreadCount) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     NormCase c;

@@ -30,6 +30,7 @@ struct NormCase {
   uint64_t seed = 1;
   double g_scale = 2.0;  // of the gate's inputs
   double x_scale = 1.0;
+  bool mixed_magnitudes = false;  // x's elements in turn also times 1e20, 1 and 1e-20
 
   // Written to a stream: GCC 12 warns (-Wrestrict, a false positive) on "D" + std::to_string(D).
   std::string name() const {
@@ -40,6 +41,8 @@ struct NormCase {
     else s << "_nogate";
     if (strided) s << "_strided";
     if (weight_per_head) s << "_headweights";
+    if (x_scale != 1.0) s << "_x" << x_scale;
+    if (mixed_magnitudes) s << "_mixed";
     return s.str();
   }
 };
@@ -60,6 +63,8 @@ struct NormData {
       return v;
     };
     in.x = sample(c.x_dtype, c.x_scale);
+    if (c.mixed_magnitudes)
+      for (size_t i = 0; i < n; ++i) in.x[i] = round_to(c.x_dtype, in.x[i] * (i % 3 == 0 ? 1e20 : i % 3 == 1 ? 1.0 : 1e-20));
     if (c.gate) in.g = sample(c.g_dtype, c.g_scale);
     in.weight.resize(size_t(c.weight_per_head ? c.N : 1) * size_t(c.D));
     for (double& w : in.weight) w = double(float(1.0 + 0.5 * normal(rng)));

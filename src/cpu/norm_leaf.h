@@ -25,6 +25,7 @@
 
 #include "cpu/targets.h"
 #include "cpu/norm_kernels.h"
+#include "cpu/rescale.h"
 
 namespace flat::cpu::norm_leaf {
 namespace {
@@ -87,8 +88,17 @@ inline float sum_of_squares(const float* u, int D) {
   return s;
 }
 
-inline float inverse_rms(const NormGateParams& p, const float* u) {
-  return 1.0f / sqrtf(sum_of_squares(u, p.D) / float(p.D) + p.eps);
+// u's norm, as uhat = u scale r: r = 1 / sqrt(mean((u scale)^2) + eps scale^2), and r scale =
+// 1 / sqrt(mean(u^2) + eps), u's own inverse rms. u is scaled in place by a power of two where its
+// sum of squares overflows (cpu/rescale.h), else scale is 1.
+struct InverseRms {
+  float r, scale;
+};
+
+inline InverseRms inverse_rms(const NormGateParams& p, float* u) {
+  float sum = sum_of_squares(u, p.D), eps = p.eps;
+  const float scale = rescale_overflowed_row(u, p.D, sum, eps, sum_of_squares);
+  return {1.0f / sqrtf(sum / float(p.D) + eps), scale};
 }
 
 size_t workspace_floats(int D) { return size_t(6) * size_t(round16(D)); }
@@ -110,7 +120,7 @@ void forward(const NormGateParams& p, int64_t begin, int64_t end, float* workspa
     if (gate_first)
 #pragma omp simd
       for (int d = 0; d < D; ++d) x[d] *= a[d];
-    const float rs = inverse_rms(p, x);
+    const float rs = inverse_rms(p, x).r;  // of x as scaled in place
     if (gate && !gate_first) {
 #pragma omp simd
       for (int d = 0; d < D; ++d) out[d] = x[d] * rs * weight[d] * a[d];
@@ -144,7 +154,8 @@ void backward(const NormGateParams& p, int64_t begin, int64_t end, float* worksp
     } else {
       std::memcpy(u, x, sizeof(float) * size_t(D));
     }
-    const float rs = inverse_rms(p, u);
+    const InverseRms inv = inverse_rms(p, u);  // u scaled in place
+    const float rs = inv.r, r_of_u = inv.r * inv.scale;
     float tu = 0.0f;  // sum_d t_d uhat_d
     if (gate && !gate_first) {
 #pragma omp simd reduction(+ : tu)
@@ -168,7 +179,7 @@ void backward(const NormGateParams& p, int64_t begin, int64_t end, float* worksp
     }
     const float mean = tu / float(D);
 #pragma omp simd
-    for (int d = 0; d < D; ++d) t[d] = rs * (t[d] - u[d] * mean);  // du
+    for (int d = 0; d < D; ++d) t[d] = r_of_u * (t[d] - u[d] * mean);  // du
     if (gate_first) {
 #pragma omp simd
       for (int d = 0; d < D; ++d) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/recurrence.h"
+#include "cpu/rescale.h"
 #include "cpu/parallel.h"
 #include "cpu/rows.h"
 #include "cpu/targets.h"
@@ -97,11 +98,16 @@ float lane_sum(const float (&lanes)[kLanes]) {
 float load_normalised(const RowView& view, int b, int t, int head, bool l2norm, float* dst, int K) {
   cpu::load_row(view, b, t, head, dst, K);
   if (!l2norm) return 1.f;
-  float sum = 0.f;
-  for (int c = 0; c < K; ++c) sum += dst[c] * dst[c];
-  const float rstd = 1.f / std::sqrt(sum + kL2NormEps);
-  for (int c = 0; c < K; ++c) dst[c] *= rstd;
-  return rstd;
+  const auto sum_of_squares = [](const float* x, int n) {
+    float sum = 0.f;
+    for (int c = 0; c < n; ++c) sum += x[c] * x[c];
+    return sum;
+  };
+  float sum = sum_of_squares(dst, K), eps = kL2NormEps;
+  const float s = cpu::rescale_overflowed_row(dst, K, sum, eps, sum_of_squares);
+  const float r = 1.f / std::sqrt(sum + eps);
+  for (int c = 0; c < K; ++c) dst[c] *= r;
+  return r * s;
 }
 
 // Gradient through x_hat = x * rstd, in place: dx = rstd (dx_hat - x_hat <x_hat, dx_hat>).

@@ -10,18 +10,14 @@
 #include <cfloat>
 #include <cstring>
 
+#include "cpu/rescale.h"
 #include "cpu/stages/chunk.h"
 
 namespace flat::cpu::stages {
 namespace {
 
-// x_hat = x rstd with rstd = 1 / sqrt(sum x^2 + eps), for every finite row. The sum of squares
-// overflows fp32 once the row's norm passes about 1.8e19 (the row would normalise to 0); such a
-// row is first scaled by the power of two s that brings its largest magnitude into [0.5, 4),
-// exactly, and x s / sqrt(sum (x s)^2 + eps s^2) is the same x_hat, with rstd = s / sqrt(...).
-// Rows that do not overflow take the plain form, with no extra pass. Squares below fp32's range
-// lose nothing: eps outweighs them by 30 orders of magnitude. A row with an infinity is left to
-// the plain form, which makes it NaN.
+// x_hat = x rstd with rstd = 1 / sqrt(sum x^2 + eps), for every finite row: a row whose sum of
+// squares overflows is first scaled by a power of two s (cpu/rescale.h), rstd = s / sqrt(...).
 // Where `rows` is given, x_hat = (x s) r is also split as factor * rows for the products
 // (ScaledRows): with r = 1 / sqrt(sum + eps) = m 2^e (m in [0.5, 1)), rows = x s 2^e, bf16 values
 // when x is (powers of two scale them exactly), and factor = m; factor * rows rounds to x_hat's
@@ -31,19 +27,8 @@ void load_normalised_row(const RowView& view, int b, int t, int head, bool l2nor
                          float* rstd, int K, float* rows = nullptr, float* factor = nullptr) {
   load_row(view, b, t, head, dst, K);
   if (!l2norm) return;
-  float sum = Ops::dot(dst, dst, K), eps = kL2NormEps, s = 1.0f;
-  if (sum > FLT_MAX) {
-    float largest = 0.0f;
-    for (int c = 0; c < K; ++c) largest = __builtin_fmaxf(largest, __builtin_fabsf(dst[c]));
-    if (largest <= FLT_MAX) {
-      int e;
-      __builtin_frexpf(largest, &e);
-      s = __builtin_ldexpf(1.0f, -imin(e, 126));  // 2^-127 would be subnormal, 0 to denormals-are-zero
-      for (int c = 0; c < K; ++c) dst[c] *= s;
-      sum = Ops::dot(dst, dst, K);
-      eps *= s * s;
-    }
-  }
+  float sum = Ops::dot(dst, dst, K), eps = kL2NormEps;
+  const float s = rescale_overflowed_row(dst, K, sum, eps, [](const float* x, int n) { return Ops::dot(x, x, n); });
   const float r = 1.0f / __builtin_sqrtf(sum + eps);
   if (rows) {
     int e = 0;
