@@ -33,16 +33,34 @@ TEST(Targets, ListStartsPortableAndNamesAreUnique) {
   EXPECT_TRUE(cpu::supported(*targets.front()));
 }
 
-// The default is supported, and is what FLAT_ISA asks for when this CPU runs it.
-TEST(Targets, DefaultIsSupportedAndHonoursFlatIsa) {
-  const cpu::Target& chosen = cpu::default_target();
-  EXPECT_TRUE(cpu::supported(chosen));
-  const cpu::Target* asked = cpu::find_target(cpu::requested_target());
-  if (asked && cpu::supported(*asked)) {
-    EXPECT_EQ(&chosen, asked);
-  } else {
-    EXPECT_EQ(chosen.only_on_request, nullptr) << chosen.name << " is the default: " << chosen.only_on_request;
+// With FLAT_ISA unset the choice is supported and never a target that runs only on request; a
+// name the CPU runs is that target; any other name, a target this CPU lacks, one this build lacks
+// or a name in the wrong case, is refused, naming FLAT_ISA and the name, never run as the default.
+TEST(Targets, FlatIsaNamesATargetThisCpuRunsOrIsRefused) {
+  const cpu::Target& best = cpu::choose_target("");
+  EXPECT_TRUE(cpu::supported(best));
+  EXPECT_EQ(best.only_on_request, nullptr) << best.name << " is the default: " << best.only_on_request;
+  const auto expect_refused = [](std::string_view name) {
+    try {
+      cpu::choose_target(name);
+      ADD_FAILURE() << "FLAT_ISA=" << name << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FLAT_ISA"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'" + std::string(name) + "'"), std::string::npos) << e.what();
+    }
+  };
+  for (const cpu::Target* t : cpu::compiled_targets()) {
+    SCOPED_TRACE(t->name);
+    if (cpu::supported(*t)) {
+      EXPECT_EQ(&cpu::choose_target(t->name), t);
+    } else {
+      expect_refused(t->name);
+    }
   }
+  for (std::string_view name : {"avx1024", "AVX2", "Generic", "amx ", "generic,avx2"}) expect_refused(name);
+  const cpu::Target* asked = cpu::find_target(cpu::requested_target());
+  if (cpu::requested_target().empty() || (asked && cpu::supported(*asked)))
+    EXPECT_EQ(&cpu::default_target(), &cpu::choose_target(cpu::requested_target()));
 }
 
 // The tests' model of the tile unit is a target of its own on x86 (the amx target's code on the

@@ -125,16 +125,32 @@ std::string_view requested_target() {
   return name ? std::string_view(name) : std::string_view();
 }
 
-const Target& default_target() {
-  static const Target* const chosen = [] {
-    const Target* asked = find_target(requested_target());
-    if (asked && supported(*asked)) return asked;
+const Target& choose_target(std::string_view requested) {
+  if (requested.empty()) {
     const Target* best = compiled_targets().front();
     for (const Target* t : compiled_targets())
       if (!t->only_on_request && has(t->needs | t->preferred_with)) best = t;
-    return best;
-  }();
-  return *chosen;
+    return *best;
+  }
+  const auto names = [](const auto& targets) {
+    std::string list;
+    for (const Target* t : targets) list += (list.empty() ? "" : ", ") + std::string(t->name);
+    return list;
+  };
+  const Target* asked = find_target(requested);
+  if (!asked)
+    throw Error("FLAT_ISA: expected the name of a CPU target of this build (" + names(compiled_targets()) +
+                "), got '" + std::string(requested) + "'");
+  if (!supported(*asked))
+    throw Error("FLAT_ISA: expected a target this CPU and its OS run (" + names(supported_targets()) + "), got '" +
+                std::string(requested) + "', which needs an instruction set or OS permission this machine lacks");
+  return *asked;
+}
+
+// Chosen at the first call that asks; a refused FLAT_ISA is refused again at every call.
+const Target& default_target() {
+  static const Target& chosen = choose_target(requested_target());
+  return chosen;
 }
 
 }  // namespace flat::cpu

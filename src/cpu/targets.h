@@ -130,11 +130,13 @@ std::span<const Target* const> compiled_targets();
 bool supported(const Target& target);
 // The compiled targets this CPU runs.
 std::vector<const Target*> supported_targets();
-// The target every operation runs on by default: the one FLAT_ISA names in the environment when
-// this CPU runs it; otherwise the last supported target of the list that is preferred here (its
-// preferred_with present: a target with bf16 dot products only where they outrun the FMA units)
-// and not only_on_request.
-// Chosen once.
+// The target FLAT_ISA's value `requested` asks for, or, when it is empty, the last supported
+// target of the list that is preferred here (its preferred_with present: a target with bf16 dot
+// products only where they outrun the FMA units) and not only_on_request. Throws flat::Error
+// naming FLAT_ISA for a name no compiled target has (names are lower case) and for a target
+// this CPU or its OS does not run: a run that asked for amx measures amx or nothing.
+const Target& choose_target(std::string_view requested);
+// The target every operation runs on by default: choose_target(requested_target()), chosen once.
 const Target& default_target();
 // The compiled target of this name, or null.
 const Target* find_target(std::string_view name);
