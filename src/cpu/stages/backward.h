@@ -28,36 +28,60 @@ namespace {
 
 // Additive family, scalar gate: summed over channels the pair terms are dscores_ij * scores_ij,
 // so sum_{s>=t} (q_s dq'_s - k_s dk'_s) is the rectangle sum over (i >= t, j < t) of those plus
-// the queries' state terms, O(L^2) on the score tiles. Call before intra_backward (it reads the
-// raw dscores and the state parts of dq). Row dot products in fp32, everything summed across rows
-// and pairs in float64: L^2 terms of both signs.
+// the queries' state terms, O(L^2) on the score tiles. Row dot products in fp32, everything
+// summed across rows and pairs in float64: L^2 terms of both signs.
+//
+// Every term is formed in float64 from its undecayed parts and its decay, exp of a sum of log
+// decays: behind gates of -84 per token (a decay of 4e-37 per token) the gradient is a normal
+// number, 3.8e-37, made of terms that the fp32 decayed scores, dq and dk_state would take
+// through the flushed subnormal range (docs/algorithm.md, "Subnormal numbers"). So the pair terms
+// read the scores before their decay (ch.raw_scores, with the rows' factors) times
+// F_ij = exp(g_{j+1} + ... + g_i); the queries' state terms q_s . dq_s = P_s (q_s . (dY H0^T)_s)
+// with dq_unscaled = dY H0^T; the keys' ones k_j . dk_state_j = R_j (k_j . (values dH^T)_j), their
+// dot products taken by key_state_terms; and the boundary term P_{L-1} <dH, H0>.
+// Call after key_state_terms and before intra_backward (it reads the raw dscores).
 template <class Ops>
-void scalar_gate_gradient(Chunk& ch, const float* dH, const float* H0) {
+void key_state_terms(Chunk& ch, const float* values_dH) {
+  for (int j = 0; j < ch.L; ++j)
+    ch.key_terms[j] = Ops::dot(ch.k + size_t(j) * ch.K, values_dH + size_t(j) * ch.K, ch.K);
+}
+template <class Ops>
+void scalar_gate_gradient(Chunk& ch, const float* dH, const float* H0, const float* dq_unscaled) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
+  double* decay = ch.pair_decay;  // exp(g_t) in float64
+  for (int t = 0; t < L; ++t) decay[t] = __builtin_exp(double(ch.log_decay[t]));
   double boundary = 0;
   for (int c = 0; c < K; ++c) boundary += Ops::dot(dH + size_t(c) * VW, H0 + size_t(c) * VW, VW);
-  boundary *= ch.prefix[L - 1];
-
+  boundary *= __builtin_exp(ch.log_total[0]);
+  const float *row_factor = ch.queries.factor, *column_factor = ch.keys.factor;
   double* columns = ch.gate_columns;  // sum_{i>=t} X_ij for each j < t
   for (int j = 0; j < L; ++j) columns[j] = 0.0;
+  double* log_prefix = ch.dgate_acc;  // log P_t, then the gradient's accumulators (t from the end)
+  double running = 0;
+  for (int t = 0; t < L; ++t) {
+    log_prefix[t] = running += double(ch.log_decay[t]);
+    ch.key_terms[t] *= __builtin_exp(ch.log_total[0] - log_prefix[t]);  // R_t = P_{L-1} / P_t
+  }
   double query_suffix = 0, pairs = 0;
   for (int t = L - 1; t >= 0; --t) {
     const float* dA = ch.dscores + size_t(t) * C;
-    const float* A = ch.scores + size_t(t) * C;
+    const float* raw = ch.raw_scores + size_t(t) * C;
     // pairs(t) = sum_{i>=t, j<t} X_ij = pairs(t+1) - sum_{i>t} X_it + sum_{j<t} X_tj
     pairs -= columns[t];
-    for (int j = 0; j < t; ++j) {
-      const double x = double(dA[j]) * A[j];
+    double f = row_factor ? double(row_factor[t]) : 1.0;  // F_tj times row t's factor
+    for (int j = t - 1; j >= 0; --j) {
+      f *= decay[j + 1];
+      const double x = double(dA[j]) * double(raw[j]) * (column_factor ? f * double(column_factor[j]) : f);
       columns[j] += x;
       pairs += x;
     }
-    query_suffix += Ops::dot(ch.q + size_t(t) * K, ch.dq + size_t(t) * K, K);
+    query_suffix += __builtin_exp(log_prefix[t]) * Ops::dot(ch.q + size_t(t) * K, dq_unscaled + size_t(t) * K, K);
     ch.dgate_acc[t] = query_suffix + pairs + boundary;
   }
   double key_prefix = 0;
   for (int t = 0; t < L; ++t) {
     ch.dgate[t] = float(ch.dgate_acc[t] + key_prefix);
-    key_prefix += Ops::dot(ch.k + size_t(t) * K, ch.dk_state + size_t(t) * K, K);
+    key_prefix += ch.key_terms[t];
   }
 }
 
@@ -152,8 +176,10 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   float* dvalues = ch.delta ? ch.drv : ch.dv;
   ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
   const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
+  const bool rectangle = p.gate == GateKind::scalar && !ch.delta;
+  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false, ch.raw_scores);
   gemm_nt<Ops>(ch, L, K, VW, ch.values(), VW, dH, VW, ch.panel, K, false, Triangle::none, ch.values_values);
+  if (rectangle) key_state_terms<Ops>(ch, ch.panel);
   scale_rows(ch.dk_state, ch.panel, ch.suffix, L, K, ch.W);
   zero(ch.dk, size_t(L) * K);
   gemm_scaled_nn<Ops>(ch, L, VW, kd, dH, VW, dvalues);
@@ -166,8 +192,7 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   const PackedB H0_t = pack_transposed<Ops>(K, VW, H0, VW, ch.packed);
   gemm_packed_sharing_b<Ops>(ch, L, K, VW, H0_t, VW, ch.dy, ch.panel, dz, ch.dbp, K);
   scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
-  const bool rectangle = p.gate == GateKind::scalar && !ch.delta;
-  if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0);
+  if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0, ch.panel);
   intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.queries, ch.keys, ch.dq, ch.dk, ch.diag);
   if (ch.delta) delta_backward<Ops>(ch);
   if (p.gate != GateKind::none) {
@@ -221,17 +246,57 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   }
 }
 
+// The power of two 2^e that brings the largest of the chunk's prefix decays P into [0.5, 1), where
+// that largest lies below 2^-64 (the chunk's first token behind a gate of -45 or stronger); else
+// 0, no rescaling. P_i = exp(G_i), G_i the log decays summed in float64 through token i.
+constexpr double kLn2 = 0.69314718055994531;
+
+inline int prefix_exponent(const Chunk& ch) {
+  constexpr double kLargestUnscaled = -64 * kLn2;
+  const int W = ch.W;
+  double* running = ch.log_total;  // summed again from 0: it ends as the chunk's total, as loaded
+  double largest = -__builtin_inf();
+  for (int c = 0; c < W; ++c) running[c] = 0.0;
+  for (int i = 0; i < ch.L; ++i)
+    for (int c = 0; c < W; ++c) largest = __builtin_fmax(largest, running[c] += double(ch.log_decay[size_t(i) * W + c]));
+  if (!(largest < kLargestUnscaled)) return 0;
+  return int(__builtin_floor(largest / kLn2)) + 1;
+}
+
 // dH <- P_{L-1} * dH + (q * P)^T dY (- bp^T dz for the delta rule) over the loaded chunk: the
 // gradient wrt its start state. Reads q * P (and bp, dz), which `gradients` leaves in place
 // (ch.decayed_queries, ch.decayed_erase); consumes dz.
+// Behind a chunk of strong gates the result can be a normal number (1.6e-38 from a decay of
+// 4e-37, a query of 0.01 and an output gradient of 4) whose terms, formed as q * P first, pass
+// through the flushed subnormal range and vanish. Where every prefix decay is below 2^-64
+// (prefix_exponent), P is formed again from the log decays as P 2^-e, the products made into
+// ch.rescaled and 2^e times them added: a power of two scales exactly where the result is normal.
 template <class Ops>
 void propagate_state_gradient(Chunk& ch, float* dH) {
+  const int L = ch.L, K = ch.K, VW = ch.VW, W = ch.W;
   decay_state(ch, dH, dH);
-  gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, ch.decayed_queries, ch.dy, ch.VW, Operands::f32, dH, ch.VW, true);
-  if (ch.delta) {
-    for (size_t e = 0; e < size_t(ch.L) * ch.VW; ++e) ch.dz[e] = -ch.dz[e];
-    gemm_scaled_tn<Ops>(ch, ch.VW, ch.L, ch.decayed_erase, ch.dz, ch.VW, Operands::f32, dH, ch.VW, true);
+  const int e = ch.gated ? prefix_exponent(ch) : 0;
+  if (e) {
+    // P 2^-e over ch.prefix (decay_state has read P_{L-1}), and q * P, bp again from it.
+    const double shift = -double(e) * kLn2;
+    for (int c = 0; c < W; ++c) ch.log_total[c] = 0.0;
+    for (int i = 0; i < L; ++i)
+      for (int c = 0; c < W; ++c)
+        ch.prefix[size_t(i) * W + c] = float((ch.log_total[c] += double(ch.log_decay[size_t(i) * W + c])) + shift);
+    Ops::exp(ch.prefix, L * W);
+    ch.decayed_queries = decayed(ch, ch.queries, ch.q, ch.prefix, ch.qg_factor, ch.qg);
+    if (ch.delta) ch.decayed_erase = decayed(ch, ch.erase_keys, ch.bt, ch.prefix, ch.bp_factor, ch.bp);
   }
+  float* out = e ? ch.rescaled : dH;
+  gemm_scaled_tn<Ops>(ch, VW, L, ch.decayed_queries, ch.dy, VW, Operands::f32, out, VW, !e);
+  if (ch.delta) {
+    for (size_t x = 0; x < size_t(L) * VW; ++x) ch.dz[x] = -ch.dz[x];
+    gemm_scaled_tn<Ops>(ch, VW, L, ch.decayed_erase, ch.dz, VW, Operands::f32, out, VW, true);
+  }
+  if (!e || e < -252) return;  // below 2^-252 every term is under fp32's range
+  // 2^e in two normal factors where e < -126: the first product stays normal wherever the result is.
+  const float up = __builtin_ldexpf(1.0f, e < -126 ? e + 126 : e), down = e < -126 ? 0x1p-126f : 1.0f;
+  for (size_t x = 0; x < size_t(K) * VW; ++x) dH[x] += ch.rescaled[x] * up * down;
 }
 
 // Item `index`'s dH [K, pack * V] from dht (or 0), and its dh0 written from dH when asked.

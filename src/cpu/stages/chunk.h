@@ -96,6 +96,14 @@ struct Chunk {
     for (float** t : {&pair, &gate_carry}) *t = arena.take<float>(size_t(K + 15) / 16 * 16);  // whole vectors
     for (double** t : {&gate_columns, &dgate_acc}) *t = arena.take<double>(size_t(C));
     log_total = arena.take<double>(size_t(W));
+    if (gated) {
+      log_decay = arena.take<float>(CW);
+      rescaled = arena.take<float>(size_t(K) * VW);
+    }
+    if (gated && W == 1 && !delta) {
+      raw_scores = arena.take<float>(CC);
+      for (double** t : {&pair_decay, &key_terms}) *t = arena.take<double>(size_t(C));
+    }
     if (delta) {
       for (float** t : {&erase, &bt, &bp, &dbt, &dbp}) *t = arena.take<float>(CK);
       for (float** t : {&write, &rv, &drv, &dz}) *t = arena.take<float>(CV);
@@ -147,6 +155,16 @@ struct Chunk {
   float* pair;                  // [K] running pairwise factor
   float* gate_carry;            // [K] gate-gradient terms carried along the chunk
   double* log_total;            // [W] the chunk's log-gates summed: log P_{L-1}
+  // For the backward's terms whose decay factors would take them through the flushed subnormal
+  // range (docs/algorithm.md, "Subnormal numbers"): the log decays g_t, the state gradient's
+  // products rescaled by a power of two (propagate_state_gradient) and, for the additive family's
+  // scalar gate, the scores before their decay, exp(g_t) in float64 and the keys' state terms
+  // (scalar_gate_gradient).
+  float* log_decay = nullptr;    // [C, W] g_t, loaded with the output gradients
+  float* rescaled = nullptr;     // [K, VW]
+  float* raw_scores = nullptr;   // [C, C] <q_i, k_j> as the products read them, before factors and decay
+  double* pair_decay = nullptr;  // [C]
+  double* key_terms = nullptr;   // [C] k_j . (values dH^T)_j
   double *gate_columns, *dgate_acc;  // [C] scalar-gate gradient accumulators
   float* out;                   // [C, VW] y
   float *dq, *dk, *dv;          // [C, K], [C, K], [C, VW]

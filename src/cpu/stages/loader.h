@@ -89,8 +89,8 @@ struct Loader {
     }
   }
   // a_t = exp(g_t) (a grouped gate spread over its channels) and the prefix and suffix
-  // products P, R.
-  void decays(Chunk& ch, int t0) const {
+  // products P, R; with keep_logs, the log decays g_t too (the backward's, ch.log_decay).
+  void decays(Chunk& ch, int t0, bool keep_logs) const {
     const int W = ch.W, L = ch.L, G = p.gate_group;
     if (p.gate == GateKind::none) {
       for (int i = 0; i < L; ++i) ch.decay[i] = 1.0f;
@@ -107,6 +107,7 @@ struct Loader {
       for (int c = 0; c < W; ++c) ch.log_total[c] = 0.0;
       for (int i = 0; i < L; ++i)
         for (int c = 0; c < W; ++c) ch.log_total[c] += ch.decay[size_t(i) * W + c];
+      if (keep_logs) std::memcpy(ch.log_decay, ch.decay, sizeof(float) * size_t(L) * W);
       Ops::exp(ch.decay, L * W);
     }
     std::memcpy(ch.prefix, ch.decay, sizeof(float) * W);
@@ -161,7 +162,7 @@ struct Loader {
   }
   void chunk(Chunk& ch, int t0, int parts) const {
     ch.L = imin(ch.C, p.S - t0);
-    decays(ch, t0);
+    decays(ch, t0, parts & with_output_grads);
     if (parts & keys_values) {
       keys(ch, t0);
       values(ch, t0);

@@ -51,14 +51,17 @@ void apply_scalar_decay(Chunk& ch, float* m, bool strict, const float* row_facto
 // out_ij = <queries_i * F_ij, keys_j> for j <= i (j < i when strict), 0 elsewhere: [L, L], from the
 // rows [L, K] (`queries`, `keys`) and, where the gate is scalar (the decay applied to the
 // product), as the products read them (`queries_read`, `keys_read`: bf16 rows, their factors applied
-// with the decay).
+// with the decay); there, `raw` (when given) receives the product before factors and decay (its
+// lower triangle, diagonal included).
 template <class Ops>
 void intra_scores(Chunk& ch, const float* queries, const float* keys, const ScaledRows& queries_read,
-                  const ScaledRows& keys_read, float* out, bool strict) {
+                  const ScaledRows& keys_read, float* out, bool strict, float* raw = nullptr) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (ch.W == 1) {
     gemm_nt<Ops>(ch, L, L, K, queries_read.rows, K, keys_read.rows, K, out, C, false, Triangle::c_lower,
                  queries_read.values, keys_read.values);
+    if (raw)
+      for (int i = 0; i < L; ++i) std::memcpy(raw + size_t(i) * C, out + size_t(i) * C, sizeof(float) * size_t(i + 1));
     apply_scalar_decay(ch, out, strict, queries_read.factor, keys_read.factor);
     return;
   }
