@@ -9,7 +9,10 @@ activation, bias, residual and defaults) against plain PyTorch formulas, and ref
 they do not fit; FLA's positional order of each function flat shares."""
 
 import inspect
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -693,3 +696,18 @@ def test_jax_takes_fla_s_arguments_as_flat_torch():
                                              ).shape, (2, 40, H, V))
     with pytest.raises(ValueError, match="flat: allow_neg_eigval"):
         fj.gated_deltanet(J(a["q"]), J(a["k"]), J(a["v"]), J(a["g"][..., 0]), J(a["beta"]), allow_neg_eigval=True)
+
+
+def test_flat_isa_naming_no_target_is_refused_by_every_call():
+    """FLAT_ISA set to a name no target has is refused when a call runs, naming FLAT_ISA and the
+    name, never silently running the default target (the C++ tests check every name)."""
+    script = ("import torch, flat.torch as ft\n"
+              "q = torch.randn(1, 4, 1, 8)\n"
+              "try:\n"
+              "    ft.la(q, q, q)\n"
+              "except ValueError as e:\n"
+              "    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "FLAT_ISA": "avx1024"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "FLAT_ISA" in run.stdout and "'avx1024'" in run.stdout, run.stdout
