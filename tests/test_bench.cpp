@@ -3,10 +3,12 @@
 // exit status 2 before measuring anything.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -15,7 +17,11 @@
 #include <vector>
 
 #include "bench.h"
+#include "bench_workload.h"
+#include "params.h"
+#include "backend.h"
 #include "cpu/targets.h"
+#include "vector_work.h"
 
 namespace flat::test {
 namespace {
@@ -176,11 +182,24 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
                                           files.json.string(), "--plot", files.plot.string()},
                                          out, err);
   ASSERT_EQ(status, 0) << err.str();
+  // The vector work of the forward and the backward where the build has the stages without
+  // products (not under the sanitizers).
+  const bool vector_work = tool::vector_work_target(cpu::default_target()).has_value();
 
   // Progress on the error stream, tables on the output.
-  EXPECT_NE(err.str().find("[1/17] ceilings (quick) ... "), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("[11/17] gla forward, model gates, subnormals kept ... "), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("[17/17] gla decode, fp32 recurrent baseline ... "), std::string::npos) << err.str();
+  const std::string total = vector_work ? "/19] " : "/17] ";
+  EXPECT_NE(err.str().find("[1" + total + "ceilings (quick) ... "), std::string::npos) << err.str();
+  if (vector_work) {
+    EXPECT_NE(err.str().find("[3/19] gla forward, vector work alone (products zeroed, results wrong) ... "),
+              std::string::npos)
+        << err.str();
+  }
+  EXPECT_NE(err.str().find((vector_work ? "[13" : "[11") + total + "gla forward, model gates, subnormals kept ... "),
+            std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find((vector_work ? "[19" : "[17") + total + "gla decode, fp32 recurrent baseline ... "),
+            std::string::npos)
+      << err.str();
   EXPECT_EQ(count(err.str(), "not measured"), 0u) << err.str();
   const std::string table = out.str();
   EXPECT_NE(table.find("| copy bandwidth GB/s"), std::string::npos) << table;
@@ -234,15 +253,64 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
     EXPECT_EQ(k["pass"].text, passes[i]);
     for (const char* timing : {"fused", "fused_1_thread", "unfused", "recurrent_fp32"})
       expect_timing(k[timing], what + " " + timing);
-    for (const char* number :
-         {"percent_of_bound", "thread_scaling", "speedup_over_unfused", "speedup_over_recurrent"})
+    for (const char* number : {"memory_ms", "products_ms", "roofline_ms", "percent_of_roofline",
+                               "percent_of_product_peak", "thread_scaling", "speedup_over_unfused",
+                               "speedup_over_recurrent"})
       expect_positive(k[number], what + " " + number);
-    EXPECT_TRUE(k["bound"].text == "compute" || k["bound"].text == "memory") << k["bound"].text;
+    // The roofline: the larger of the bytes at the copy bandwidth and the FLOPs at the product
+    // unit's peak, both all threads, and the pass's time against it.
+    const double memory_ms = k["fused"]["bytes"].number / (ceilings["copy_gb_per_s"]["all_threads"].number * 1e6);
+    const double products_ms = k["fused"]["flops"].number / (json["product_peak_gflop_per_s"].number * 1e6);
+    EXPECT_NEAR(k["memory_ms"].number, memory_ms, 1e-4 * memory_ms) << what;
+    EXPECT_NEAR(k["products_ms"].number, products_ms, 1e-4 * products_ms) << what;
+    EXPECT_EQ(k["roofline_ms"].number, std::max(k["memory_ms"].number, k["products_ms"].number)) << what;
+    EXPECT_EQ(k["bound"].text, products_ms >= memory_ms ? "compute" : "memory") << what;
+    EXPECT_NEAR(k["percent_of_roofline"].number, 100 * k["roofline_ms"].number / k["fused"]["ms"].number,
+                1e-4 * k["percent_of_roofline"].number)
+        << what;
+    EXPECT_NEAR(k["percent_of_product_peak"].number,
+                100 * k["fused"]["gflop_per_s"].number / json["product_peak_gflop_per_s"].number,
+                1e-4 * k["percent_of_product_peak"].number)
+        << what;
+    // The vector work of the forward and the backward (and their sum), against the memory time.
+    if (vector_work && i < 3) {
+      expect_timing(k["vector_work"], what + " vector_work");
+      EXPECT_NEAR(k["vector_work_over_memory"].number, k["vector_work"]["ms"].number / k["memory_ms"].number,
+                  1e-4 * k["vector_work_over_memory"].number)
+          << what;
+    } else {
+      EXPECT_TRUE(k["vector_work"].is_null() && k["vector_work_over_memory"].is_null()) << what;
+    }
     EXPECT_EQ(k["percent_of_bf16_tile_peak"].is_null(), !tiles) << what;
     EXPECT_TRUE(k["against"].is_null() && k["compared"].is_null() && k["speedup_over_against"].is_null()) << what;
   }
   EXPECT_NEAR(kernels[2]["fused"]["ms"].number, kernels[0]["fused"]["ms"].number + kernels[1]["fused"]["ms"].number,
               1e-3 * kernels[2]["fused"]["ms"].number);
+  if (vector_work) {
+    EXPECT_NEAR(kernels[2]["vector_work"]["ms"].number,
+                kernels[0]["vector_work"]["ms"].number + kernels[1]["vector_work"]["ms"].number,
+                1e-3 * kernels[2]["vector_work"]["ms"].number);
+  }
+  // The product unit: the tile unit's for a target with tile products, the bf16 dot products' for
+  // one that needs them, the FMA units' otherwise; its peak among the ceilings.
+  const cpu::Target& target = cpu::default_target();
+  const double fma = ceilings["fp32_fma_gflop_per_s"]["all_threads"].number;
+  if (target.tile_products) {
+    EXPECT_EQ(json["product_unit"].text, "bf16 tiles");
+    const double tiles_peak = ceilings["bf16_tile_gflop_per_s"]["all_threads"].number;
+    EXPECT_NEAR(json["product_peak_gflop_per_s"].number, tiles_peak, 1e-5 * tiles_peak);
+  } else if (target.needs & cpu::kCpuAvx512Bf16) {
+    EXPECT_EQ(json["product_unit"].text, "bf16 dot products");
+    const double dot_peak = std::max(fma, ceilings["bf16_dot_gflop_per_s"]["all_threads"].number);
+    EXPECT_NEAR(json["product_peak_gflop_per_s"].number, dot_peak, 1e-5 * dot_peak);
+  } else {
+    EXPECT_EQ(json["product_unit"].text, "fp32 FMA");
+    EXPECT_NEAR(json["product_peak_gflop_per_s"].number, fma, 1e-5 * fma);
+  }
+  EXPECT_NE(table.find("| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | memory ms | products ms | bound | "
+                       "% of roofline | % of product peak | vector work ms | vector work / memory |"),
+            std::string::npos)
+      << table;
 
   const Json& gates = json["gates"];
   ASSERT_EQ(gates.items.size(), 2u);
@@ -298,9 +366,15 @@ TEST(Bench, AgainstASecondTargetSideBySide) {
                                          out, err);
   ASSERT_EQ(status, 0) << err.str();
   // The pass on the bench's own target, then on the other, both through the driver's entry.
-  EXPECT_NE(err.str().find("[3/19] la forward, fused on " + other + " (driver) ... "), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("[4/19] la forward, fused on " + other + " (driver) ... "), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("[19/19] la decode, fp32 recurrent baseline ... "), std::string::npos) << err.str();
+  const bool vector_work = tool::vector_work_target(cpu::default_target()).has_value();
+  const std::string total = vector_work ? "/21] " : "/19] ";
+  EXPECT_NE(err.str().find("[3" + total + "la forward, fused on " + other + " (driver) ... "), std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find("[4" + total + "la forward, fused on " + other + " (driver) ... "), std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find((vector_work ? "[21" : "[19") + total + "la decode, fp32 recurrent baseline ... "),
+            std::string::npos)
+      << err.str();
   const std::string table = out.str();
   EXPECT_NE(table.find("The same fused kernels on " + other + " and " + other + " in this run"), std::string::npos)
       << table;
@@ -322,6 +396,51 @@ TEST(Bench, AgainstASecondTargetSideBySide) {
   EXPECT_NEAR(kernels[2]["against"]["ms"].number,
               kernels[0]["against"]["ms"].number + kernels[1]["against"]["ms"].number,
               1e-3 * kernels[2]["against"]["ms"].number);
+}
+
+// The vector work's targets: every target this CPU runs but the software models has one (none under
+// the sanitizers, whose build compiles none), none of them is among the library's targets, and
+// its passes write every output: y all zeros, every product being zero, and every gradient finite.
+TEST(Bench, VectorWorkTargetsZeroTheProducts) {
+  const bool built = tool::vector_work_target(cpu::default_target()).has_value();
+  tool::BenchOptions o;
+  o.B = 1, o.S = 70, o.N = 2, o.K = 16, o.V = 16;  // a chunk of 64 and one of 6
+  o.dtype = DType::f32;
+  const float poison = std::numeric_limits<float>::quiet_NaN();
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    const std::optional<cpu::Target> stripped = tool::vector_work_target(*target);
+    ASSERT_EQ(stripped.has_value(), built && !target->software_model) << target->name;
+    if (!stripped) continue;
+    for (const cpu::Target* library : cpu::compiled_targets())
+      EXPECT_NE(library->sequence.forward, stripped->sequence.forward) << target->name << " " << library->name;
+    for (Variant variant : tool::every_variant()) {
+      const std::string what = std::string(target->name) + " " + std::string(info(variant).name);
+      tool::Workload w(o, variant);
+      const Options options = w.options(o);
+      std::fill(w.y.f32.begin(), w.y.f32.end(), poison);
+      cpu::forward_on(*stripped, describe_forward(variant, w.forward_args(), options), {});
+      EXPECT_TRUE(std::all_of(w.y.f32.begin(), w.y.f32.end(), [](float y) { return y == 0.0f; })) << what;
+      cpu::forward_on(*target, describe_forward(variant, w.forward_args(), options), {});
+      EXPECT_TRUE(std::any_of(w.y.f32.begin(), w.y.f32.end(), [](float y) { return y != 0.0f; })) << what;
+      for (tool::Workload::Array* gradient : {&w.dq, &w.dk, &w.dv, &w.dg, &w.dbeta, &w.db, &w.dw})
+        std::fill(gradient->f32.begin(), gradient->f32.end(), poison);
+      cpu::backward_on(*stripped, describe_backward(variant, w.backward_args(), options), {});
+      const BackwardArgs written = w.backward_args();
+      const std::pair<const char*, std::pair<const Tensor*, const std::vector<float>*>> gradients[] = {
+          {"dq", {&written.dq, &w.dq.f32}},       {"dk", {&written.dk, &w.dk.f32}}, {"dv", {&written.dv, &w.dv.f32}},
+          {"dg", {&written.dg, &w.dg.f32}},       {"dbeta", {&written.dbeta, &w.dbeta.f32}},
+          {"db", {&written.db, &w.db.f32}},       {"dw", {&written.dw, &w.dw.f32}}};
+      for (const auto& [name, gradient] : gradients) {
+        const Tensor& view = *gradient.first;
+        if (!view.present()) continue;
+        int64_t elements = 1;  // the tensor's, at the start of its array (retnet's dg [N] is shorter)
+        for (int axis = 0; axis < view.rank; ++axis) elements *= view.shape[size_t(axis)];
+        EXPECT_TRUE(std::all_of(gradient.second->begin(), gradient.second->begin() + elements,
+                                [](float x) { return std::isfinite(x); }))
+            << what << " " << name;
+      }
+    }
+  }
 }
 
 // The convolution alone, at a shape of its own: its table and its JSON section.

@@ -30,6 +30,7 @@
 #include "variants.h"
 #include "report.h"
 #include "timing.h"
+#include "vector_work.h"
 
 namespace flat::tool {
 namespace {
@@ -46,6 +47,15 @@ double state_round_trips(const Shape& sh, bool backward) {
   const double chunks = double((sh.S + sh.chunk - 1) / sh.chunk);
   const double states = double(sh.B * sh.N) * chunks * double(sh.K * sh.V) * 4;
   return (backward ? 4 : 2) * states;
+}
+
+// The fastest unit a target's chunk products run on: the tile unit for a target with tile
+// products, the bf16 dot products for one that needs them (its products of bf16 values run there),
+// the FMA units otherwise.
+ProductUnit product_unit(const cpu::Target& target) {
+  if (target.tile_products) return ProductUnit::bf16_tiles;
+  if (target.needs & cpu::kCpuAvx512Bf16) return ProductUnit::bf16_dot;
+  return ProductUnit::fp32_fma;
 }
 
 // "[3/32] gla backward, fused ... 412.3 ms" on the error stream, one line per measurement.
@@ -173,7 +183,8 @@ std::ofstream open_output(const std::string& path) {
 // baselines. A baseline that throws is reported as not measured; the fused kernels must run.
 // Passes: forward and backward at the bench's shape; decode, one token (S = 1) with the state
 // read from h0 and written to ht, as inference runs it, kDecodeRepeats times.
-void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress& progress, BenchReport& report) {
+void bench_variant(Variant variant, const BenchOptions& o, int threads, const std::optional<cpu::Target>& vector_work,
+                   Progress& progress, BenchReport& report) {
   BenchOptions one_token = o;
   one_token.S = 1;
   Workload w(o, variant), step(one_token, variant);
@@ -238,6 +249,16 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
       k.compared = on_driver(cpu::default_target());
       k.against = on_driver(*o.against);
     }
+    if (pass != Pass::decode && vector_work) {
+      ExecutionContext context;
+      context.threads = threads;
+      k.vector_work = Timing{measure(label + ", vector work alone (products zeroed, results wrong)", repeats,
+                                     [&] {
+                                       backward ? cpu::backward_on(*vector_work, bp, context)
+                                                : cpu::forward_on(*vector_work, fp, context);
+                                     }),
+                             flops, bytes};
+    }
     if (threads > 1)
       k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(1)),
                                flops, bytes);
@@ -291,7 +312,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, Progress
   report.kernels.push_back({name, "fwd+bwd", forward.fused + backward.fused,
                             forward.fused_1thread + backward.fused_1thread, forward.unfused + backward.unfused,
                             forward.recurrent + backward.recurrent, forward.against + backward.against,
-                            forward.compared + backward.compared});
+                            forward.compared + backward.compared, forward.vector_work + backward.vector_work});
   report.kernels.push_back(bench_pass(Pass::decode));
 }
 
@@ -336,9 +357,11 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.serving_repeats = kServingRepeats;
   report.isa = cpu::default_target().name;
   report.products = cpu::default_target().products;
+  report.product_unit = product_unit(cpu::default_target());
   if (o.against) report.against = o.against->name;
+  const std::optional<cpu::Target> vector_work = vector_work_target(cpu::default_target());
 
-  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 6 : 0), per_gated_variant = 4;
+  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 6 : 0) + (vector_work ? 2 : 0), per_gated_variant = 4;
   int measurements = 1;
   for (Variant variant : o.variants) measurements += per_variant + (has_model_gates(info(variant)) ? per_gated_variant : 0);
   Progress progress(err, measurements);
@@ -346,7 +369,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
     progress.start(o.quick_ceilings ? "ceilings (quick)" : "ceilings");
     const double ceiling_seconds = seconds([&] { report.ceilings = measure_ceilings(threads, o.quick_ceilings); });
     progress.finish(ceiling_seconds);
-    for (Variant variant : o.variants) bench_variant(variant, o, threads, progress, report);
+    for (Variant variant : o.variants) bench_variant(variant, o, threads, vector_work, progress, report);
     if (!o.variants.empty()) report.serving = BenchReport::Serving{o.serving, {}};
     for (Variant variant : o.variants) {
       const std::vector<ServeResult> served = bench_serving(variant, o, o.serving, threads, kServingRepeats, &err);

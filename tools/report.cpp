@@ -17,7 +17,7 @@ namespace {
 
 template <class... Args>
 std::string format(const char* pattern, Args... args) {
-  char text[512];
+  char text[1024];
   std::snprintf(text, sizeof text, pattern, args...);
   return text;
 }
@@ -93,13 +93,48 @@ void write_serving_markdown(const BenchReport& r, std::ostream& out) {
 
 }  // namespace
 
+const char* unit_name(ProductUnit unit) {
+  switch (unit) {
+    case ProductUnit::fp32_fma: return "fp32 FMA";
+    case ProductUnit::bf16_dot: return "bf16 dot products";
+    case ProductUnit::bf16_tiles: return "bf16 tiles";
+  }
+  return "";
+}
+
+namespace {
+
+// The all-thread peak of the unit, GFLOP/s. The bf16 dot-product unit's products of fp32 values
+// run on the FMA units, so its roof is the faster of the two (the FMA's on Intel, the dot
+// products' on AMD).
+double product_peak(const BenchReport& r) {
+  const Ceilings& c = r.ceilings;
+  switch (r.product_unit) {
+    case ProductUnit::fp32_fma: break;
+    case ProductUnit::bf16_dot:
+      if (c.bf16_gflops) return std::max(c.fp32_gflops.all, c.bf16_gflops->all);
+      break;
+    case ProductUnit::bf16_tiles:
+      if (c.tile_bf16_gflops) return c.tile_bf16_gflops->all;
+      break;
+  }
+  return c.fp32_gflops.all;
+}
+
+std::optional<double> vector_work_over_memory(const KernelResult& k, const Standing& s) {
+  if (!k.vector_work) return std::nullopt;
+  return k.vector_work->seconds / s.memory_seconds;
+}
+
+}  // namespace
+
 Standing standing(const BenchReport& r, const Timing& t) {
   const Ceilings& c = r.ceilings;
-  const double compute_seconds = t.flops / (c.fp32_gflops.all * 1e9);
-  const double memory_seconds = t.bytes / (c.copy_gbs.all * 1e9);
   Standing s;
-  s.compute_bound = compute_seconds >= memory_seconds;
-  s.percent_of_bound = std::max(compute_seconds, memory_seconds) / t.seconds * 100;
+  s.memory_seconds = t.bytes / (c.copy_gbs.all * 1e9);
+  s.product_seconds = t.flops / (product_peak(r) * 1e9);
+  s.percent_of_roofline = s.roofline_seconds() / t.seconds * 100;
+  s.percent_of_product_peak = t.gflops() / product_peak(r) * 100;
   if (c.bf16_gflops) s.percent_of_bf16_peak = t.gflops() / c.bf16_gflops->all * 100;
   if (c.tile_bf16_gflops) s.percent_of_tile_peak = t.gflops() / c.tile_bf16_gflops->all * 100;
   return s;
@@ -131,18 +166,23 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
 
   out << format("\nFused kernels on %s at %s precision, %d threads, median of %d runs after a warm-up (fwd+bwd: "
                 "the sum of the two; decode: one token, the state read from h0 and written to ht, median of %d "
-                "runs):\n\n",
-                r.isa.c_str(), r.precision.c_str(), r.threads, r.repeats, r.decode_repeats);
-  out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | bound | % of bound | % of bf16 peak "
-         "| % of tile peak |\n"
-         "|---|---|---:|---:|---:|---:|---|---:|---:|---:|\n";
+                "runs). Memory: the pass's bytes at the copy bandwidth; products: its FLOPs at the %s peak "
+                "(%.1f GFLOP/s); the roofline is the larger. Vector work: the pass with its products replaced by "
+                "a kernel that only zeroes their outputs (timing only, its results wrong), through the driver's "
+                "entry:\n\n",
+                r.isa.c_str(), r.precision.c_str(), r.threads, r.repeats, r.decode_repeats, unit_name(r.product_unit),
+                product_peak(r));
+  out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | memory ms | products ms | bound | % of roofline "
+         "| % of product peak | vector work ms | vector work / memory |\n"
+         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n";
   for (const KernelResult& k : r.kernels) {
     const Timing& t = k.fused;
     const Standing s = standing(r, t);
-    out << format("| %-6s | %-8s | %s | %7.1f | %6.1f | %6.1f | %-7s | %5.1f | %s | %s |\n", k.variant.c_str(),
-                  k.pass.c_str(), ms(t.seconds).c_str(), t.gflops(), t.gbs(), t.intensity(),
-                  s.compute_bound ? "compute" : "memory", s.percent_of_bound,
-                  cell(s.percent_of_bf16_peak, "%5.1f").c_str(), cell(s.percent_of_tile_peak, "%5.1f").c_str());
+    out << format("| %-6s | %-8s | %s | %7.1f | %6.1f | %6.1f | %s | %s | %-7s | %5.1f | %5.1f | %s | %s |\n",
+                  k.variant.c_str(), k.pass.c_str(), ms(t.seconds).c_str(), t.gflops(), t.gbs(), t.intensity(),
+                  ms(s.memory_seconds).c_str(), ms(s.product_seconds).c_str(),
+                  s.compute_bound() ? "compute" : "memory", s.percent_of_roofline, s.percent_of_product_peak,
+                  ms(seconds(k.vector_work)).c_str(), cell(vector_work_over_memory(k, s), "x%.2f").c_str());
   }
 
   if (!r.against.empty()) {
@@ -256,6 +296,8 @@ void write_json(const BenchReport& r, std::ostream& out) {
                 "  \"decode_repeats\": %d,\n",
                 r.chunk, r.threads, r.repeats, r.baseline_repeats, r.decode_repeats);
   out << "  \"isa\": " << json_string(r.isa) << ",\n";
+  out << "  \"product_unit\": " << json_string(unit_name(r.product_unit))
+      << ", \"product_peak_gflop_per_s\": " << json_number(product_peak(r)) << ",\n";
   out << "  \"against\": " << (r.against.empty() ? "null" : json_string(r.against)) << ",\n";
   out << "  \"ceilings\": {\n";
   out << format("    \"threads\": %d,\n    \"copy_buffer_bytes\": %lld,\n", c.threads, (long long)c.copy_bytes);
@@ -273,8 +315,14 @@ void write_json(const BenchReport& r, std::ostream& out) {
     out << (i ? "," : "") << "\n    {";
     out << "\"variant\": " << json_string(k.variant) << ", \"pass\": " << json_string(k.pass) << ",\n";
     out << "     \"fused\": " << json_timing(k.fused) << ",\n";
-    out << "     \"bound\": " << json_string(s.compute_bound ? "compute" : "memory")
-        << ", \"percent_of_bound\": " << json_number(s.percent_of_bound)
+    out << "     \"memory_ms\": " << json_number(s.memory_seconds * 1e3)
+        << ", \"products_ms\": " << json_number(s.product_seconds * 1e3)
+        << ", \"roofline_ms\": " << json_number(s.roofline_seconds() * 1e3)
+        << ", \"bound\": " << json_string(s.compute_bound() ? "compute" : "memory")
+        << ", \"percent_of_roofline\": " << json_number(s.percent_of_roofline)
+        << ", \"percent_of_product_peak\": " << json_number(s.percent_of_product_peak) << ",\n";
+    out << "     \"vector_work\": " << json_timing(k.vector_work)
+        << ", \"vector_work_over_memory\": " << json_number(vector_work_over_memory(k, s))
         << ", \"percent_of_bf16_dot_peak\": " << json_number(s.percent_of_bf16_peak)
         << ", \"percent_of_bf16_tile_peak\": " << json_number(s.percent_of_tile_peak) << ",\n";
     out << "     \"fused_1_thread\": " << json_timing(k.fused_1thread)

@@ -2,6 +2,7 @@
 // markdown tables on the terminal, the JSON file and the roofline plot (SVG).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
@@ -16,6 +17,10 @@
 
 namespace flat::tool {
 
+// The units a target's chunk products run on, each measured among the ceilings.
+enum class ProductUnit { fp32_fma, bf16_dot, bf16_tiles };
+const char* unit_name(ProductUnit unit);
+
 struct KernelResult {
   std::string variant;
   std::string pass;                          // "forward", "backward", "fwd+bwd" or "decode"
@@ -26,6 +31,10 @@ struct KernelResult {
   // through the driver's entry (cpu::forward_on: no argument or value checks, which `fused`
   // includes), so that their ratio compares the targets' kernels alone.
   std::optional<Timing> against, compared;
+  // The same pass on the bench's target with its chunk products replaced by a kernel that only
+  // zeroes their outputs (tools/vector_work.h; through the driver's entry, results wrong): the
+  // vector work beside the products. Absent for decode and where the build has no such stages.
+  std::optional<Timing> vector_work;
 };
 
 // One pass of a variant with the weak gates of the tables above and with gates as the models
@@ -44,6 +53,9 @@ struct BenchReport {
   int chunk = 0, threads = 1, repeats = 0, baseline_repeats = 0, decode_repeats = 0, serving_repeats = 0;
   std::string isa;       // the target the fused kernels run on (src/cpu/targets.h)
   std::string products;  // what its chunk products run on, in words
+  // The unit whose all-thread peak bounds the time of the chunk products (the roofline's compute
+  // roof): the fastest the target's products run on (product_unit, tools/bench.cpp).
+  ProductUnit product_unit = ProductUnit::fp32_fma;
   // A second target the fused kernels ran on in the same run, for the speedup (flat bench
   // --against); empty when none.
   std::string against;
@@ -70,12 +82,15 @@ struct BenchReport {
   std::optional<Serving> serving;
 };
 
-// Where a timing stands under the all-thread ceilings: it is compute bound when its FLOPs at
-// the fp32 FMA peak (where most chunk products run) take longer than its bytes at the copy
-// bandwidth, memory bound otherwise; `percent_of_bound` is its rate against that binding ceiling.
+// Where a timing stands under the all-thread ceilings, its roofline: the time of its bytes at the
+// copy bandwidth (memory) and of its FLOPs at the peak of the unit its products run on
+// (BenchReport::product_unit); the larger bounds it (compute bound when the products' time is).
 struct Standing {
-  bool compute_bound = false;
-  double percent_of_bound = 0;
+  double memory_seconds = 0, product_seconds = 0;
+  double roofline_seconds() const { return std::max(memory_seconds, product_seconds); }
+  bool compute_bound() const { return product_seconds >= memory_seconds; }
+  double percent_of_roofline = 0;      // the roofline's time over the timing's
+  double percent_of_product_peak = 0;  // GFLOP/s over the product unit's peak
   std::optional<double> percent_of_bf16_peak;  // absent without a bf16 dot-product unit
   std::optional<double> percent_of_tile_peak;  // absent where the amx target does not run
 };
