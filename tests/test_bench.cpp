@@ -187,17 +187,19 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   const bool vector_work = tool::vector_work_target(cpu::default_target()).has_value();
 
   // Progress on the error stream, tables on the output.
-  const std::string total = vector_work ? "/19] " : "/17] ";
+  const std::string total = vector_work ? "/21] " : "/17] ";
   EXPECT_NE(err.str().find("[1" + total + "ceilings (quick) ... "), std::string::npos) << err.str();
   if (vector_work) {
-    EXPECT_NE(err.str().find("[3/19] gla forward, vector work alone (products zeroed, results wrong) ... "),
-              std::string::npos)
-        << err.str();
+    for (const char* line :
+         {"[3/21] gla forward, vector work alone (products zeroed, results wrong) ... ",
+          "[17/21] gla backward, model gates, vector work alone (products zeroed, results wrong) ... "}) {
+      EXPECT_NE(err.str().find(line), std::string::npos) << err.str();
+    }
   }
   EXPECT_NE(err.str().find((vector_work ? "[13" : "[11") + total + "gla forward, model gates, subnormals kept ... "),
             std::string::npos)
       << err.str();
-  EXPECT_NE(err.str().find((vector_work ? "[19" : "[17") + total + "gla decode, fp32 recurrent baseline ... "),
+  EXPECT_NE(err.str().find((vector_work ? "[21" : "[17") + total + "gla decode, fp32 recurrent baseline ... "),
             std::string::npos)
       << err.str();
   EXPECT_EQ(count(err.str(), "not measured"), 0u) << err.str();
@@ -320,6 +322,11 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
     for (const char* timing : {"weak", "model", "model_subnormals_kept"})
       expect_timing(gates[i][timing], std::string("gates ") + passes[i] + " " + timing);
     EXPECT_EQ(gates[i]["weak"]["ms"].number, kernels[i]["fused"]["ms"].number);
+    if (vector_work) {
+      expect_timing(gates[i]["model_vector_work"], std::string("gates ") + passes[i] + " model_vector_work");
+    } else {
+      EXPECT_TRUE(gates[i]["model_vector_work"].is_null());
+    }
   }
 
   const Json& serving = json["serving"];

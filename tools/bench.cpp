@@ -210,6 +210,20 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     return Timing{*s, flops, bytes};
   };
 
+  // The pass (the backward's when `backward` is given, else the forward's) on the bench's target with
+  // its chunk products zeroed (tools/vector_work.h), through the driver's entry: its vector work,
+  // counted as `counts`. Absent where the build has no such stages.
+  auto vector_work_of = [&](const std::string& what, const Params* backward, const Params& forward,
+                            const Timing& counts) -> std::optional<Timing> {
+    if (!vector_work) return std::nullopt;
+    ExecutionContext context;
+    context.threads = threads;
+    const double s = measure(what + ", vector work alone (products zeroed, results wrong)", o.repeats, [&] {
+      backward ? cpu::backward_on(*vector_work, *backward, context) : cpu::forward_on(*vector_work, forward, context);
+    });
+    return Timing{s, counts.flops, counts.bytes};
+  };
+
   enum class Pass { forward, backward, decode };
   auto bench_pass = [&](Pass pass) {
     const bool backward = pass == Pass::backward;
@@ -249,16 +263,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
       k.compared = on_driver(cpu::default_target());
       k.against = on_driver(*o.against);
     }
-    if (pass != Pass::decode && vector_work) {
-      ExecutionContext context;
-      context.threads = threads;
-      k.vector_work = Timing{measure(label + ", vector work alone (products zeroed, results wrong)", repeats,
-                                     [&] {
-                                       backward ? cpu::backward_on(*vector_work, bp, context)
-                                                : cpu::forward_on(*vector_work, fp, context);
-                                     }),
-                             flops, bytes};
-    }
+    if (pass != Pass::decode) k.vector_work = vector_work_of(label, backward ? &bp : nullptr, fp, k.fused);
     if (threads > 1)
       k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(1)),
                                flops, bytes);
@@ -306,7 +311,10 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
         return Timing{s, weak->fused.flops, weak->fused.bytes};
       };
       const Timing model = timed("model gates", true), kept = timed("model gates, subnormals kept", false);
-      report.gates.push_back({name, weak->pass, weak->fused, model, kept});
+      const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
+      report.gates.push_back({name, weak->pass, weak->fused, model, kept,
+                              vector_work_of(weak->pass + ", model gates", weak == &backward ? &bp : nullptr, fp,
+                                             weak->fused)});
     }
   }
   report.kernels.push_back({name, "fwd+bwd", forward.fused + backward.fused,
@@ -361,7 +369,8 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   if (o.against) report.against = o.against->name;
   const std::optional<cpu::Target> vector_work = vector_work_target(cpu::default_target());
 
-  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 6 : 0) + (vector_work ? 2 : 0), per_gated_variant = 4;
+  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 6 : 0) + (vector_work ? 2 : 0),
+            per_gated_variant = vector_work ? 6 : 4;
   int measurements = 1;
   for (Variant variant : o.variants) measurements += per_variant + (has_model_gates(info(variant)) ? per_gated_variant : 0);
   Progress progress(err, measurements);

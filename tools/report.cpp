@@ -218,14 +218,21 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
     out << format("\nGates as the models draw them (g = -exp(A_log) * softplus(a + dt_bias) at Mamba-2's, Gated "
                   "DeltaNet's and Kimi Linear's initialisation) against the weak gates above, fused on %d threads, "
                   "median of %d runs; subnormals flushed as the library runs, then kept as the CPU runs by "
-                  "default (ExecutionContext::flush_subnormals = false):\n\n",
+                  "default (ExecutionContext::flush_subnormals = false); the model gates' pass with its products "
+                  "zeroed (vector work, as above) and the same over the pass's memory time:\n\n",
                   r.threads, r.repeats);
-    out << "| variant | pass | weak gates ms | model gates ms | model / weak | subnormals kept ms | kept / flushed |\n"
-           "|---|---|---:|---:|---:|---:|---:|\n";
-    for (const GateResult& g : r.gates)
-      out << format("| %-6s | %-8s | %s | %s | x%.2f | %s | x%.2f |\n", g.variant.c_str(), g.pass.c_str(),
+    out << "| variant | pass | weak gates ms | model gates ms | model / weak | subnormals kept ms | kept / flushed "
+           "| model gates vector work ms | vector work / memory |\n"
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const GateResult& g : r.gates) {
+      const std::optional<double> over_memory =
+          g.model_vector_work ? std::optional<double>(g.model_vector_work->seconds / standing(r, g.model).memory_seconds)
+                              : std::nullopt;
+      out << format("| %-6s | %-8s | %s | %s | x%.2f | %s | x%.2f | %s | %s |\n", g.variant.c_str(), g.pass.c_str(),
                     ms(g.weak.seconds).c_str(), ms(g.model.seconds).c_str(), g.model.seconds / g.weak.seconds,
-                    ms(g.model_subnormals_kept.seconds).c_str(), g.model_subnormals_kept.seconds / g.model.seconds);
+                    ms(g.model_subnormals_kept.seconds).c_str(), g.model_subnormals_kept.seconds / g.model.seconds,
+                    ms(seconds(g.model_vector_work)).c_str(), cell(over_memory, "x%.2f").c_str());
+    }
   }
   if (r.conv) {
     out << "\n";
@@ -339,7 +346,8 @@ void write_json(const BenchReport& r, std::ostream& out) {
     const GateResult& g = r.gates[i];
     out << (i ? "," : "") << "\n    {\"variant\": " << json_string(g.variant) << ", \"pass\": " << json_string(g.pass)
         << ",\n     \"weak\": " << json_timing(g.weak) << ",\n     \"model\": " << json_timing(g.model)
-        << ",\n     \"model_subnormals_kept\": " << json_timing(g.model_subnormals_kept) << "}";
+        << ",\n     \"model_subnormals_kept\": " << json_timing(g.model_subnormals_kept)
+        << ",\n     \"model_vector_work\": " << json_timing(g.model_vector_work) << "}";
   }
   out << "\n  ]";
   if (r.conv) {

@@ -44,6 +44,9 @@ struct GateResult {
   std::string variant;
   std::string pass;  // "forward" or "backward"
   Timing weak, model, model_subnormals_kept;
+  // The model's gates' pass with its products zeroed (KernelResult::vector_work), subnormals
+  // flushed; absent where the build has no such stages.
+  std::optional<Timing> model_vector_work;
 };
 
 struct BenchReport {

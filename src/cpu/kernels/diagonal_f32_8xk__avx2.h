@@ -15,64 +15,115 @@
 namespace flat::cpu {
 namespace {
 
-// Channels run 8 to a vector; per query i the factors F_ij walk down the keys j in f (K floats,
-// rounded up to 8), and each score is one vector of 8 partial sums, added across at the end.
-inline void diagonal_scores_f32_8xk__avx2(int n, int K, const float* q, const float* k, const float* a, float* A,
-                                          int lda, float* f) {
-  const int full = K / 8 * 8;
-  const __m256i tail = first_lanes_avx2(K - full);
-  for (int i = 0; i < n; ++i) {
-    const float* qi = q + size_t(i) * K;
-    for (int c = 0; c < K; c += 8) _mm256_storeu_ps(f + c, _mm256_set1_ps(1.0f));
-    for (int j = i; j >= 0; --j) {
-      const float *kj = k + size_t(j) * K, *aj = a + size_t(j) * K;
-      __m256 score = _mm256_setzero_ps();
-      int c = 0;
-      for (; c < full; c += 8) {
-        const __m256 fc = _mm256_loadu_ps(f + c);
-        score = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(qi + c), fc), _mm256_loadu_ps(kj + c), score);
-        _mm256_storeu_ps(f + c, _mm256_mul_ps(fc, _mm256_loadu_ps(aj + c)));
-      }
-      if (c < K) {
-        const __m256 fc = _mm256_loadu_ps(f + c);
-        score = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_maskload_ps(qi + c, tail), fc), _mm256_maskload_ps(kj + c, tail),
-                                score);
-        _mm256_storeu_ps(f + c, _mm256_mul_ps(fc, _mm256_maskload_ps(aj + c, tail)));
-      }
-      A[size_t(i) * lda + j] = sum_lanes(score);
+// Channels run 8 to a vector, in slices of up to kSliceVectors vectors held in registers while the
+// keys j walk down from query i: the query's slice and its factors F_ij (f, a running product), so
+// a step loads only k_j's and a_j's slice: 2 loads, 2 multiplies and an FMA per vector and pair,
+// where walking the whole row of f in memory per key (this kernel until 2026-12-06) took 4 loads and
+// a store. The gradients keep dq_i's slice in registers too (3 loads and a store per vector and
+// pair, from 6 and 3). Each slice is one helper call with its vector count and the masks of its row
+// tail, so the unrolled loops hold registers only; the operations and their order per element are
+// those of the row-at-a-time walk, so the results are bit for bit the same.
+constexpr int kSliceVectors = 4;  // q and f: 8 of the 16 ymm registers, the rest for k, a, the sums
+
+// The 8 floats at p, or the first lanes of `tail` where the row ends within them.
+inline __m256 load_lanes(const float* p, bool whole, __m256i tail) {
+  return whole ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail);
+}
+
+// Query i's scores against keys j = i .. 0 over channels [c0, c0 + 8 NV): per key, 8 lanes of partial
+// sums added to sums[j].
+template <int NV>
+inline void diagonal_scores_slice__avx2(int i, int K, int c0, const float* q, const float* k, const float* a,
+                                        __m256* sums, __m256i tail) {
+  __m256 qi[NV], f[NV];
+  bool whole[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    whole[v] = c0 + 8 * v + 8 <= K;
+    qi[v] = load_lanes(q + size_t(i) * K + c0 + 8 * v, whole[v], tail);
+    f[v] = _mm256_set1_ps(1.0f);
+  }
+  for (int j = i; j >= 0; --j) {
+    const float *kj = k + size_t(j) * K + c0, *aj = a + size_t(j) * K + c0;
+    __m256 score = sums[j];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      score = _mm256_fmadd_ps(_mm256_mul_ps(qi[v], f[v]), load_lanes(kj + 8 * v, whole[v], tail), score);
+      f[v] = _mm256_mul_ps(f[v], load_lanes(aj + 8 * v, whole[v], tail));
     }
+    sums[j] = score;
   }
 }
 
-// Per query i the factors walk down the keys j in f, as above; dq[i] and dk[j] updated 8 channels
-// at a time.
-inline void diagonal_gradients_f32_8xk__avx2(int n, int K, const float* q, const float* k, const float* a,
-                                             const float* dA, int lda, float* dq, float* dk, float* f) {
-  const int full = K / 8 * 8;
-  const __m256i tail = first_lanes_avx2(K - full);
-  for (int i = 1; i < n; ++i) {
-    for (int c = 0; c < K; c += 8) _mm256_storeu_ps(f + c, _mm256_set1_ps(1.0f));
-    const float* qi = q + size_t(i) * K;
-    float* dqi = dq + size_t(i) * K;
-    for (int j = i - 1; j >= 0; --j) {
-      const __m256 w = _mm256_set1_ps(dA[size_t(i) * lda + j]);
-      const float *kj = k + size_t(j) * K, *a_next = a + size_t(j + 1) * K;
-      float* dkj = dk + size_t(j) * K;
-      const auto step = [&](int c, auto load, auto store) {
-        const __m256 fc = _mm256_mul_ps(_mm256_loadu_ps(f + c), load(a_next + c));
-        _mm256_storeu_ps(f + c, fc);
-        const __m256 wf = _mm256_mul_ps(w, fc);
-        store(dqi + c, _mm256_fmadd_ps(wf, load(kj + c), load(dqi + c)));
-        store(dkj + c, _mm256_fmadd_ps(wf, load(qi + c), load(dkj + c)));
-      };
-      int c = 0;
-      for (; c < full; c += 8)
-        step(c, [](const float* p) { return _mm256_loadu_ps(p); }, [](float* p, __m256 x) { _mm256_storeu_ps(p, x); });
-      if (c < K)
-        step(c, [&](const float* p) { return _mm256_maskload_ps(p, tail); },
-             [&](float* p, __m256 x) { _mm256_maskstore_ps(p, tail, x); });
+inline void diagonal_scores_f32_8xk__avx2(int n, int K, const float* q, const float* k, const float* a, float* A,
+                                          int lda, float*) {
+  const __m256i tail = first_lanes_avx2(K % 8);
+  const int vectors = (K + 7) / 8;
+  __m256 sums[16];  // n <= 16 keys
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j <= i; ++j) sums[j] = _mm256_setzero_ps();
+    for (int v0 = 0; v0 < vectors; v0 += kSliceVectors) {
+      const int c0 = 8 * v0;
+      switch (vectors - v0 < kSliceVectors ? vectors - v0 : kSliceVectors) {
+        case 1: diagonal_scores_slice__avx2<1>(i, K, c0, q, k, a, sums, tail); break;
+        case 2: diagonal_scores_slice__avx2<2>(i, K, c0, q, k, a, sums, tail); break;
+        case 3: diagonal_scores_slice__avx2<3>(i, K, c0, q, k, a, sums, tail); break;
+        default: diagonal_scores_slice__avx2<4>(i, K, c0, q, k, a, sums, tail); break;
+      }
+    }
+    for (int j = 0; j <= i; ++j) A[size_t(i) * lda + j] = sum_lanes(sums[j]);
+  }
+}
+
+// Query i's gradients against keys j = i - 1 .. 0 over channels [c0, c0 + 8 NV): the slice of dq_i and
+// the factors in registers, dk_j's slice loaded and stored per key.
+template <int NV>
+inline void diagonal_gradients_slice__avx2(int i, int K, int c0, const float* q, const float* k, const float* a,
+                                           const float* dA, int lda, float* dq, float* dk, __m256i tail) {
+  __m256 qi[NV], f[NV], dqi[NV];
+  bool whole[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    whole[v] = c0 + 8 * v + 8 <= K;
+    qi[v] = load_lanes(q + size_t(i) * K + c0 + 8 * v, whole[v], tail);
+    dqi[v] = load_lanes(dq + size_t(i) * K + c0 + 8 * v, whole[v], tail);
+    f[v] = _mm256_set1_ps(1.0f);
+  }
+  for (int j = i - 1; j >= 0; --j) {
+    const __m256 w = _mm256_set1_ps(dA[size_t(i) * lda + j]);
+    const float *kj = k + size_t(j) * K + c0, *a_next = a + size_t(j + 1) * K + c0;
+    float* dkj = dk + size_t(j) * K + c0;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      f[v] = _mm256_mul_ps(f[v], load_lanes(a_next + 8 * v, whole[v], tail));
+      const __m256 wf = _mm256_mul_ps(w, f[v]);
+      dqi[v] = _mm256_fmadd_ps(wf, load_lanes(kj + 8 * v, whole[v], tail), dqi[v]);
+      const __m256 dkv = _mm256_fmadd_ps(wf, qi[v], load_lanes(dkj + 8 * v, whole[v], tail));
+      if (whole[v]) _mm256_storeu_ps(dkj + 8 * v, dkv);
+      else _mm256_maskstore_ps(dkj + 8 * v, tail, dkv);
     }
   }
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    if (whole[v]) _mm256_storeu_ps(dq + size_t(i) * K + c0 + 8 * v, dqi[v]);
+    else _mm256_maskstore_ps(dq + size_t(i) * K + c0 + 8 * v, tail, dqi[v]);
+  }
+}
+
+inline void diagonal_gradients_f32_8xk__avx2(int n, int K, const float* q, const float* k, const float* a,
+                                             const float* dA, int lda, float* dq, float* dk, float*) {
+  const __m256i tail = first_lanes_avx2(K % 8);
+  const int vectors = (K + 7) / 8;
+  for (int i = 1; i < n; ++i)
+    for (int v0 = 0; v0 < vectors; v0 += kSliceVectors) {
+      const int c0 = 8 * v0;
+      switch (vectors - v0 < kSliceVectors ? vectors - v0 : kSliceVectors) {
+        case 1: diagonal_gradients_slice__avx2<1>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+        case 2: diagonal_gradients_slice__avx2<2>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+        case 3: diagonal_gradients_slice__avx2<3>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+        default: diagonal_gradients_slice__avx2<4>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+      }
+    }
 }
 
 }  // namespace
