@@ -248,19 +248,19 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
 
 // The power of two 2^e that brings the largest of the chunk's prefix decays P into [0.5, 1), where
 // that largest lies below 2^-64 (the chunk's first token behind a gate of -45 or stronger); else
-// 0, no rescaling. P_i = exp(G_i), G_i the log decays summed in float64 through token i.
+// 0, no rescaling. P_i = exp(G_i), G_i the log decays summed in float64 through token i. Every
+// g <= 0 (the call's contract, Options::check_values), so the sums only fall along the chunk and
+// the largest is the first token's, max_c g_0[c]: read off that row, where summing every row again
+// to find it (until 2026-12-06) took 15% of gla's backward beside its products on an EPYC Zen 3
+// (a call to fmax per channel and token).
 constexpr double kLn2 = 0.69314718055994531;
 
 inline int prefix_exponent(const Chunk& ch) {
   constexpr double kLargestUnscaled = -64 * kLn2;
-  const int W = ch.W;
-  double* running = ch.log_total;  // summed again from 0: it ends as the chunk's total, as loaded
-  double largest = -__builtin_inf();
-  for (int c = 0; c < W; ++c) running[c] = 0.0;
-  for (int i = 0; i < ch.L; ++i)
-    for (int c = 0; c < W; ++c) largest = __builtin_fmax(largest, running[c] += double(ch.log_decay[size_t(i) * W + c]));
-  if (!(largest < kLargestUnscaled)) return 0;
-  return int(__builtin_floor(largest / kLn2)) + 1;
+  float largest = ch.log_decay[0];
+  for (int c = 1; c < ch.W; ++c) largest = ch.log_decay[c] > largest ? ch.log_decay[c] : largest;
+  if (!(double(largest) < kLargestUnscaled)) return 0;
+  return int(__builtin_floor(double(largest) / kLn2)) + 1;
 }
 
 // dH <- P_{L-1} * dH + (q * P)^T dY (- bp^T dz for the delta rule) over the loaded chunk: the
