@@ -418,9 +418,10 @@ def test_every_variant_split_across_ranks_matches_the_oracle(world):
 def test_a_users_script_tears_down_its_group_and_exits_normally():
     """context_parallel_user.py, a user's two-rank script (flat.torch's calls forward and backward, a
     barrier, destroy_process_group, the interpreter's own exit), three times: every rank exits 0, and
-    destroy_process_group leaves no gloo thread to run into the interpreter's finalization (before
-    flat.torch imported torch.distributed.nn.functional itself, its first call while the group was
-    up made that module's default arguments keep the group, and its threads, alive)."""
+    destroy_process_group leaves no gloo thread (given 10 s to end) to run into the interpreter's
+    finalization (before flat.torch imported torch.distributed.nn.functional itself, its first call
+    while the group was up made that module's default arguments keep the group, and its threads,
+    alive)."""
     script = os.path.join(os.path.dirname(__file__), "context_parallel_user.py")
     for run in range(3):
         port = _free_port()
