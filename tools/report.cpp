@@ -130,11 +130,12 @@ std::optional<double> vector_work_over_memory(const KernelResult& k, const Stand
 
 Standing standing(const BenchReport& r, const Timing& t) {
   const Ceilings& c = r.ceilings;
+  const double peak = product_peak(r);
   Standing s;
   s.memory_seconds = t.bytes / (c.copy_gbs.all * 1e9);
-  s.product_seconds = t.flops / (product_peak(r) * 1e9);
+  s.product_seconds = t.flops / (peak * 1e9);
   s.percent_of_roofline = s.roofline_seconds() / t.seconds * 100;
-  s.percent_of_product_peak = t.gflops() / product_peak(r) * 100;
+  s.percent_of_product_peak = t.gflops() / peak * 100;
   if (c.bf16_gflops) s.percent_of_bf16_peak = t.gflops() / c.bf16_gflops->all * 100;
   if (c.tile_bf16_gflops) s.percent_of_tile_peak = t.gflops() / c.tile_bf16_gflops->all * 100;
   return s;

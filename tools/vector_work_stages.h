@@ -28,8 +28,7 @@ void zero_product(const cpu::GemmDesc& d, int m, int n, int, const float*, int, 
   if (d.accumulate) return;
   for (int i = 0; i < m; ++i) {
     const int written = d.triangle == cpu::Triangle::c_lower && i + 1 < n ? i + 1 : n;
-    float* row = c + int64_t(i) * ldc;
-    for (int j = 0; j < written; ++j) row[j] = 0.0f;
+    cpu::stages::zero(c + int64_t(i) * ldc, size_t(written));
   }
 }
 
