@@ -210,18 +210,24 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     return Timing{*s, flops, bytes};
   };
 
-  // The pass (the backward's when `backward` is given, else the forward's) on the bench's target with
-  // its chunk products zeroed (tools/vector_work.h), through the driver's entry: its vector work,
-  // counted as `counts`. Absent where the build has no such stages.
-  auto vector_work_of = [&](const std::string& what, const Params* backward, const Params& forward,
-                            const Timing& counts) -> std::optional<Timing> {
-    if (!vector_work) return std::nullopt;
+  // A pass (the backward when `backward`, else the forward, of `params`) on `target` through the
+  // driver's entry (no argument or value checks), timed `repeats` times and counted as `counts`.
+  auto on_driver = [&](const std::string& what, const cpu::Target& target, bool backward, const Params& params,
+                       int repeats, const Timing& counts) {
     ExecutionContext context;
     context.threads = threads;
-    const double s = measure(what + ", vector work alone (products zeroed, results wrong)", o.repeats, [&] {
-      backward ? cpu::backward_on(*vector_work, *backward, context) : cpu::forward_on(*vector_work, forward, context);
+    const double s = measure(what, repeats, [&] {
+      backward ? cpu::backward_on(target, params, context) : cpu::forward_on(target, params, context);
     });
     return Timing{s, counts.flops, counts.bytes};
+  };
+  // The same on the bench's target with its chunk products zeroed (tools/vector_work.h): the pass's
+  // vector work. Absent where the build has no such stages.
+  auto vector_work_of = [&](const std::string& what, bool backward, const Params& params,
+                            const Timing& counts) -> std::optional<Timing> {
+    if (!vector_work) return std::nullopt;
+    return on_driver(what + ", vector work alone (products zeroed, results wrong)", *vector_work, backward, params,
+                     o.repeats, counts);
   };
 
   enum class Pass { forward, backward, decode };
@@ -249,21 +255,12 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     k.variant = name;
     k.pass = label;
     k.fused = {measure(label + ", fused", repeats, run_fused(threads)), flops, bytes};
-    if (o.against) {
-      ExecutionContext context;
-      context.threads = threads;
-      const auto on_driver = [&](const cpu::Target& target) {
-        return Timing{measure(label + ", fused on " + target.name + " (driver)", repeats,
-                              [&] {
-                                backward ? cpu::backward_on(target, bp, context)
-                                         : cpu::forward_on(target, fp, context);
-                              }),
-                      flops, bytes};
-      };
-      k.compared = on_driver(cpu::default_target());
-      k.against = on_driver(*o.against);
-    }
-    if (pass != Pass::decode) k.vector_work = vector_work_of(label, backward ? &bp : nullptr, fp, k.fused);
+    const Params& params = backward ? bp : fp;
+    if (o.against)
+      for (auto [timing, target] : {std::pair{&k.compared, &cpu::default_target()}, {&k.against, o.against}})
+        *timing = on_driver(label + ", fused on " + target->name + " (driver)", *target, backward, params, repeats,
+                            k.fused);
+    if (pass != Pass::decode) k.vector_work = vector_work_of(label, backward, params, k.fused);
     if (threads > 1)
       k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(1)),
                                flops, bytes);
@@ -294,6 +291,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     const Options options = w.options(o);
     const ForwardArgs fa = w.forward_args();
     const BackwardArgs ba = w.backward_args();
+    const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
     for (const KernelResult* weak : {&forward, &backward}) {
       auto run_fused = [&](bool flush) {
         ExecutionContext context;
@@ -311,9 +309,9 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
         return Timing{s, weak->fused.flops, weak->fused.bytes};
       };
       const Timing model = timed("model gates", true), kept = timed("model gates, subnormals kept", false);
-      const Params fp = describe_forward(variant, fa, options), bp = describe_backward(variant, ba, options);
+      const bool is_backward = weak == &backward;
       report.gates.push_back({name, weak->pass, weak->fused, model, kept,
-                              vector_work_of(weak->pass + ", model gates", weak == &backward ? &bp : nullptr, fp,
+                              vector_work_of(weak->pass + ", model gates", is_backward, is_backward ? bp : fp,
                                              weak->fused)});
     }
   }
