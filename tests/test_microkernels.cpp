@@ -335,6 +335,45 @@ TEST(MicroKernels, ProductsSharingBEqualEachAlone) {
   });
 }
 
+// A tile target's choice of unit per product (micro_kernels__amx_tiles.h, on_tiles): a product with
+// an operand of one part (bf16 values, or any at fast precision) on the tile product, bitwise what
+// the kernel gives on the model; one whose operands are both split at exact precision on the fp32
+// kernel of the vector target under it (avx512's for amx and amx_model, avx2's for
+// amx_model_avx2), bitwise what that target gives.
+TEST(MicroKernels, TileTargetsChooseTheUnitPerProduct) {
+  const auto vector_target_under = [](std::string_view tile_target) {
+    return cpu::find_target(tile_target == "amx_model_avx2" ? "avx2" : "avx512");
+  };
+  const auto bitwise_equal = [](cpu::GemmKernel chosen, cpu::GemmKernel expected, const GemmDesc& kind) {
+    std::mt19937 rng(29);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    const auto draw_as = [&](Operands held) {
+      return [&, held] { return held == Operands::bf16_values ? to_bf16_value(uniform(rng)) : uniform(rng); };
+    };
+    const GemmCase g = gemm_case(37, 70, 129, kind, draw_as(kind.a_values), draw_as(kind.b_values));
+    std::vector<float> got(size_t(g.m) * g.ldc, kPoison), want(got.size(), kPoison);
+    g.run(chosen, got.data());
+    g.run(expected, want.data());
+    for (size_t at = 0; at < got.size(); ++at)
+      if (std::bit_cast<uint32_t>(got[at]) != std::bit_cast<uint32_t>(want[at])) return false;
+    return true;
+  };
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    if (!target->tile_products) continue;
+    SCOPED_TRACE(std::string("target ") + target->name);
+    const cpu::Target* vector_target = vector_target_under(target->name);
+    ASSERT_NE(vector_target, nullptr) << "every CPU that runs a tile target runs the vector target under it";
+    const OnTheTileModel model;  // the model's configuration, as a tile target's thread scope loads it
+    const cpu::ThreadScope scope(*target, false);
+    for (const GemmDesc& kind : {kF32Fast, kBf16Values, kBf16A, kBf16B, kBf16AForBf16Outputs})
+      EXPECT_TRUE(bitwise_equal(target->micro.gemm(kind), OnTheTileModel::choose(kind), kind))
+          << "an operand of one part: the tile product";
+    for (const GemmDesc& kind : {kF32Exact, kF32ForBf16Outputs})
+      EXPECT_TRUE(bitwise_equal(target->micro.gemm(kind), vector_target->micro.gemm(kind), kind))
+          << "fp32 operands on both sides at exact precision: the vector target's fp32 kernel";
+  }
+}
+
 TEST(MicroKernels, TransposeIsExact) {
   on_every_target([](const cpu::Target& target) {
     for (int rows : {1, 15, 16, 17, 40})

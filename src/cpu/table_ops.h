@@ -21,9 +21,7 @@ struct TableOps {
     if constexpr (M.gemm_shared_b != nullptr) {
       M.gemm_shared_b(d)(d, count, products, n, k, b, ldb);
     } else {
-      for (int p = 0; p < count; ++p)
-        gemm(product_desc(d, products[p]), products[p].m, n, k, products[p].a, products[p].lda, b, ldb, products[p].c,
-             products[p].ldc);
+      gemm_each_alone<M.gemm>(d, count, products, n, k, b, ldb);
     }
   }
   static void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {

@@ -1,4 +1,5 @@
-// C[m, n] (+)= A B on the tile unit (tdpbf16ps), every chunk product of the amx target. An operand
+// C[m, n] (+)= A B on the tile unit (tdpbf16ps): the amx target's chunk products with an operand of
+// one part (micro_kernels__amx_tiles.h, on_tiles), and any product the tests give it. An operand
 // that holds bf16 values (GemmDesc::a_values, b_values: bf16 q, k, v as loaded) is packed without
 // loss as one part, and the tiles sum exact products in fp32 (in the order tiles__model.h gives).
 // Any other operand is split into bf16 parts x = x0 + x1 (+ x2), each the rounding of what the

@@ -100,6 +100,20 @@ constexpr AStrides a_strides(const GemmDesc& d, int lda) {
   return d.a == Layout::rows ? AStrides{lda, 1} : AStrides{1, lda};
 }
 
+// Products that share B run one by one, each on the kernel `choose` picks for it (what a kernel that
+// reads B as it lies does with a shared-B call: nothing to pack once). Internal linkage, as every
+// kernel: each target's unit compiles its own copy with its own flags.
+namespace {
+template <GemmKernel (*choose)(const GemmDesc&)>
+void gemm_each_alone(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k, const float* b,
+                     int ldb) {
+  for (int p = 0; p < count; ++p) {
+    const GemmDesc own = product_desc(d, products[p]);
+    choose(own)(own, products[p].m, n, k, products[p].a, products[p].lda, b, ldb, products[p].c, products[p].ldc);
+  }
+}
+}  // namespace
+
 // The choice of a target whose one kernel takes every product.
 template <GemmKernel kernel>
 constexpr GemmKernel every_product(const GemmDesc&) {

@@ -228,12 +228,12 @@ struct Item {
   int shared(int group) const { return n0 / group; }
   int head(int r, int group) const { return (n0 + r) / group; }
 
-  // Per-head rows [R * width] side by side: v, w, dy read; y, dv, dw written.
-  void load_wide(const RowView& view, int t, int group, float* dst, int width) const {
-    for (int r = 0; r < p.pack; ++r) load_row(view, b, t, head(r, group), dst + size_t(r) * width, width);
+  // Per-head rows [R * width] side by side, times `scale`: v, w, dy read; y, dv, dw written.
+  void load_wide(const RowView& view, int t, int group, float* dst, int width, float scale = 1.0f) const {
+    for (int r = 0; r < p.pack; ++r) load_row(view, b, t, head(r, group), dst + size_t(r) * width, width, scale);
   }
-  void store_wide(const RowView& view, int t, int group, const float* src, int width) const {
-    for (int r = 0; r < p.pack; ++r) store_row(view, b, t, head(r, group), src + size_t(r) * width, width);
+  void store_wide(const RowView& view, int t, int group, const float* src, int width, float scale = 1.0f) const {
+    for (int r = 0; r < p.pack; ++r) store_row(view, b, t, head(r, group), src + size_t(r) * width, width, scale);
   }
   // States [B, N, K, V] of the item's heads as one [K, R * V] matrix.
   void load_state(const RowView& view, float* H) const {

@@ -46,13 +46,9 @@ void state_products(Chunk& ch, const float* H0, bool with_output) {
     gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out);
 }
 
-// Writes y = scale * out over the loaded chunk's tokens.
-void store_output(const Params& p, const Item& item, int t0, Chunk& ch) {
-  for (int i = 0; i < ch.L; ++i) {
-    float* row = ch.out + size_t(i) * ch.VW;
-    for (int j = 0; j < ch.VW; ++j) row[j] *= p.scale;
-    item.store_wide(p.y, t0 + i, 1, row, ch.V);
-  }
+// Writes y = scale * out over the loaded chunk's tokens, scaled as they are stored.
+void store_output(const Params& p, const Item& item, int t0, const Chunk& ch) {
+  for (int i = 0; i < ch.L; ++i) item.store_wide(p.y, t0 + i, 1, ch.out + size_t(i) * ch.VW, ch.V, p.scale);
 }
 
 // y of the loaded chunk, out holding (q * P) H0 (state_products): scale * ((q * P) H0 + A values).

@@ -69,13 +69,10 @@ struct Loader {
   void values(Chunk& ch, int t0) const {
     for (int i = 0; i < ch.L; ++i) item.load_wide(p.v, t0 + i, p.group_v, ch.v + size_t(i) * ch.VW, ch.V);
   }
-  // dy pre-multiplied by scale: every gradient below is then that of the unscaled products.
+  // dy pre-multiplied by scale as it is loaded: every gradient below is then that of the unscaled
+  // products.
   void output_grads(Chunk& ch, int t0) const {
-    for (int i = 0; i < ch.L; ++i) {
-      float* row = ch.dy + size_t(i) * ch.VW;
-      item.load_wide(p.dy, t0 + i, 1, row, ch.V);
-      for (int c = 0; c < ch.VW; ++c) row[c] *= p.scale;
-    }
+    for (int i = 0; i < ch.L; ++i) item.load_wide(p.dy, t0 + i, 1, ch.dy + size_t(i) * ch.VW, ch.V, p.scale);
   }
   // The delta rule's write strengths: beta per token, or gdn2's b [K] and w [V] rows.
   void strengths(Chunk& ch, int t0) const {
@@ -92,27 +89,33 @@ struct Loader {
   // products P, R; with keep_logs, the log decays g_t too (the backward's, ch.log_decay).
   void decays(Chunk& ch, int t0, bool keep_logs) const {
     const int W = ch.W, L = ch.L, G = p.gate_group;
-    if (p.gate == GateKind::none) {
-      for (int i = 0; i < L; ++i) ch.decay[i] = 1.0f;
-    } else {
-      for (int i = 0; i < L; ++i) {
-        float* a = ch.decay + size_t(i) * W;
+    // One walk down the rows, each row while it is in L1: its log-gates loaded (and kept), summed
+    // into the chunk's total, exponentiated, and the running product P taken on.
+    if (p.gate != GateKind::none)
+      for (int c = 0; c < W; ++c) ch.log_total[c] = 0.0;
+    for (int i = 0; i < L; ++i) {
+      float* a = ch.decay + size_t(i) * W;
+      if (p.gate == GateKind::none) {
+        a[0] = 1.0f;
+      } else {
         if (G == 1) {
           load_row(p.g, item.b, t0 + i, item.shared(p.group_g), a, W);
         } else {
           load_row(p.g, item.b, t0 + i, item.shared(p.group_g), ch.pair, W / G);
           for (int c = 0; c < W; ++c) a[c] = ch.pair[c / G];
         }
+        for (int c = 0; c < W; ++c) ch.log_total[c] += a[c];
+        if (keep_logs) std::memcpy(ch.log_decay + size_t(i) * W, a, sizeof(float) * W);
+        Ops::exp(a, W);
       }
-      for (int c = 0; c < W; ++c) ch.log_total[c] = 0.0;
-      for (int i = 0; i < L; ++i)
-        for (int c = 0; c < W; ++c) ch.log_total[c] += ch.decay[size_t(i) * W + c];
-      if (keep_logs) std::memcpy(ch.log_decay, ch.decay, sizeof(float) * size_t(L) * W);
-      Ops::exp(ch.decay, L * W);
+      float* prefix = ch.prefix + size_t(i) * W;
+      if (i == 0) {
+        std::memcpy(prefix, a, sizeof(float) * W);
+      } else {
+        const float* before = prefix - W;
+        for (int c = 0; c < W; ++c) prefix[c] = before[c] * a[c];
+      }
     }
-    std::memcpy(ch.prefix, ch.decay, sizeof(float) * W);
-    for (int i = 1; i < L; ++i)
-      for (int c = 0; c < W; ++c) ch.prefix[size_t(i) * W + c] = ch.prefix[size_t(i - 1) * W + c] * ch.decay[size_t(i) * W + c];
     // The chunk's total decay P_{L-1} carries the state from chunk to chunk, so an error in it
     // compounds over the whole sequence: under a gate just below 1 (memory of thousands of tokens)
     // every factor a_t is rounded the same way, and the running product above is off by L such
