@@ -1,35 +1,6 @@
-"""flat's kernels as PyTorch operations, on CPU tensors in float32 or bfloat16.
-
-One function per variant, named as ``flat run`` names it, with FLA's argument names where the
-meaning is the same; layout ``[B, T, H, K]``; returns ``(o, final_state)``::
-
-    o, final_state = flat.torch.gla(q, k, v, g, scale=None, initial_state=None,
-                                    output_final_state=False)
-
-The short convolution is ``flat.torch.conv`` and the output norm and gate
-``flat.torch.rms_norm_gated``. Every function is a ``torch.library`` custom op (``flat::forward``,
-``flat::backward``, ``flat::conv_*``, ``flat::norm_gate_*``) with its autograd formula and a fake
-implementation, so it runs eagerly, under ``torch.compile`` without graph breaks, and under
-``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included. An eager
-forward none of whose inputs needs a gradient (inference, a decode step) runs the op's
-implementation without the dispatcher, unless it is traced (torch.compile, torch.jit.trace) or a
-dispatch or function mode, a functorch transform or the profiler is active (_direct): the same
-results, less per-call cost.
-
-Serving (python/flat/_api.py): ``cu_seqlens`` packs sequences along T; ``initial_state_indices``,
-``final_state_indices``, ``token_state_indices`` address a pool of states. A call that writes the
-pool (``flat::forward_pool``, ``flat::conv_forward_pool``, which declare the pool mutated) updates
-``initial_state`` in place, bumping its version counter as PyTorch's in-place operations do (a
-backward that saved the pool before the write is refused), and returns it;
-``accepted_state_indices`` gives the rows to resume from after a speculative step.
-
-Inputs are read in place: ``q``, ``k``, ``v`` may be column slices of one fused projection (only
-their last axis must be contiguous; otherwise it is made so). The kernels run without the GIL on
-PyTorch's intra-op threads (``torch.get_num_threads()``: the OpenMP runtime torch loaded, which
-this module shares by being imported after torch). A bad argument raises ``ValueError`` with the
-library's message (its tensor named as here: ``initial_state``, the library's ``h0`` and ``state0``);
-nothing is written then.
-"""
+"""flat.torch's operations (the package's docstring says what they are): the custom ops
+``flat::*``, their fake implementations and autograd formulas, and the functions users call, which
+flat.torch re-exports."""
 
 import functools
 from typing import List, Optional, Tuple
@@ -37,8 +8,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _api, _args
-from . import _core  # after torch: the extension then shares torch's OpenMP runtime
+from .. import _api, _args
+from .. import _core  # after torch: the extension then shares torch's OpenMP runtime
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -356,8 +327,6 @@ _XP = _api.Xp(float32=lambda x: x.float(), narrow_float=lambda x: x.dtype in (to
                activations={"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))
-
-from .context_parallel import context_parallel  # noqa: E402  (the same functions across a process group)
 
 
 def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_accepted: Tensor) -> Tensor:

@@ -1,20 +1,5 @@
-"""flat's kernels as JAX operations on the CPU, with the names and arguments of flat.torch::
-
-    o, final_state = flat.jax.gla(q, k, v, g, scale=None, initial_state=None,
-                                  output_final_state=False)
-
-Each is an XLA custom call through JAX's typed FFI (the handlers in flat._core, run on XLA's
-intra-op threads) wrapped in ``jax.custom_vjp``, so ``jax.grad``, ``jax.jit``, ``jax.eval_shape``
-and ``jax.vmap`` (over a leading axis, one call per element) work. Inputs are float32 or bfloat16
-arrays; states float32. A bad argument raises an error carrying the library's message (its tensor
-named as here: ``initial_state``, the library's ``h0`` and ``state0``).
-
-Serving (python/flat/_api.py): ``cu_seqlens`` and the index arrays (int32 or int64) are traced
-arrays, not static. A call with ``final_state_indices`` or ``token_state_indices`` returns the pool
-``initial_state`` updated as its second value, the pool an input aliased to that output
-(``input_output_aliases``): in place when the caller donates it (``jax.jit(...,
-donate_argnums=...)``), a copy otherwise. It is for inference: differentiating it raises.
-"""
+"""flat.jax's operations (the package's docstring says what they are): the FFI calls wrapped in
+``jax.custom_vjp`` and the functions users call, which flat.jax re-exports."""
 
 from functools import partial
 from typing import Optional
@@ -23,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _api, _args
-from . import _core
+from .. import _api, _args
+from .. import _core
 
 _TARGETS = _core.jax_ffi_targets()
 if not _TARGETS:
@@ -235,8 +220,6 @@ _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                activations={"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))
-
-from .jax_context_parallel import context_parallel  # noqa: E402  (the same functions across a mesh axis)
 
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
