@@ -8,7 +8,7 @@ import torch
 
 import flat.torch as ft
 from flat.torch import ops as torch_ops
-from flat import _core
+from flat import _api, _args, _core
 from oracle import NAMES, Problem, bound, expect_close, reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -71,7 +71,7 @@ def test_results_are_the_librarys_bitwise():
     view = torch_ops._view
     _core.call("forward", "kda", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
                                       beta=view("beta", beta), h0=view("h0", h0), y=view("y", y)), ([], [], [], []),
-               {}, torch.get_num_threads(), "openmp")
+               _core.options("forward", {}), torch.get_num_threads(), "openmp")
     assert torch.equal(o.detach(), y)
 
 
@@ -342,3 +342,15 @@ def test_calls_without_gradients_skip_the_dispatcher_and_give_its_results():
         ft.gla(q, k, v, g)
     assert "flat.conv_forward.default" in mode.names and "flat.forward.default" in mode.names
     assert torch.equal(y, y_op) and torch.equal(s, s_op)
+
+
+def test_options_are_the_library_s():
+    """The options flat.torch's custom ops take are the library's list (flat::option_names), keyword-only
+    in its order, as is the record the functions pass; a call's options are checked once per set of
+    values and that checked object kept."""
+    names = _core.option_names("forward")
+    assert _api.Options._fields == tuple(names) and "precision" in names
+    for op in (torch.ops.flat.forward, torch.ops.flat.forward_pool, torch.ops.flat.backward):
+        options = [a.name for a in op.default._schema.arguments if a.kwarg_only and a.name != "final_state"]
+        assert options == names, op
+    assert _args.checked_options("forward", dict(chunk=32)) is _args.checked_options("forward", dict(chunk=32))

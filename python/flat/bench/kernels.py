@@ -177,13 +177,15 @@ def recurrence_bench(args):
     # an operation returning new tensors must: the kernel then also pays the first touch of their
     # pages).
     view = _view
+    forward_options = _core.options("forward", dict(chunk=64))
+    backward_options = _core.options("backward", dict(chunk=64, check_values=False))
     dy = torch.randn(B, T, H, V, dtype=dtype)
     keep = {}
 
     def library_forward(fresh):
         y = torch.empty(B, T, H, V, dtype=dtype) if fresh else keep.setdefault("y", torch.empty(B, T, H, V, dtype=dtype))
         _core.call("forward", "gla", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
-                                          y=view("y", y)), ([], [], [], []), dict(chunk=64), threads, "openmp")
+                                          y=view("y", y)), ([], [], [], []), forward_options, threads, "openmp")
 
     def library_backward(fresh):
         grads = [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, g)] if fresh else keep.setdefault(
@@ -191,12 +193,13 @@ def recurrence_bench(args):
         dq, dk, dv, dg = (view(n, t) for n, t in zip(("dq", "dk", "dv", "dg"), grads))
         _core.call("backward", "gla", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
                                            dy=view("dy", dy), dq=dq, dk=dk, dv=dv, dg=dg), ([], [], [], []),
-                   dict(chunk=64, check_values=False), threads, "openmp")
+                   backward_options, threads, "openmp")
 
+    options = dict(chunk=64, l2norm_qk=False, solve="auto", precision="exact", gate_group=0, check_values=True)
     op_forward = lambda: torch.ops.flat.forward("gla", q, k, v, g, None, None, None, None, None, None,  # noqa: E731
-                                                None, 64, False, "auto", "exact", 0, True, False)
+                                                final_state=False, **options)
     op_backward = lambda: torch.ops.flat.backward("gla", q, k, v, g, None, None, None, None, None, None, dy,  # noqa: E731
-                                                  None, None, 64, False, "auto", "exact", 0)
+                                                  None, **{**options, "check_values": False})
     results = {"shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": args.dtype, "threads": threads,
                "target": flat.target()}
     print("\n| pass | library, outputs reused ms | library, fresh outputs ms | custom op ms | op / fresh | op / reused |")

@@ -129,7 +129,7 @@ def _context_parallel_run(run, axis_name):
     """flat.jax's _run with the sequence split across the shards of `axis_name` (the module's docstring)."""
 
     def cp_run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
-               **options):
+               options):
         _refuse_sequences(sequences, "")
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_rank(name, x, 4, "[B, T, H, D]")
@@ -147,9 +147,9 @@ def _context_parallel_run(run, axis_name):
         # module's docstring).
         o_wide, local = run(variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
                             initial_state=start, output_final_state=True, sequences=sequences,
-                            **{**options, "check_values": False})
+                            options=options._replace(check_values=False))
         checked = _checked_values(g, beta, b, w, None if initial_state is None else jnp.where(leading, first, 0.0))
-        refusals = _refusals(checked) if options["check_values"] and checked else jnp.zeros((0,))
+        refusals = _refusals(checked) if options.check_values and checked else jnp.zeros((0,))
         # [N, B H K (V + K) + refusals]: every shard's S, M and which of its values it refuses.
         gathered = jax.lax.all_gather(jnp.concatenate([local.reshape(-1), refusals]), axis_name)
         if refusals.size:

@@ -268,7 +268,7 @@ class _Recurrence:
         # (A the product of the part's A_t so far): o's part from the state entering the rank.
         self.o, state = self.run(self.variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
                                  initial_state=start, output_final_state=True, sequences=self.local_sequences,
-                                 **self.options)
+                                 options=self.options)
         return state.reshape(-1)
 
     def before_rank_0(self) -> Tensor:
@@ -365,7 +365,7 @@ def context_parallel(group=None) -> SimpleNamespace:
                            "first)")
 
     def run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
-            **options):
+            options):
         call = _Recurrence(ops._run, ops._problem, variant, (q, k, v, g, beta, b, w), initial_state,
                            sequences, options)
         return _across_ranks(group, call, output_final_state)
