@@ -178,9 +178,9 @@ def test_custom_op_registrations():
     q, k, v = (torch.randn(1, 33, 2, 16, requires_grad=True) for _ in range(3))
     g = (-torch.rand(1, 33, 2, 16)).requires_grad_()
     h0 = torch.randn(1, 2, 16, 16, requires_grad=True)
-    torch.library.opcheck(torch.ops.flat.forward.default,
-                          ("gla", q, k, v, g, None, None, None, h0, None, None, None, 32, False, "auto", "fast", 0,
-                           True, True))
+    torch.library.opcheck(torch.ops.flat.forward.default, ("gla", q, k, v, g, None, None, None, h0, None, None),
+                          dict(final_state=True, scale=None, chunk=32, l2norm_qk=False, solve="auto", precision="fast",
+                               gate_group=0, check_values=True))
     x = torch.randn(2, 20, 8, requires_grad=True)
     weight, bias = torch.randn(8, 4, requires_grad=True), torch.randn(8, requires_grad=True)
     torch.library.opcheck(torch.ops.flat.conv_forward.default, (x, weight, bias, None, None, None, "silu", True))
