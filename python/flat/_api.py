@@ -46,9 +46,50 @@ without one); over a pool, the rows read (none with B = 0, every index array emp
 """
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
+from . import _core
 from ._args import Sequences, norm_activation
+
+# The recurrence's options (flat::Options) as the functions take them: the library's name -> (the
+# functions' keyword, the kind of its values). A new option of the library is a keyword here and in
+# the functions' signatures below: the record Options, flat.torch's custom ops and flat.jax's calls
+# take every option the library lists (_core.option_names). A keyword of None leaves a number or a
+# flag at the library's default (scale: K^-1/2; gate_group: the variant's); None is refused for a
+# name, which has its default in the signature.
+OPTIONS = {"scale": ("scale", float), "chunk": ("chunk_size", int), "l2norm_qk": ("use_qk_l2norm_in_kernel", bool),
+           "solve": ("solve", str), "precision": ("precision", str), "gate_group": ("gate_group", int),
+           "check_values": ("check_values", bool)}
+
+OPTION_NAMES = tuple(_core.option_names("forward"))
+if set(OPTION_NAMES) != set(OPTIONS):
+    raise ImportError(f"flat: the library's recurrence options {OPTION_NAMES} are not _api.OPTIONS' {tuple(OPTIONS)}")
+
+# A call's options by the library's names, in its order (None: the library's default).
+Options = NamedTuple("Options", [(name, Optional[OPTIONS[name][1]]) for name in OPTION_NAMES])
+
+
+def _option(keyword: str, kind: type, value):
+    """An option's value as the library takes it: a name as given (the library checks it), others of
+    their kind."""
+    if kind is str:
+        if value is None:
+            raise ValueError(f"flat: {keyword}: expected a name, got None (leave the argument out for its default)")
+        return value
+    if kind is bool:
+        return bool(value)
+    return None if value is None else kind(value)
+
+
+def options(arguments: dict) -> Options:
+    """A call's options from its function's arguments by name (its locals()); an option the function
+    does not take is left at the library's default."""
+    return Options(*(_option(*OPTIONS[name], arguments[OPTIONS[name][0]]) if OPTIONS[name][0] in arguments else None
+                     for name in OPTION_NAMES))
+
+
+def _sequences(arguments: dict) -> Sequences:
+    return Sequences(*(arguments[name] for name in Sequences._fields))
 
 
 class Xp(NamedTuple):
@@ -167,14 +208,15 @@ def without_normalize(la, name: str):
 
 
 def variant_functions(_run, xp: Xp):
-    """The functions of every variant on a framework's _run(variant, q, k, v, g, beta, b, w, **options)
-    and its array operations xp."""
+    """The functions of every variant on a framework's _run(variant, q, k, v, g, beta, b, w, *,
+    initial_state, output_final_state, sequences, options), options an Options record, and its array
+    operations xp."""
 
-    def run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, sequences, state_v_first,
-            **options):
+    def run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
+            state_v_first, options):
         o, final_state = _run(variant, q, k, v, g, beta, b, w,
                               initial_state=_state_in(xp, initial_state, sequences, state_v_first),
-                              sequences=sequences, **options)
+                              output_final_state=output_final_state, sequences=sequences, options=options)
         if state_v_first and final_state is not None:
             final_state = xp.swap(final_state)
         return o, final_state
@@ -190,18 +232,16 @@ def variant_functions(_run, xp: Xp):
         recurrence with a value of 1, run by the same kernel in float32, so each sequence of
         cu_seqlens has its own; a pool (initial_state_indices, final_state_indices,
         token_state_indices), whose rows hold no key sum, is refused with it."""
-        sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
-        options = dict(scale=scale, output_final_state=output_final_state, chunk_size=chunk_size,
-                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", precision=precision,
-                       gate_group=None, check_values=check_values, sequences=sequences)
+        sequences = _sequences(locals())
+        common = dict(output_final_state=output_final_state, sequences=sequences, options=options(locals()))
         kv0, z0 = _normalize_state(q, k, v, initial_state, sequences, normalize)
-        o, kv = run("la", q, k, v, initial_state=kv0, state_v_first=state_v_first, **options)
+        o, kv = run("la", q, k, v, initial_state=kv0, state_v_first=state_v_first, **common)
         if not normalize:
             return o, kv
         H, K = q.shape[2], q.shape[3]
         z0 = None if z0 is None else xp.float32(z0).reshape((z0.shape[0], H, K, 1))
         qz, z = run("la", xp.float32(q), xp.float32(k), xp.ones(tuple(q.shape[:3]) + (1,)), initial_state=z0,
-                    state_v_first=False, **options)
+                    state_v_first=False, **common)
         o = xp.cast_like(xp.float32(o) / (qz + 1e-10), o)
         return o, ((kv, z.reshape((z.shape[0], 1, H, K))) if output_final_state else None)
 
@@ -214,11 +254,9 @@ def variant_functions(_run, xp: Xp):
         if (g is None) == (g_gamma is None):
             raise ValueError("flat: g, g_gamma: expected the log-decay per head [H] as g or as g_gamma (one of "
                              f"them), got {'both' if g is not None else 'neither'}")
-        return run("retnet", q, k, v, g if g is not None else g_gamma, scale=scale, initial_state=initial_state,
-                   output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto", precision=precision,
-                   gate_group=None, check_values=check_values, state_v_first=state_v_first,
-                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return run("retnet", q, k, v, g if g is not None else g_gamma, initial_state=initial_state,
+                   output_final_state=output_final_state, state_v_first=state_v_first, sequences=_sequences(locals()),
+                   options=options(locals()))
 
     def mamba2(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
                state_v_first=False, cu_seqlens=None, *, chunk_size=64, use_qk_l2norm_in_kernel=False,
@@ -226,31 +264,26 @@ def variant_functions(_run, xp: Xp):
                precision="exact"):
         """Mamba-2 (SSD), FLA's simple GLA (chunk_simple_gla's arguments and order): H_t = exp(g_t) H_{t-1} +
         k_t v_t^T with g [B, T, H]; g_gamma [H], a log-decay per head, is added to g (alone, it is retnet)."""
-        sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
-        options = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                       chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                       precision=precision, gate_group=None, check_values=check_values, sequences=sequences,
-                       state_v_first=state_v_first)
+        common = dict(initial_state=initial_state, output_final_state=output_final_state, state_v_first=state_v_first,
+                      sequences=_sequences(locals()), options=options(locals()))
         if g is None and g_gamma is None:
             raise ValueError("flat: g: expected the log-decay [B, T, H], or g_gamma [H] (or both), got neither")
         if g is None:
-            return run("retnet", q, k, v, g_gamma, **options)
+            return run("retnet", q, k, v, g_gamma, **common)
         if g_gamma is not None:
             if len(g.shape) != 3 or tuple(g_gamma.shape) != (g.shape[2],):
                 raise ValueError(f"flat: g_gamma: expected [H] beside g [B, T, H], got g_gamma {list(g_gamma.shape)} "
                                  f"and g {list(g.shape)}")
             g = xp.float32(g) + xp.float32(g_gamma)
-        return run("mamba2", q, k, v, g, **options)
+        return run("mamba2", q, k, v, g, **common)
 
     def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
             cu_seqlens=None, *, chunk_size=64, use_qk_l2norm_in_kernel=False, check_values=True,
             initial_state_indices=None, final_state_indices=None, token_state_indices=None, precision="exact"):
         """Gated linear attention (FLA's chunk_gla): H_t = Diag(exp(g_t)) H_{t-1} + k_t v_t^T with
         g [B, T, H, K]."""
-        return run("gla", q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                   chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve="auto",
-                   precision=precision, gate_group=None, check_values=check_values, state_v_first=state_v_first,
-                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return run("gla", q, k, v, g, initial_state=initial_state, output_final_state=output_final_state,
+                   state_v_first=state_v_first, sequences=_sequences(locals()), options=options(locals()))
 
     def delta_rule(variant, a):
         """deltanet, gated_deltanet and kda, on a, the call's arguments by name (its locals()): the gate
@@ -259,13 +292,9 @@ def variant_functions(_run, xp: Xp):
         g = gate_in_kernel(xp, a.get("g"), a.get("use_gate_in_kernel", False), a.get("A_log"), a.get("dt_bias"),
                            a.get("lower_bound"), a.get("safe_gate", False))
         beta = beta_in_kernel(xp, a["beta"], a["use_beta_sigmoid_in_kernel"], a["allow_neg_eigval"])
-        sequences = Sequences(a["cu_seqlens"], a["initial_state_indices"], a["final_state_indices"],
-                              a["token_state_indices"])
-        return run(variant, a["q"], a["k"], a["v"], g, beta, scale=a["scale"], initial_state=a["initial_state"],
-                   output_final_state=a["output_final_state"], chunk_size=a["chunk_size"],
-                   use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"], solve=a["solve"], precision=a["precision"],
-                   gate_group=a.get("gate_group"), check_values=a["check_values"], state_v_first=a["state_v_first"],
-                   sequences=sequences)
+        return run(variant, a["q"], a["k"], a["v"], g, beta, initial_state=a["initial_state"],
+                   output_final_state=a["output_final_state"], state_v_first=a["state_v_first"],
+                   sequences=_sequences(a), options=options(a))
 
     def deltanet(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, *, chunk_size=64, use_beta_sigmoid_in_kernel=False,
@@ -300,12 +329,10 @@ def variant_functions(_run, xp: Xp):
         """Gated DeltaNet-2 (FLA's chunk_gdn2): H_t = (I - k_t (b_t * k_t)^T) Diag(exp(g_t)) H_{t-1} +
         k_t (w_t * v_t)^T, kda with an erase gate b [B, T, H, K] and a write gate w [B, T, H, V] in place
         of beta."""
+        arguments = locals()
         g = gate_in_kernel(xp, g, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
-        return run("gdn2", q, k, v, g, b=b, w=w, scale=scale, initial_state=initial_state,
-                   output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, precision=precision,
-                   gate_group=gate_group, check_values=check_values, state_v_first=state_v_first,
-                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return run("gdn2", q, k, v, g, b=b, w=w, initial_state=initial_state, output_final_state=output_final_state,
+                   state_v_first=state_v_first, sequences=_sequences(arguments), options=options(arguments))
 
     def sla(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, chunk_size=64,
             use_qk_l2norm_in_kernel=False, solve="auto", gate_group=None, check_values=True, state_v_first=False,
@@ -313,11 +340,8 @@ def variant_functions(_run, xp: Xp):
             precision="exact"):
         """Systolic linear attention: kda with one gate value per 64 channels (g [B, T, Hk, K/64]), keys
         shared by value heads (v [B, T, R Hk, V])."""
-        return run("sla", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                   output_final_state=output_final_state, chunk_size=chunk_size,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, solve=solve, precision=precision,
-                   gate_group=gate_group, check_values=check_values, state_v_first=state_v_first,
-                   sequences=Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices))
+        return run("sla", q, k, v, g, beta, initial_state=initial_state, output_final_state=output_final_state,
+                   state_v_first=state_v_first, sequences=_sequences(locals()), options=options(locals()))
 
     return {f.__name__: f for f in (la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn2, sla)}
 

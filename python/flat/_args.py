@@ -1,42 +1,27 @@
-"""What the framework bindings share: the options by the library's names, the sequence arrays' checks, the
-activations' names."""
+"""What the framework bindings share: the variants' table, the sequence arrays' checks, the activations'
+names (the recurrence's options are _api.py's)."""
 
+import functools
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
-from . import VARIANTS
+from . import VARIANTS, _core
 
 GATE = {name: gate for name, gate, _, _ in VARIANTS}
 UPDATE = {name: update for name, _, update, _ in VARIANTS}
 DEFAULT_GATE_GROUP = {name: group for name, _, _, group in VARIANTS}
 
 
-class Call(NamedTuple):
-    """A call's options by the library's names (flat/call.h; flat::Options)."""
-
-    scale: Optional[float]  # None: K^-1/2
-    chunk: int
-    l2norm_qk: bool
-    solve: str
-    precision: str  # "exact" or "fast"
-    gate_group: int  # 0: the variant's default, or g's last axis
-    check_values: bool
+def checked_options(operation: str, values: dict):
+    """A call's options by the library's names (None: the default) as the library checked them once
+    (_core.options), which _core.call and _core.output_shapes take; kept per operation and values, as a
+    decode step passes the same ones every token."""
+    return _checked_options(operation, tuple(values.items()))
 
 
-def call(scale: Optional[float], chunk_size: int, use_qk_l2norm_in_kernel: bool, solve: str, precision: str,
-         gate_group: Optional[int], check_values: bool) -> Call:
-    """FLA's keyword arguments as the library's options."""
-    return Call(None if scale is None else float(scale), int(chunk_size), bool(use_qk_l2norm_in_kernel),
-                _name("solve", solve), _name("precision", precision), int(gate_group or 0), bool(check_values))
-
-
-def _name(option: str, value):
-    """A named option's value, which the library checks; None is refused here, where the library
-    would never see it (an option of value None is left at its default): a name option has its
-    default in the signature, and None is none of its names (as flat.nn's precision=, and FLA's
-    named modes, refuse it)."""
-    if value is None:
-        raise ValueError(f"flat: {option}: expected a name, got None (leave the argument out for its default)")
-    return value
+@functools.lru_cache(maxsize=1024)
+def _checked_options(operation: str, values: tuple):
+    """checked_options' answer (refusals are not kept: lru_cache keeps what returns)."""
+    return _core.options(operation, dict(values))
 
 
 class Sequences(NamedTuple):

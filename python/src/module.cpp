@@ -78,6 +78,13 @@ using Ints = std::vector<int64_t>;
 // token_state_indices, each a list of integers, empty where not given.
 using SequenceLists = std::tuple<Ints, Ints, Ints, Ints>;
 
+// A call's options as Python gives them once (flat.torch and flat.jax keep one per set of values):
+// by the library's names, checked by the library when made, then passed to output_shapes and call
+// as they are, so a call's options are parsed and checked once, not once per entry point.
+struct CallOptions {
+  NamedOptions named;
+};
+
 // Python's option values: a bool, an int, a float or a str; None leaves the option at its default.
 NamedOptions options_of(const nb::dict& options) {
   NamedOptions named;
@@ -95,10 +102,29 @@ NamedOptions options_of(const nb::dict& options) {
   return named;
 }
 
+// The options of `operation` from Python's values, refused here (flat::Error naming the option) as
+// the call would refuse them.
+CallOptions call_options(const std::string& operation, const nb::dict& options) {
+  CallOptions parsed{options_of(options)};
+  try {
+    switch (parse_operation(operation)) {
+      case Operation::forward:
+      case Operation::backward: recurrence_options(parsed.named); break;
+      case Operation::conv_forward:
+      case Operation::conv_backward: conv_options(parsed.named); break;
+      case Operation::norm_gate_forward:
+      case Operation::norm_gate_backward: norm_gate_options(parsed.named); break;
+    }
+  } catch (const Error& e) {
+    throw Error(python_names(e.what()));
+  }
+  return parsed;
+}
+
 // One call of the library by name (flat::call): tensors by their names in the operation's Args
 // (None: absent), the options by theirs.
 void call(const std::string& operation, const std::string& variant, const std::map<std::string, std::optional<View>>& tensors,
-          const SequenceLists& sequences, const nb::dict& options, int threads, const std::string& pool) {
+          const SequenceLists& sequences, const CallOptions& options, int threads, const std::string& pool) {
   NamedCall named;
   named.operation = parse_operation(operation);
   if (named.operation == Operation::forward || named.operation == Operation::backward)
@@ -107,7 +133,7 @@ void call(const std::string& operation, const std::string& variant, const std::m
     if (view) named.tensors.emplace_back(name, tensor_of(view));
   const auto& [cu_seqlens, reads, writes, tokens] = sequences;
   named.sequences = {cu_seqlens, reads, writes, tokens};
-  named.options = options_of(options);
+  named.options = options.named;
   const ExecutionContext context = context_of(threads, pool);
   nb::gil_scoped_release unlocked;
   try {
@@ -123,7 +149,7 @@ using Described = std::tuple<std::string, std::vector<int64_t>>;
 
 std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> output_shapes(
     const std::string& operation, const std::string& variant, const std::map<std::string, Described>& inputs,
-    int64_t cu_seqlens, bool initial_state_indices, const nb::dict& options) {
+    int64_t cu_seqlens, bool initial_state_indices, const CallOptions& options) {
   const Operation op = parse_operation(operation);
   const Variant which = op == Operation::forward || op == Operation::backward ? parse_variant(variant) : Variant::la;
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -135,7 +161,7 @@ std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> output_s
   }
   std::vector<std::pair<std::string_view, Tensor>> shapes;
   try {
-    shapes = flat::output_shapes(op, which, tensors, {cu_seqlens, initial_state_indices}, options_of(options));
+    shapes = flat::output_shapes(op, which, tensors, {cu_seqlens, initial_state_indices}, options.named);
   } catch (const Error& e) {
     throw Error(python_names(e.what()));
   }
@@ -154,6 +180,18 @@ NB_MODULE(_core, m) {
   using namespace flat::python;
   m.doc() = "flat's kernels on tensor views; use flat.torch or flat.jax";
 
+  nb::class_<CallOptions>(m, "Options", "A call's options, checked (options(operation, values) makes one)");
+  m.def("options", &python::call_options, nb::arg("operation"), nb::arg("values"),
+        "A call's options from their values by the library's names (None: the default), checked as the call "
+        "would check them; call and output_shapes take them");
+  m.def(
+      "option_names",
+      [](const std::string& operation) {
+        std::vector<std::string> out;
+        for (std::string_view name : option_names(parse_operation(operation))) out.emplace_back(name);
+        return out;
+      },
+      nb::arg("operation"), "The operation's options by the library's names, in its order (flat::option_names)");
   m.def("call", &python::call, nb::arg("operation"), nb::arg("variant"), nb::arg("tensors"), nb::arg("sequences"),
         nb::arg("options"), nb::arg("threads"), nb::arg("pool"),
         "Runs one operation (flat::call): tensors and options by the library's names (flat/call.h)");

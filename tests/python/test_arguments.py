@@ -286,7 +286,7 @@ def test_unknown_option_names_are_refused_by_both_bindings(option, value, expect
     with pytest.raises(ValueError, match=message):
         _core.call("forward", "deltanet", dict(q=view, k=view, v=view, beta=(beta.data_ptr(), "f32", (1, 4, H),
                                                                            beta.stride()), y=view),
-                   ([], [], [], []), dict(chunk=16, **{option: value}), 1, "flat")
+                   ([], [], [], []), _core.options("forward", dict(chunk=16, **{option: value})), 1, "flat")
 
 def test_none_is_no_solve_or_precision_name_anywhere():
     """solve=None and precision=None are refused by name in flat.torch and flat.jax, as flat.nn's

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from flat.bench import model_gates
+from flat.bench.gates import model_gates
 
 
 def test_model_gates_are_the_models_draw():
@@ -46,12 +46,12 @@ def test_bench_writes_every_section(tmp_path):
 
 def test_bench_transformers_quick(tmp_path):
     """python -m flat.bench --transformers --quick: tiny Qwen3.5 and Mamba-2 models, every row of
-    the table there for both dtypes with a positive number for each path (flat's where
-    flat.transformers.enable is there)."""
+    the table there for both dtypes with a positive number for each path, and the profile of
+    flat's layers for each model and dtype."""
     import pytest
 
     pytest.importorskip("transformers")
-    from flat.bench_transformers import flat_available, measurements, shapes
+    from flat.bench.models import PATHS, measurements, shapes
 
     out = tmp_path / "transformers.json"
     run = subprocess.run([sys.executable, "-m", "flat.bench", "--transformers", "--quick", "--repeats", "1",
@@ -59,17 +59,15 @@ def test_bench_transformers_quick(tmp_path):
     assert run.returncode == 0, run.stderr
     results = json.loads(out.read_text())
     labels = [label for _, label, _ in measurements(shapes(quick=True)[1])]
-    paths = ["torch", "flat"] if flat_available() else ["torch"]
     expected = [(model, dtype, label) for model in ("qwen3_5", "mamba2") for dtype in ("bf16", "fp32")
                 for label in labels]
     assert [(row["model"], row["dtype"], row["measurement"]) for row in results["rows"]] == expected
     for row in results["rows"]:
-        for path in paths:
+        for path in PATHS:
             assert row[path] > 0, row
     for model, dtype, label in expected:
         assert f"| {model} | {dtype} | {label} |" in run.stdout
-    if "flat" in paths:
-        assert len(results["breakdown"]) == 4 and all(entry["operations"] for entry in results["breakdown"])
+    assert len(results["breakdown"]) == 4 and all(entry["operations"] for entry in results["breakdown"])
 
 
 def test_bench_transformers_selection():
@@ -80,7 +78,7 @@ def test_bench_transformers_selection():
     import pytest
 
     pytest.importorskip("transformers")
-    from flat.bench_transformers import measurements, selected, shapes
+    from flat.bench.models import measurements, selected, shapes
 
     builders, lengths = shapes(quick=True)
     rows = measurements(lengths)

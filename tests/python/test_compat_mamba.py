@@ -562,16 +562,16 @@ def test_mamba_bad_input():
 
 def test_chunk_scan_reads_B_and_C_in_place():
     # B and C as column blocks of one projection (as the mixers split them) reach the kernel as they are.
-    import flat.torch as ft
+    from flat.torch import ops as torch_ops
 
     args = scan_inputs(2, 10, 4, 3, 2, 5, seed=8)
     proj = torch.randn(2, 10, 2 * 2 * 5 + 1)
     B, C = proj[..., :10].unflatten(-1, (2, 5)), proj[..., 10:20].unflatten(-1, (2, 5))
-    ft._trace = []
+    torch_ops._trace = []
     try:
         out = ms.mamba_chunk_scan_combined(**{**args, "B": B, "C": C}, chunk_size=16, dt_softplus=True)
-        assert ft._trace and ft._trace[0][:2] == (C.data_ptr(), B.data_ptr())
+        assert torch_ops._trace and torch_ops._trace[0][:2] == (C.data_ptr(), B.data_ptr())
     finally:
-        ft._trace = None
+        torch_ops._trace = None
     close(out, ms.mamba_chunk_scan_combined(**{**args, "B": B.contiguous(), "C": C.contiguous()}, chunk_size=16,
                                             dt_softplus=True), 0, "out")

@@ -349,12 +349,13 @@ def test_pool_ops_registrations():
     q, k, v = (torch.randn(1, 6, 2, 16) for _ in range(3))
     pool = torch.randn(4, 2, 16, 16)
     cu, reads, writes = ints([0, 2, 6]), ints([1, -1]), ints([1, 3])
+    options = dict(scale=None, chunk=16, l2norm_qk=False, solve="auto", precision="exact", gate_group=0,
+                   check_values=True)
     torch.library.opcheck(torch.ops.flat.forward.default,
                           ("la", q.clone().requires_grad_(), k, v, None, None, None, None, pool.clone().requires_grad_(), cu,
-                           ints([1, 1]), None, 16, False, "auto", "exact", 0, True, True))
+                           ints([1, 1])), dict(final_state=True, **options))
     torch.library.opcheck(torch.ops.flat.forward_pool.default,
-                          ("la", q, k, v, None, None, None, None, pool, cu, reads, writes, None, None, 16, False,
-                           "auto", "exact", 0, True))
+                          ("la", q, k, v, None, None, None, None, pool, cu, reads, writes, None), options)
     x, weight = torch.randn(1, 6, 8), torch.randn(8, 4)
     torch.library.opcheck(torch.ops.flat.conv_forward_pool.default,
                           (x, weight, None, torch.randn(4, 8, 3), cu, None, None, ints([0, 1, 2, 3, -1, -1]),

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import flat.torch as ft
-from flat import _core
+from flat.torch import ops as torch_ops
+from flat import _api, _args, _core
 from oracle import NAMES, Problem, bound, expect_close, reference
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -67,10 +68,10 @@ def test_results_are_the_librarys_bitwise():
     q, k, v, g, beta = (inputs[n].detach() for n in ("q", "k", "v", "g", "beta"))
     h0 = inputs["initial_state"].detach()
     y = torch.empty_like(o)
-    view = ft._view
+    view = torch_ops._view
     _core.call("forward", "kda", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
                                       beta=view("beta", beta), h0=view("h0", h0), y=view("y", y)), ([], [], [], []),
-               {}, torch.get_num_threads(), "openmp")
+               _core.options("forward", {}), torch.get_num_threads(), "openmp")
     assert torch.equal(o.detach(), y)
 
 
@@ -80,12 +81,12 @@ def test_strided_inputs_are_read_in_place():
     fused = torch.randn(B, T, 3 * H * K)
     q, k, v = (fused[..., i * H * K:(i + 1) * H * K].view(B, T, H, K) for i in range(3))
     g = -torch.rand(B, T, H, K)
-    ft._trace = []
+    torch_ops._trace = []
     try:
         o, _ = ft.gla(q, k, v, g)
-        pointers = ft._trace[-1]
+        pointers = torch_ops._trace[-1]
     finally:
-        ft._trace = None
+        torch_ops._trace = None
     assert pointers == (q.data_ptr(), k.data_ptr(), v.data_ptr())
     o_dense, _ = ft.gla(q.contiguous(), k.contiguous(), v.contiguous(), g)
     assert torch.equal(o, o_dense)
@@ -177,9 +178,9 @@ def test_custom_op_registrations():
     q, k, v = (torch.randn(1, 33, 2, 16, requires_grad=True) for _ in range(3))
     g = (-torch.rand(1, 33, 2, 16)).requires_grad_()
     h0 = torch.randn(1, 2, 16, 16, requires_grad=True)
-    torch.library.opcheck(torch.ops.flat.forward.default,
-                          ("gla", q, k, v, g, None, None, None, h0, None, None, None, 32, False, "auto", "fast", 0,
-                           True, True))
+    torch.library.opcheck(torch.ops.flat.forward.default, ("gla", q, k, v, g, None, None, None, h0, None, None),
+                          dict(final_state=True, scale=None, chunk=32, l2norm_qk=False, solve="auto", precision="fast",
+                               gate_group=0, check_values=True))
     x = torch.randn(2, 20, 8, requires_grad=True)
     weight, bias = torch.randn(8, 4, requires_grad=True), torch.randn(8, requires_grad=True)
     torch.library.opcheck(torch.ops.flat.conv_forward.default, (x, weight, bias, None, None, None, "silu", True))
@@ -283,12 +284,12 @@ def test_axes_of_one_element_take_any_stride():
     h0_odd = torch.empty(B * H * K * 3).as_strided((B, H, K, 1), (H * K * 3, K * 3, 3, 3)).copy_(h0)
     assert v_odd.stride(-1) == 5 and h0_odd.stride(-1) == 3
     o, ht = ft.gla(q, k, v, g, initial_state=h0, output_final_state=True)
-    ft._trace = []
+    torch_ops._trace = []
     try:
         o_odd, ht_odd = ft.gla(q, k, v_odd, g, initial_state=h0_odd, output_final_state=True)
-        pointers = ft._trace[-1]
+        pointers = torch_ops._trace[-1]
     finally:
-        ft._trace = None
+        torch_ops._trace = None
     assert pointers[2] == v_odd.data_ptr()
     assert torch.equal(o, o_odd) and torch.equal(ht, ht_odd)
     # V-first (FLA's state_v_first): the state [B, H, 1, K] transposed to the kernel's [B, H, K, 1],
@@ -324,20 +325,32 @@ def test_calls_without_gradients_skip_the_dispatcher_and_give_its_results():
     q, k, v = (torch.randn(1, 1, 2, 16) for _ in range(3))
     g, h0 = -torch.rand(1, 1, 2, 16), torch.randn(1, 2, 16, 16)
     x, weight, state = torch.randn(1, 1, 8), torch.randn(8, 4), torch.randn(1, 8, 3)
-    assert ft._direct(q, k, v, g, h0)
+    assert torch_ops._direct(q, k, v, g, h0)
     with torch.no_grad():
-        assert ft._direct(q.requires_grad_(), k)
+        assert torch_ops._direct(q.requires_grad_(), k)
         o, ht = ft.gla(q, k, v, g, initial_state=h0, output_final_state=True)
         y, s = ft.conv(x, weight, None, state, True, "silu")
     q.requires_grad_(False)
-    assert not ft._direct(q, k.requires_grad_())
+    assert not torch_ops._direct(q, k.requires_grad_())
     o_op, ht_op = ft.gla(q, k, v, g, initial_state=h0, output_final_state=True)
     assert torch.equal(o, o_op.detach()) and torch.equal(ht, ht_op.detach())
     k.requires_grad_(False)
     mode = Ops()
     with mode:
-        assert not ft._direct(x)
+        assert not torch_ops._direct(x)
         y_op, s_op = ft.conv(x, weight, None, state, True, "silu")
         ft.gla(q, k, v, g)
     assert "flat.conv_forward.default" in mode.names and "flat.forward.default" in mode.names
     assert torch.equal(y, y_op) and torch.equal(s, s_op)
+
+
+def test_options_are_the_library_s():
+    """The options flat.torch's custom ops take are the library's list (flat::option_names), keyword-only
+    in its order, as is the record the functions pass; a call's options are checked once per set of
+    values and that checked object kept."""
+    names = _core.option_names("forward")
+    assert _api.Options._fields == tuple(names) and "precision" in names
+    for op in (torch.ops.flat.forward, torch.ops.flat.forward_pool, torch.ops.flat.backward):
+        options = [a.name for a in op.default._schema.arguments if a.kwarg_only and a.name != "final_state"]
+        assert options == names, op
+    assert _args.checked_options("forward", dict(chunk=32)) is _args.checked_options("forward", dict(chunk=32))

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flat.train import cli, corpus
+from flat.train import cli, corpus, loop
 from flat.train.model import MIXERS, LanguageModel, mixer_config, state_floats
 from flat.train.tasks import IGNORE, MQAR, CharLM
 
@@ -187,7 +187,7 @@ def test_bfloat16_parameters_train(tmp_path):
     losses = []
     for _ in range(30):
         tokens, targets = task.batch(rng, 16)
-        summed, _, count = cli.scored(model(tokens), targets)
+        summed, _, count = loop.scored(model(tokens), targets)
         loss = summed / count
         optimizer.zero_grad()
         loss.backward()
@@ -198,9 +198,9 @@ def test_bfloat16_parameters_train(tmp_path):
 
 def test_the_precision_reaches_every_linear_attention_mixer(capsys):
     args = cli.parse_args(["--task", "mqar", "--variants", "gla,softmax", "--precision", "fast"])
-    task = cli.make_task(args)
-    assert [block.mixer.precision for block in cli.build(args, task, "gla").blocks] == ["fast", "fast"]
-    assert not hasattr(cli.build(args, task, "softmax").blocks[0].mixer, "precision")
+    task = loop.make_task(args)
+    assert [block.mixer.precision for block in loop.build(args, task, "gla").blocks] == ["fast", "fast"]
+    assert not hasattr(loop.build(args, task, "softmax").blocks[0].mixer, "precision")
     with pytest.raises(SystemExit):
         cli.parse_args(["--task", "mqar", "--variants", "gla", "--precision", "high"])
     assert "invalid choice: 'high'" in capsys.readouterr().err

@@ -99,6 +99,7 @@ from torch import Tensor
 
 from .. import _api
 from .. import torch as _flat
+from ..torch.ops import _XP
 from ._checks import bad, cpu_tensor
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda",
@@ -213,7 +214,7 @@ def _options(HV: int, *, per_channel: bool, use_gate_in_kernel: bool, A_log, dt_
 def _formed(g: Tensor, gate: dict) -> Tensor:
     """The gate from the raw g as gate says, by flat.torch's own formula, for a call that combines it
     with other gates (flat.torch forms one gate alone)."""
-    return _api.gate_in_kernel(_flat._XP, g, **{"lower_bound": None, **gate})
+    return _api.gate_in_kernel(_XP, g, **{"lower_bound": None, **gate})
 
 
 def _call(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], *, gate: dict, strength: dict,

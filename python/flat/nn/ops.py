@@ -43,16 +43,13 @@ def _kernel_ops(functions) -> Ops:
     """The operations on flat's kernels, as `functions` (flat.torch, or flat.torch.context_parallel's)
     runs them."""
 
-    def recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
-                   output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, precision="exact",
-                   **sequences):
+    def recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, gate_group=None, **keywords):
+        """The variant's function on the tensors it takes (those given) and the other keywords as they
+        are (the options, the states, the sequences): a kernel option flat.torch takes passes through."""
         inputs = {name: t for name, t in dict(g=g, beta=beta, b=b, w=w).items() if t is not None}
-        if gate_group is not None:
+        if gate_group is not None:  # only the variants with grouped gates take it
             inputs["gate_group"] = gate_group
-        return getattr(functions, variant)(q, k, v, **inputs, scale=scale, initial_state=initial_state,
-                                           output_final_state=output_final_state,
-                                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, precision=precision,
-                                           **sequences)
+        return getattr(functions, variant)(q, k, v, **inputs, **keywords)
 
     def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, **sequences):
         # The kernel's taps, bias and state are float32 whatever the model's dtype; a pool it writes in

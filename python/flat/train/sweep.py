@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from . import loop
 from .model import SOFTMAX
 
 # The full sweep's sizes: the single run's budget (1500 steps of 64 x 128 tokens, which every mixer
@@ -65,15 +66,14 @@ def run(args, parallel) -> List[dict]:
     """Trains every point of the grid (each model built, and every size checked, before the first
     step) and returns the points with their results; prints a table per key-value count, writes
     --json and --plot."""
-    from . import cli  # the single runs' own steps
     grid = points(args)
     runs = [point_args(args, point) for point in grid]
     tasks, models = {}, []
     try:
         for point, run_args in zip(grid, runs):
             if point["pairs"] not in tasks:
-                tasks[point["pairs"]] = cli.make_task(run_args)
-            models.append(cli.build(run_args, tasks[point["pairs"]], point["variant"]))
+                tasks[point["pairs"]] = loop.make_task(run_args)
+            models.append(loop.build(run_args, tasks[point["pairs"]], point["variant"]))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
@@ -81,10 +81,10 @@ def run(args, parallel) -> List[dict]:
     if not args.no_progress:
         from tqdm import tqdm
         bar = tqdm(total=len(grid), desc="mqar sweep", unit="point", file=sys.stderr, dynamic_ncols=True)
-    scoring = {pairs: cli.evaluation_sets(args, task) for pairs, task in tasks.items()}
+    scoring = {pairs: loop.evaluation_sets(args, task) for pairs, task in tasks.items()}
     start = time.perf_counter()
     for point, run_args, model in zip(grid, runs, models):
-        result = cli.train_one(run_args, tasks[point["pairs"]], model, scoring[point["pairs"]], parallel, quiet=True)
+        result = loop.train_one(run_args, tasks[point["pairs"]], model, scoring[point["pairs"]], parallel, quiet=True)
         point.update(accuracy=result["accuracy"], held_out_loss=result["held_out_loss"],
                      steps_to_90=result["steps_to_90"], seconds=result["seconds"],
                      state_floats=result["state_floats"] or kv_cache_floats(args), parameters=result["parameters"])
@@ -100,7 +100,7 @@ def run(args, parallel) -> List[dict]:
     print_table(args, grid)
     if args.json:
         # The single run's settings but the two the grid replaces, and the grid.
-        settings = {k: v for k, v in cli.settings(args, parallel).items() if k not in ("pairs", "state_size")}
+        settings = {k: v for k, v in loop.settings(args, parallel).items() if k not in ("pairs", "state_size")}
         settings.update(variants=args.variants, sweep_states=args.sweep_states, sweep_pairs=args.sweep_pairs)
         Path(args.json).write_text(json.dumps({"settings": settings, "points": grid,
                                                "seconds": time.perf_counter() - start}, indent=1))

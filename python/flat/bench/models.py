@@ -44,7 +44,10 @@ import warnings
 import torch
 
 import flat
+import flat.transformers as ftr
 
+# The two paths every row measures: transformers' own PyTorch path, and flat's kernels swapped in.
+PATHS = ("torch", "flat")
 PROJECTION_PREFIXES = ("in_proj", "out_proj")
 # What flat.transformers.enable warned of (functions it left on transformers' path), for the report.
 ENABLE_WARNINGS = set()
@@ -53,8 +56,6 @@ ENABLE_WARNINGS = set()
 def flat_path(on, model):
     """Switch transformers' linear-attention layers between flat's kernels and transformers' own
     PyTorch path (process-wide); returns the model to call."""
-    import flat.transformers as ftr
-
     if not on:
         ftr.disable()
         return model
@@ -63,14 +64,6 @@ def flat_path(on, model):
         model = ftr.enable(model) or model
     ENABLE_WARNINGS.update(str(w.message) for w in caught)
     return model
-
-
-def flat_available():
-    try:
-        import flat.transformers as ftr
-    except ImportError:
-        return False
-    return hasattr(ftr, "enable") and hasattr(ftr, "disable")
 
 
 def shapes(quick):
@@ -407,22 +400,18 @@ def transformers_bench(args):
     repeats = args.repeats
     limit = None if quick else limit_memory()
     builders, lengths = shapes(quick)
-    have_flat = flat_available()
-    paths = ["torch", "flat"] if have_flat else ["torch"]
     rows = measurements(lengths)
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
     builders, dtypes, rows = selected(args, builders, dtypes, rows)
     # Where flat's layers' time goes, profiled beside the share row.
-    profile = have_flat and any(key[0] == "share" for key, _, _ in rows)
+    profile = any(key[0] == "share" for key, _, _ in rows)
     threads = torch.get_num_threads()
     print(f"flat.bench --transformers{' --quick' if quick else ''}: {threads} threads (PyTorch's), "
           f"target {flat.target()}, torch {torch.__version__}, transformers {transformers.__version__}, "
           f"medians of {repeats} runs after a warm-up"
           + (f", address space capped at {limit / 2**30:.1f} GiB" if limit else ""))
-    if not have_flat:
-        print("(flat.transformers.enable is not there: transformers' PyTorch path only)")
     bar = None
-    total = len(builders) * len(dtypes) * len(rows) * len(paths) + len(builders) * len(dtypes) * profile
+    total = len(builders) * len(dtypes) * len(rows) * len(PATHS) + len(builders) * len(dtypes) * profile
     if tqdm is not None:
         bar = tqdm(total=total, unit="run", dynamic_ncols=True)
     results = {"threads": threads, "target": flat.target(), "torch": torch.__version__,
@@ -441,14 +430,13 @@ def transformers_bench(args):
                     row = dict(model=name, dtype=dtype_name, measurement=label, unit=unit)
                     if bar is not None:
                         bar.set_description(f"{name} {dtype_name} {label}")
-                    models = {path: (lambda on=(path == "flat"): flat_path(on, model) if have_flat else model)
-                              for path in paths}
+                    models = {path: (lambda on=(path == "flat"): flat_path(on, model)) for path in PATHS}
                     row.update(measure(models, key, lengths, repeats, vocab))
-                    for path in paths:
+                    for path in PATHS:
                         if row[path] is None:
                             row.setdefault("failed", {})[path] = "out of memory"
                     if bar is not None:
-                        bar.update(len(paths))
+                        bar.update(len(PATHS))
                     results["rows"].append(row)
                     # As it comes, so that a run cut short leaves its numbers.
                     (bar.write if bar is not None else print)("row: " + json.dumps(row))
@@ -467,41 +455,35 @@ def transformers_bench(args):
     finally:
         if bar is not None:
             bar.close()
-        if have_flat:
-            flat_path(False, None)
-    if have_flat:
-        results["enable_warnings"] = sorted(ENABLE_WARNINGS)
-        for message in results["enable_warnings"]:
-            print(f"\n{message}")
-    print_tables(results, paths)
+        flat_path(False, None)
+    results["enable_warnings"] = sorted(ENABLE_WARNINGS)
+    for message in results["enable_warnings"]:
+        print(f"\n{message}")
+    print_tables(results)
     return results
 
 
 def ratio(row):
     """flat's speed over the torch path's (times inverted), None for the share."""
-    if "flat" not in row or row["unit"] == "%" or row["flat"] is None or row["torch"] is None:
+    if row["unit"] == "%" or row["flat"] is None or row["torch"] is None:
         return None
     return row["torch"] / row["flat"] if row["unit"] == "ms" else row["flat"] / row["torch"]
 
 
-def print_tables(results, paths):
+def print_tables(results):
     for name, model in results["models"].items():
         print(f"\n{name}: {model['parameters'] / 1e6:.1f}M parameters")
-    print("\n| model | dtype | measurement | unit | " + " | ".join(f"{p} path" if p == "torch" else p for p in paths)
-          + (" | flat / torch |" if "flat" in paths else " |"))
-    print("|---|---|---|---|" + "---:|" * (len(paths) + ("flat" in paths)))
+    print("\n| model | dtype | measurement | unit | torch path | flat | flat / torch |")
+    print("|---|---|---|---|---:|---:|---:|")
     def cell(value):
         return "out of memory" if value is None else f"{value:.1f}" if value < 1e4 else f"{value:.0f}"
 
     for row in results["rows"]:
-        cells = [cell(row[p]) for p in paths]
         speedup = ratio(row)
-        if "flat" in paths:
-            cells.append("" if speedup is None else f"x{speedup:.2f}")
+        cells = [cell(row[p]) for p in PATHS] + ["" if speedup is None else f"x{speedup:.2f}"]
         print(f"| {row['model']} | {row['dtype']} | {row['measurement']} | {row['unit']} | " + " | ".join(cells) + " |")
-    if "flat" in paths:
-        print("\n(flat / torch: flat's tokens/s over the torch path's; for the training step, the torch path's ms "
-              "over flat's)")
+    print("\n(flat / torch: flat's tokens/s over the torch path's; for the training step, the torch path's ms "
+          "over flat's)")
     for row in results["rows"]:
         if row["unit"] == "%" and row.get("torch") is not None:
             print(f"\n{row['model']} {row['dtype']}: the torch path spends {100 - row['torch']:.0f}% of its prefill "

@@ -18,7 +18,7 @@ sequence. Forward and backward equal one process's on the whole sequence within 
 ``jax.jit`` too. shard_map cuts T into equal shares (T a multiple of the axis size); a share may be
 shorter than a chunk.
 
-How: as flat.torch.context_parallel for a dense batch, whose module (python/flat/context_parallel.py)
+How: as flat.torch.context_parallel for a dense batch, whose module (python/flat/torch/parallel.py)
 gives the method: one run over each shard's share with the values widened by K zero columns (gdn2's
 write gate by K ones), the first shard's from ``[h0, 0]``, every other's from ``[0, I]``, gives its
 ``[S, M]`` and its output's two parts; one ``jax.lax.all_gather`` of ``[S, M]`` (``B H K (V + K)``
@@ -50,6 +50,9 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .. import _api
+from . import ops
 
 _NAME = "flat.jax.context_parallel"
 
@@ -126,7 +129,7 @@ def _context_parallel_run(run, axis_name):
     """flat.jax's _run with the sequence split across the shards of `axis_name` (the module's docstring)."""
 
     def cp_run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
-               **options):
+               options):
         _refuse_sequences(sequences, "")
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_rank(name, x, 4, "[B, T, H, D]")
@@ -144,9 +147,9 @@ def _context_parallel_run(run, axis_name):
         # module's docstring).
         o_wide, local = run(variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
                             initial_state=start, output_final_state=True, sequences=sequences,
-                            **{**options, "check_values": False})
+                            options=options._replace(check_values=False))
         checked = _checked_values(g, beta, b, w, None if initial_state is None else jnp.where(leading, first, 0.0))
-        refusals = _refusals(checked) if options["check_values"] and checked else jnp.zeros((0,))
+        refusals = _refusals(checked) if options.check_values and checked else jnp.zeros((0,))
         # [N, B H K (V + K) + refusals]: every shard's S, M and which of its values it refuses.
         gathered = jax.lax.all_gather(jnp.concatenate([local.reshape(-1), refusals]), axis_name)
         if refusals.size:
@@ -200,13 +203,10 @@ def _context_parallel_conv(conv, axis_name):
 def context_parallel(axis_name) -> SimpleNamespace:
     """flat.jax's variant functions, each running one sequence split along T across the shards of
     the mesh axis `axis_name`, to be called inside jax.shard_map with T sharded over it. See the
-    module's docstring (python/flat/jax_context_parallel.py) and docs/python.md, "Context
+    module's docstring (python/flat/jax/parallel.py) and docs/python.md, "Context
     parallelism"."""
-    from . import _api
-    from . import jax as flat_jax
-
-    functions = _api.variant_functions(_context_parallel_run(flat_jax._run, axis_name), flat_jax._XP)
+    functions = _api.variant_functions(_context_parallel_run(ops._run, axis_name), ops._XP)
     functions["la"] = _api.without_normalize(functions["la"], _NAME)
-    functions["conv"] = _context_parallel_conv(flat_jax.conv, axis_name)
-    functions["conv"].__doc__ = flat_jax.conv.__doc__
+    functions["conv"] = _context_parallel_conv(ops.conv, axis_name)
+    functions["conv"].__doc__ = ops.conv.__doc__
     return SimpleNamespace(**functions)

@@ -1,41 +1,9 @@
-"""python -m flat.bench [--shape B,T,H,K,V] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
-python -m flat.bench --layer [--layer-shape B,T,D,H] [--dtype bf16|f32] [--repeats N] [--no-compile] [--json FILE]
-python -m flat.bench --transformers [--quick] [--dtype bf16|f32] [--models M,..] [--rows KIND,..] [--repeats N]
-                     [--json FILE]   (flat/bench_transformers.py)
-python -m flat.bench --context-parallel [--cp-shape B,T,H,K,V] [--variants V,..] [--dtype bf16|f32] [--repeats N]
-                     [--json FILE]   (flat/bench_context_parallel.py)
+"""python -m flat.bench's own sections (flat/bench/__main__.py says what each times): the binding's
+overhead, flat.torch.gla against plain PyTorch and the models' gates (recurrence_bench), and a whole
+layer (layer_bench)."""
 
-Times, side by side in one process on the same inputs (gla, bf16, PyTorch's threads):
 
-1. the overhead of the Python binding: the custom ops flat::forward and flat::backward against the
-   library's entry points called alone through flat._core, with outputs allocated once and freshly
-   for every call;
-2. flat.torch.gla against the same variant written in plain PyTorch, chunked as users write it
-   (FLA's naive chunk form: decays as exp of cumulative log-gates, one chunk's state at a time),
-   eagerly and under torch.compile, forward and forward+backward; the ratio is their time over
-   flat's.
-
-With --layer, one whole layer instead (flat.nn.GatedLinearAttention configured as the seed paper's:
-4-tap convolution on q, k, v, per-head RMSNorm times a SiLU output gate; heads of K = V = D / H), its
-forward+backward as flat runs it against the same module on plain-PyTorch operations (the chunked
-GLA above, F.conv1d, the norm's formula), eager and under torch.compile, and where flat's time goes:
-the projections, the convolution, the recurrence, the norm and gate, the rest.
-
-3. Gated DeltaNet and KDA (flat.torch.gated_deltanet and kda, with the in-kernel L2 norm of q and k
-   as the models run them) on weak gates (uniform in [-0.1, 0]) against gates as the models draw
-   them: g = -exp(A_log) * softplus(a + dt_bias), per head (Gated DeltaNet) or per channel (Kimi
-   Linear's KDA), at the models' initialisation. Strong gates make a chunk's decays underflow
-   through the subnormal range, which costs a microcode assist per operation on Intel cores; the
-   library flushes subnormals for the span of its work. --keep-subnormals (FLAT_SUBNORMALS=keep)
-   keeps them, to show that cost.
-
-Medians of --repeats runs after a warm-up.
-"""
-
-import argparse
 import json
-import math
-import os
 import statistics
 import time
 
@@ -46,6 +14,9 @@ import flat.torch as ft
 from flat import _core
 from flat.nn import GatedLinearAttention
 from flat.nn.ops import Ops, reference_conv, reference_norm
+from flat.torch.ops import _view
+
+from .gates import model_gates
 
 
 def median_ms(function, repeats):
@@ -87,18 +58,6 @@ def chunk_gla_torch(q, k, v, g, scale, chunk=64):
         state = state * Gi[:, :, -1].exp()[..., None] + ((k[:, :, i].float() * decay).transpose(-1, -2)
                                                           @ v[:, :, i].float())
     return torch.stack(outputs, 2).reshape(B, H, T, V).transpose(1, 2)
-
-
-def model_gates(B, T, H, K, per_channel):
-    """g [B, T, H] (Gated DeltaNet) or [B, T, H, K] (Kimi Linear's KDA) as the models compute it at
-    initialisation: -exp(A_log) * softplus(a + dt_bias), A = exp(A_log) ~ U(1, 16) per head,
-    dt_bias = softplus^-1(dt) with dt log-uniform in [0.001, 0.1] per head or channel, a ~ N(0, 1)
-    per token (the projection of a normalised hidden state)."""
-    columns = (H, K) if per_channel else (H,)
-    A = torch.empty(H).uniform_(1, 16).reshape((H, 1) if per_channel else (H,))
-    dt = torch.exp(torch.empty(columns).uniform_(math.log(1e-3), math.log(1e-1)))
-    dt_bias = dt + torch.log(-torch.expm1(-dt))
-    return -A * torch.nn.functional.softplus(torch.randn(B, T, *columns) + dt_bias)
 
 
 def gates_bench(args, q, k, v):
@@ -200,51 +159,8 @@ def layer_bench(args, dtype):
     return results
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m flat.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="2,4096,16,128,128", help="B,T,H,K,V")
-    parser.add_argument("--layer", action="store_true", help="time a whole layer instead (see above)")
-    parser.add_argument("--layer-shape", default="1,4096,2048,16",
-                        help="B,T,hidden,heads of --layer (the seed paper's layer at batch 1)")
-    parser.add_argument("--transformers", action="store_true",
-                        help="transformers' Qwen3.5 and Mamba-2 models, their PyTorch path against flat's kernels")
-    parser.add_argument("--quick", action="store_true", help="tiny models and lengths for --transformers")
-    parser.add_argument("--context-parallel", action="store_true",
-                        help="flat.torch.context_parallel on 1 and 2 processes (flat/bench_context_parallel.py)")
-    parser.add_argument("--cp-shape", default="1,16384,4,128,128", help="B,T,H,K,V of --context-parallel")
-    parser.add_argument("--variants", help="with --context-parallel: some of gla,gated_deltanet (default both)")
-    parser.add_argument("--dtype", choices=["bf16", "f32"],
-                        help="bf16 unless given; with --transformers both unless given")
-    parser.add_argument("--models", help="with --transformers: some of qwen3_5,mamba2 (default both)")
-    parser.add_argument("--rows", help="with --transformers: some of prefill,decode,train,share (default all)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    parser.add_argument("--json", help="write the numbers to this file")
-    parser.add_argument("--keep-subnormals", action="store_true",
-                        help="run the kernels in the CPU's default mode, subnormals kept (FLAT_SUBNORMALS=keep)")
-    args = parser.parse_args(argv)
-    if args.keep_subnormals:
-        # Read by the library once, at its first call, which comes after this.
-        os.environ["FLAT_SUBNORMALS"] = "keep"
-    if args.transformers:
-        from flat.bench_transformers import transformers_bench, write_json
-        results = transformers_bench(args)
-        if args.json:
-            write_json(results, args.json)
-        return
-    args.dtype = args.dtype or "bf16"
-    if args.context_parallel:
-        from flat.bench_context_parallel import context_parallel_bench, write_json
-        rows = context_parallel_bench(args)
-        if args.json:
-            write_json(args, rows, args.json)
-        return
-    if args.layer:
-        results = layer_bench(args, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=2)
-        return
+def recurrence_bench(args):
+    """Sections 1 to 3 (python -m flat.bench without --layer, --transformers or --context-parallel)."""
     B, T, H, K, V = (int(x) for x in args.shape.split(","))
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)
@@ -260,14 +176,16 @@ def main(argv=None):
     # inputs, with outputs allocated once (as flat bench runs them) and freshly for every call (as
     # an operation returning new tensors must: the kernel then also pays the first touch of their
     # pages).
-    view = ft._view
+    view = _view
+    forward_options = _core.options("forward", dict(chunk=64))
+    backward_options = _core.options("backward", dict(chunk=64, check_values=False))
     dy = torch.randn(B, T, H, V, dtype=dtype)
     keep = {}
 
     def library_forward(fresh):
         y = torch.empty(B, T, H, V, dtype=dtype) if fresh else keep.setdefault("y", torch.empty(B, T, H, V, dtype=dtype))
         _core.call("forward", "gla", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
-                                          y=view("y", y)), ([], [], [], []), dict(chunk=64), threads, "openmp")
+                                          y=view("y", y)), ([], [], [], []), forward_options, threads, "openmp")
 
     def library_backward(fresh):
         grads = [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, g)] if fresh else keep.setdefault(
@@ -275,12 +193,13 @@ def main(argv=None):
         dq, dk, dv, dg = (view(n, t) for n, t in zip(("dq", "dk", "dv", "dg"), grads))
         _core.call("backward", "gla", dict(q=view("q", q), k=view("k", k), v=view("v", v), g=view("g", g),
                                            dy=view("dy", dy), dq=dq, dk=dk, dv=dv, dg=dg), ([], [], [], []),
-                   dict(chunk=64, check_values=False), threads, "openmp")
+                   backward_options, threads, "openmp")
 
+    options = dict(chunk=64, l2norm_qk=False, solve="auto", precision="exact", gate_group=0, check_values=True)
     op_forward = lambda: torch.ops.flat.forward("gla", q, k, v, g, None, None, None, None, None, None,  # noqa: E731
-                                                None, 64, False, "auto", "exact", 0, True, False)
+                                                final_state=False, **options)
     op_backward = lambda: torch.ops.flat.backward("gla", q, k, v, g, None, None, None, None, None, None, dy,  # noqa: E731
-                                                  None, None, 64, False, "auto", "exact", 0)
+                                                  None, **{**options, "check_values": False})
     results = {"shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": args.dtype, "threads": threads,
                "target": flat.target()}
     print("\n| pass | library, outputs reused ms | library, fresh outputs ms | custom op ms | op / fresh | op / reused |")
@@ -327,6 +246,3 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
 
-
-if __name__ == "__main__":
-    main()

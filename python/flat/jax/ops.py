@@ -1,20 +1,5 @@
-"""flat's kernels as JAX operations on the CPU, with the names and arguments of flat.torch::
-
-    o, final_state = flat.jax.gla(q, k, v, g, scale=None, initial_state=None,
-                                  output_final_state=False)
-
-Each is an XLA custom call through JAX's typed FFI (the handlers in flat._core, run on XLA's
-intra-op threads) wrapped in ``jax.custom_vjp``, so ``jax.grad``, ``jax.jit``, ``jax.eval_shape``
-and ``jax.vmap`` (over a leading axis, one call per element) work. Inputs are float32 or bfloat16
-arrays; states float32. A bad argument raises an error carrying the library's message (its tensor
-named as here: ``initial_state``, the library's ``h0`` and ``state0``).
-
-Serving (python/flat/_api.py): ``cu_seqlens`` and the index arrays (int32 or int64) are traced
-arrays, not static. A call with ``final_state_indices`` or ``token_state_indices`` returns the pool
-``initial_state`` updated as its second value, the pool an input aliased to that output
-(``input_output_aliases``): in place when the caller donates it (``jax.jit(...,
-donate_argnums=...)``), a copy otherwise. It is for inference: differentiating it raises.
-"""
+"""flat.jax's operations (the package's docstring says what they are): the FFI calls wrapped in
+``jax.custom_vjp`` and the functions users call, which flat.jax re-exports."""
 
 from functools import partial
 from typing import Optional
@@ -23,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _api, _args
-from . import _core
+from .. import _api, _args
+from .. import _core
 
 _TARGETS = _core.jax_ffi_targets()
 if not _TARGETS:
@@ -129,10 +114,11 @@ _DTYPE_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16"}
 _DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 
-def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens, pool: bool, **options) -> dict:
+def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens, pool: bool, options: dict) -> dict:
     """The outputs the library writes for a call, {name: ShapeDtypeStruct} (flat::output_shapes),
-    from its inputs by the library's names, each (user's name, array or None); pool: the initial
-    state is a pool read through initial_state_indices. Shapes only: works on traced arrays."""
+    from its inputs by the library's names, each (user's name, array or None), and its options by
+    theirs; pool: the initial state is a pool read through initial_state_indices. Shapes only: works
+    on traced arrays."""
     described = {}
     for name, (user_name, x) in inputs.items():
         if x is None:
@@ -143,7 +129,7 @@ def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens, pool: bool,
             raise ValueError(f"flat: {user_name}: expected dtype float32 or bfloat16, got {x.dtype}")
         described[name] = (_DTYPE_NAMES[jnp.dtype(x.dtype)], tuple(int(d) for d in x.shape))
     shapes = _core.output_shapes(operation, variant, described, 0 if cu_seqlens is None else int(cu_seqlens.shape[0]),
-                                 pool, options)
+                                 pool, _args.checked_options(operation, options))
     return {name: _result(tuple(shape), _DTYPES[dtype]) for name, dtype, shape in shapes}
 
 
@@ -164,7 +150,7 @@ _H0, _HT = 7, 1
 
 def _forward(variant, c, final_state, q, k, v, g, beta, b, w, h0, cu_seqlens, reads):
     outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, h0), cu_seqlens,
-                       reads is not None, **c._asdict())
+                       reads is not None, c._asdict())
     if not final_state:
         del outputs["ht"]
     results = _results(outputs, ("y", "ht"))
@@ -186,7 +172,7 @@ def _recurrence_backward(variant, c, final_state, saved, cotangents):
     q, k, v, g, beta, b, w, h0, cu_seqlens, reads = saved
     dy, dht = cotangents
     outputs = _outputs("backward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, h0), cu_seqlens,
-                       reads is not None, **c._asdict())
+                       reads is not None, c._asdict())
     results = _results(outputs, ("dq", "dk", "dv", "dg", "dbeta", "db", "dw", "dh0"))
     grads = _call("backward", results, q, k, v, *(_given(x) for x in (g, beta, b, w, h0)), dy,
                   dht if final_state else _absent(), _ints(cu_seqlens), _ints(reads), _ints(None), _ints(None),
@@ -203,7 +189,7 @@ _recurrence.defvjp(_recurrence_forward, _recurrence_backward)
 def _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, cu_seqlens, reads, writes, tokens):
     """The recurrence with h0 and ht one pool [P, N, K, V], updated in place where the caller donates it."""
     outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, pool), cu_seqlens, True,
-                       **c._asdict())
+                       c._asdict())
     results = (outputs["y"], _result(pool.shape, pool.dtype))
     return _call("forward", results, q, k, v, *(_given(x) for x in (g, beta, b, w)), pool, _ints(cu_seqlens),
                  _pool_reads(_args.sequence_count(q.shape[0], cu_seqlens), reads), _ints(writes), _ints(tokens),
@@ -213,16 +199,15 @@ def _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, cu_seqlens, reads
 _pool_recurrence.defvjp(_no_gradient, _no_gradient)
 
 
-def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale, initial_state, output_final_state,
-         chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values, sequences):
-    c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values)
+def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
+         options: _api.Options):
     sequences, pool = _sequences(sequences, initial_state), initial_state
     writes = sequences.writes_pool
     if _args.rowless(sequences, pool, q.shape[0]):  # no sequence: the call on the pool's first 0 rows
         initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
     elif writes:
-        return _pool_recurrence(variant, c, q, k, v, g, beta, b, w, pool, *sequences)
-    o, final_state = _recurrence(variant, c, bool(output_final_state), q, k, v, g, beta, b, w, initial_state,
+        return _pool_recurrence(variant, options, q, k, v, g, beta, b, w, pool, *sequences)
+    o, final_state = _recurrence(variant, options, bool(output_final_state), q, k, v, g, beta, b, w, initial_state,
                                  sequences.cu_seqlens, sequences.initial_state_indices)
     return o, (pool if writes else final_state if output_final_state else None)
 
@@ -235,8 +220,6 @@ _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                activations={"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))
-
-from .jax_context_parallel import context_parallel  # noqa: E402  (the same functions across a mesh axis)
 
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
@@ -267,7 +250,7 @@ def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
 
 def _conv_outputs(operation, activation, x, weight, bias, state0, cu_seqlens, pool: bool) -> dict:
     inputs = dict(x=("x", x), weight=("weight", weight), bias=("bias", bias), state0=("initial_state", state0))
-    return _outputs(operation, "", inputs, cu_seqlens, pool, activation=activation)
+    return _outputs(operation, "", inputs, cu_seqlens, pool, dict(activation=activation))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -343,7 +326,7 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _norm_gate(activation, norm_before_gate, eps, x, g, weight):
     outputs = _outputs("norm_gate_forward", "", dict(x=("x", x), g=("g", g), weight=("weight", weight)), None, False,
-                       activation=activation, norm_before_gate=norm_before_gate, eps=eps)
+                       dict(activation=activation, norm_before_gate=norm_before_gate, eps=eps))
     return _call("norm_gate_forward", outputs["y"], x, _given(g), weight, activation=activation,
                  norm_before_gate=norm_before_gate, eps=eps)
 
@@ -355,7 +338,7 @@ def _norm_gate_forward(activation, norm_before_gate, eps, x, g, weight):
 def _norm_gate_backward(activation, norm_before_gate, eps, saved, dy):
     x, g, weight = saved
     outputs = _outputs("norm_gate_backward", "", dict(x=("x", x), g=("g", g), weight=("weight", weight)), None, False,
-                       activation=activation, norm_before_gate=norm_before_gate, eps=eps)
+                       dict(activation=activation, norm_before_gate=norm_before_gate, eps=eps))
     results = _results(outputs, ("dx", "dg", "dweight"))
     dx, dg, dweight = _call("norm_gate_backward", results, x, _given(g), weight, dy, activation=activation,
                             norm_before_gate=norm_before_gate, eps=eps)

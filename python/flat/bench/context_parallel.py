@@ -1,9 +1,9 @@
 """python -m flat.bench --context-parallel [--cp-shape B,T,H,K,V] [--variants V,..] [--dtype bf16|f32]
                      [--repeats N] [--json FILE]
 
-flat.torch.context_parallel (python/flat/context_parallel.py) on 1 and 2 processes of one thread
+flat.torch.context_parallel (python/flat/torch/parallel.py) on 1 and 2 processes of one thread
 each (gloo on loopback), one sequence of T tokens cut evenly, gates as the models draw them
-(flat.bench's model_gates; Gated DeltaNet with the in-kernel L2 norm of q and k). Per variant and
+(flat/bench/gates.py's model_gates; Gated DeltaNet with the in-kernel L2 norm of q and k). Per variant and
 process count, the medians of --repeats runs, each run begun by a barrier and its time the slowest
 rank's:
 
@@ -36,9 +36,10 @@ import torch.multiprocessing as mp
 import flat
 import flat.torch as ft
 
-from ._process import exit_after_process_group
-from .bench import model_gates
-from .context_parallel import _widened
+from flat._process import exit_after_process_group
+from flat.torch.parallel import _widened
+
+from .gates import model_gates
 
 VARIANTS = ("gla", "gated_deltanet")
 

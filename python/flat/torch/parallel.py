@@ -78,7 +78,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._args import Sequences, check_sequences
+from .. import _api
+from .._args import Sequences, check_sequences
+from . import ops
 
 if dist.is_available():
     # Before the user's init_process_group (this module is imported with flat.torch): the first call
@@ -266,7 +268,7 @@ class _Recurrence:
         # (A the product of the part's A_t so far): o's part from the state entering the rank.
         self.o, state = self.run(self.variant, q, k, _widened(v, K, 0.0), g, beta, b, _widened(w, K, 1.0),
                                  initial_state=start, output_final_state=True, sequences=self.local_sequences,
-                                 **self.options)
+                                 options=self.options)
         return state.reshape(-1)
 
     def before_rank_0(self) -> Tensor:
@@ -357,17 +359,14 @@ def context_parallel(group=None) -> SimpleNamespace:
     its share of the tokens (``[B, T_r, ...]``, or ``[1, T_r, ...]`` with the whole batch's
     ``cu_seqlens`` on every rank) and gets its share of the output and every sequence's final state.
     State pools (serving) and la's normalize are refused. See the module's docstring
-    (python/flat/context_parallel.py) and docs/python.md, "Context parallelism"."""
-    from . import _api
-    from . import torch as flat_torch
-
+    (python/flat/torch/parallel.py) and docs/python.md, "Context parallelism"."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{_NAME}: torch.distributed is not initialised (torch.distributed.init_process_group "
                            "first)")
 
     def run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
-            **options):
-        call = _Recurrence(flat_torch._run, flat_torch._problem, variant, (q, k, v, g, beta, b, w), initial_state,
+            options):
+        call = _Recurrence(ops._run, ops._problem, variant, (q, k, v, g, beta, b, w), initial_state,
                            sequences, options)
         return _across_ranks(group, call, output_final_state)
 
@@ -376,13 +375,13 @@ def context_parallel(group=None) -> SimpleNamespace:
         sequences = Sequences(cu_seqlens, **pool)
         if weight.shape[-1] == 1 and not any(v is not None for v in pool.values()):
             # No window reaches back: no state, nothing to exchange, each token alone.
-            return flat_torch.conv(x, weight, bias, activation=activation)
-        call = _Convolution(flat_torch.conv, flat_torch._problem, x, weight, bias, initial_state, activation,
+            return ops.conv(x, weight, bias, activation=activation)
+        call = _Convolution(ops.conv, ops._problem, x, weight, bias, initial_state, activation,
                             sequences)
         return _across_ranks(group, call, output_final_state)
 
-    functions = _api.variant_functions(run, flat_torch._XP)
+    functions = _api.variant_functions(run, ops._XP)
     functions["la"] = _api.without_normalize(functions["la"], _NAME)
-    conv.__doc__ = flat_torch.conv.__doc__
+    conv.__doc__ = ops.conv.__doc__
     functions["conv"] = conv
     return SimpleNamespace(**functions)

@@ -1,35 +1,6 @@
-"""flat's kernels as PyTorch operations, on CPU tensors in float32 or bfloat16.
-
-One function per variant, named as ``flat run`` names it, with FLA's argument names where the
-meaning is the same; layout ``[B, T, H, K]``; returns ``(o, final_state)``::
-
-    o, final_state = flat.torch.gla(q, k, v, g, scale=None, initial_state=None,
-                                    output_final_state=False)
-
-The short convolution is ``flat.torch.conv`` and the output norm and gate
-``flat.torch.rms_norm_gated``. Every function is a ``torch.library`` custom op (``flat::forward``,
-``flat::backward``, ``flat::conv_*``, ``flat::norm_gate_*``) with its autograd formula and a fake
-implementation, so it runs eagerly, under ``torch.compile`` without graph breaks, and under
-``torch.autograd``. Gradients reach every differentiable input, ``initial_state`` included. An eager
-forward none of whose inputs needs a gradient (inference, a decode step) runs the op's
-implementation without the dispatcher, unless it is traced (torch.compile, torch.jit.trace) or a
-dispatch or function mode, a functorch transform or the profiler is active (_direct): the same
-results, less per-call cost.
-
-Serving (python/flat/_api.py): ``cu_seqlens`` packs sequences along T; ``initial_state_indices``,
-``final_state_indices``, ``token_state_indices`` address a pool of states. A call that writes the
-pool (``flat::forward_pool``, ``flat::conv_forward_pool``, which declare the pool mutated) updates
-``initial_state`` in place, bumping its version counter as PyTorch's in-place operations do (a
-backward that saved the pool before the write is refused), and returns it;
-``accepted_state_indices`` gives the rows to resume from after a speculative step.
-
-Inputs are read in place: ``q``, ``k``, ``v`` may be column slices of one fused projection (only
-their last axis must be contiguous; otherwise it is made so). The kernels run without the GIL on
-PyTorch's intra-op threads (``torch.get_num_threads()``: the OpenMP runtime torch loaded, which
-this module shares by being imported after torch). A bad argument raises ``ValueError`` with the
-library's message (its tensor named as here: ``initial_state``, the library's ``h0`` and ``state0``);
-nothing is written then.
-"""
+"""flat.torch's operations (the package's docstring says what they are): the custom ops
+``flat::*``, their fake implementations and autograd formulas, and the functions users call, which
+flat.torch re-exports."""
 
 import functools
 from typing import List, Optional, Tuple
@@ -37,8 +8,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _api, _args
-from . import _core  # after torch: the extension then shares torch's OpenMP runtime
+from .. import _api, _args
+from .. import _core  # after torch: the extension then shares torch's OpenMP runtime
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -71,18 +42,18 @@ def _view(name: str, t: Optional[Tensor]):
 _TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
 
 
-def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens: Optional[Tensor], pool: bool, **options) -> dict:
+def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens: Optional[Tensor], pool: bool, options) -> dict:
     """The outputs the library writes for a call, {name: (shape, dtype)} (flat::output_shapes), from
-    its inputs by the library's names, each (user's name, tensor or None); pool: the initial state
-    is a pool read through initial_state_indices. Works on fake tensors (torch.compile)."""
+    its inputs by the library's names, each (user's name, tensor or None), and its checked options
+    (_args.checked_options); pool: the initial state is a pool read through initial_state_indices.
+    Works on fake tensors (torch.compile)."""
     described = []
     for name, (user_name, t) in inputs.items():
         if t is not None:
             if t.dtype not in _DTYPES or not 1 <= t.dim() <= 4:
                 _dtype(user_name, t)  # raises
             described.append((name, t.dtype, t.shape))
-    key = (operation, variant, tuple(described), 0 if cu_seqlens is None else int(cu_seqlens.shape[0]), pool,
-           tuple(options.items()))
+    key = (operation, variant, tuple(described), 0 if cu_seqlens is None else int(cu_seqlens.shape[0]), pool, options)
     try:
         return _described_outputs(*key)
     except TypeError:  # symbolic shapes (torch.compile's dynamic ones) are not hashable
@@ -91,11 +62,11 @@ def _outputs(operation: str, variant: str, inputs: dict, cu_seqlens: Optional[Te
 
 @functools.lru_cache(maxsize=1024)
 def _described_outputs(operation: str, variant: str, described: tuple, cu_seqlens: int, pool: bool,
-                       options: tuple) -> dict:
+                       options) -> dict:
     """_outputs' answer, kept per description: a decode step asks the same question each token.
     Refusals are not kept (lru_cache keeps what returns)."""
     inputs = {name: (_DTYPES[dtype], [int(d) for d in shape]) for name, dtype, shape in described}
-    shapes = _core.output_shapes(operation, variant, inputs, cu_seqlens, pool, dict(options))
+    shapes = _core.output_shapes(operation, variant, inputs, cu_seqlens, pool, options)
     return {name: (tuple(shape), _TORCH_DTYPES[dtype]) for name, dtype, shape in shapes}
 
 
@@ -118,9 +89,9 @@ def _threads() -> int:
 _NO_SEQUENCES = ([], [], [], [])
 
 
-def _call(operation: str, tensors: dict, sequences=_NO_SEQUENCES, variant: str = "", **options) -> None:
+def _call(operation: str, tensors: dict, options, sequences=_NO_SEQUENCES, variant: str = "") -> None:
     """flat::call on PyTorch's intra-op threads: the tensors' views by the library's names (None:
-    absent), the options by theirs (flat/call.h)."""
+    absent), the options checked (_args.checked_options)."""
     _core.call(operation, variant, tensors, sequences, options, _threads(), "openmp")
 
 
@@ -205,144 +176,147 @@ def _pool_gradient(state: Optional[Tensor], grads: Tensor, reads: Optional[Tenso
 
 # ---- The recurrences -------------------------------------------------------------------------
 
+# The custom ops' schemas: the tensors, then the recurrence's options keyword-only, one per option the
+# library lists (_api.OPTION_NAMES, of the kinds _api.OPTIONS gives), None for the library's default.
+_KINDS = {float: "float", int: "int", bool: "bool", str: "str"}
+_OPTIONS = ", ".join(f"{_KINDS[_api.OPTIONS[name][1]]}? {name}=None" for name in _api.OPTION_NAMES)
+_INPUTS = "str variant, Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? beta, Tensor? b, Tensor? w"
 
-def _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, pool: bool, scale, chunk, l2norm, solve,
-                        precision, gate_group, check_values, operation: str = "forward") -> dict:
+
+def _recurrence_outputs(operation: str, variant: str, q, k, v, g, beta, b, w, h0, cu_seqlens, pool: bool,
+                        options) -> dict:
     """The forward's y and ht, or the backward's gradients, (shape, dtype) as the library describes
     them."""
     inputs = dict(q=("q", q), k=("k", k), v=("v", v), g=("g", g), beta=("beta", beta), b=("b", b), w=("w", w),
                   h0=("initial_state", h0))
-    return _outputs(operation, variant, inputs, cu_seqlens, pool, scale=scale, chunk=chunk, l2norm_qk=l2norm,
-                    solve=solve, precision=precision, gate_group=gate_group, check_values=check_values)
+    return _outputs(operation, variant, inputs, cu_seqlens, pool, options)
 
 
-def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, scale, chunk, l2norm, solve, precision,
-                  gate_group, check_values) -> None:
+def _call_forward(variant: str, q, k, v, g, beta, b, w, h0, y, ht, sequences, options) -> None:
     if _trace is not None:
         _trace.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
     _call("forward", dict(q=_view("q", q), k=_view("k", k), v=_view("v", v), g=_view("g", g), beta=_view("beta", beta),
                           b=_view("b", b), w=_view("w", w), h0=_view("initial_state", h0), y=_view("o", y),
-                          ht=_view("final_state", ht)),
-          sequences, variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve, precision=precision,
-          gate_group=gate_group, check_values=check_values)
+                          ht=_view("final_state", ht)), options, sequences, variant)
 
 
 def _forward_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
                   b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                  initial_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool, solve: str,
-                  precision: str, gate_group: int, check_values: bool, final_state: bool) -> Tuple[Tensor, Tensor]:
+                  initial_state_indices: Optional[Tensor], *, final_state: bool, **options) -> Tuple[Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0 = _dense(q, k, v, g, beta, b, w, h0)
-    outputs = _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None,
-                                  scale, chunk, l2norm, solve, precision, gate_group, check_values)
+    checked = _args.checked_options("forward", options)
+    outputs = _recurrence_outputs("forward", variant, q, k, v, g, beta, b, w, h0, cu_seqlens,
+                                  initial_state_indices is not None, checked)
     y, ht = _empty(outputs["y"]), _empty(outputs["ht"]) if final_state else None
-    _call_forward(variant, q, k, v, g, beta, b, w, h0, y, ht, _lists(cu_seqlens, initial_state_indices), scale, chunk,
-                  l2norm, solve, precision, gate_group, check_values)
+    _call_forward(variant, q, k, v, g, beta, b, w, h0, y, ht, _lists(cu_seqlens, initial_state_indices), checked)
     return y, _none() if ht is None else ht
 
 
-_forward = torch.library.custom_op("flat::forward", _forward_impl, mutates_args=())
+_forward = torch.library.custom_op(
+    "flat::forward", _forward_impl, mutates_args=(),
+    schema=f"({_INPUTS}, Tensor? h0, Tensor? cu_seqlens, Tensor? initial_state_indices, *, bool final_state, "
+           f"{_OPTIONS}) -> (Tensor, Tensor)")
 
 
 @_forward.register_fake
-def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, scale, chunk, l2norm, solve, precision,
-      gate_group, check_values, final_state):
-    outputs = _recurrence_outputs(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None,
-                                  scale, chunk, l2norm, solve, precision, gate_group, check_values)
+def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, *, final_state, **options):
+    outputs = _recurrence_outputs("forward", variant, q, k, v, g, beta, b, w, h0, cu_seqlens,
+                                  initial_state_indices is not None, _args.checked_options("forward", options))
     return _empty(outputs["y"]), _empty(outputs["ht"]) if final_state else q.new_empty(0, dtype=torch.float32)
 
 
 def _forward_pool_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
                        b: Optional[Tensor], w: Optional[Tensor], pool: Tensor, cu_seqlens: Optional[Tensor],
                        initial_state_indices: Optional[Tensor], final_state_indices: Optional[Tensor],
-                       token_state_indices: Optional[Tensor], scale: Optional[float], chunk: int, l2norm: bool,
-                       solve: str, precision: str, gate_group: int, check_values: bool) -> Tensor:
+                       token_state_indices: Optional[Tensor], **options) -> Tensor:
     """The recurrence with h0 and ht one pool [P, N, K, V], read and written in place (never copied:
     the library refuses a pool whose last axis is not contiguous)."""
     q, k, v, g, beta, b, w = _dense(q, k, v, g, beta, b, w)
-    y = _empty(_recurrence_outputs(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True, scale, chunk, l2norm,
-                                   solve, precision, gate_group, check_values)["y"])
+    checked = _args.checked_options("forward", options)
+    y = _empty(_recurrence_outputs("forward", variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True, checked)["y"])
     sequences = _pool_lists(_args.sequence_count(q.shape[0], cu_seqlens), cu_seqlens, initial_state_indices,
                             final_state_indices, token_state_indices)
-    _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, scale, chunk, l2norm, solve, precision,
-                  gate_group, check_values)
+    _call_forward(variant, q, k, v, g, beta, b, w, pool, y, pool, sequences, checked)
     return y
 
 
-_forward_pool = torch.library.custom_op("flat::forward_pool", _forward_pool_impl, mutates_args=("pool",))
+_forward_pool = torch.library.custom_op(
+    "flat::forward_pool", _forward_pool_impl, mutates_args=("pool",),
+    schema=f"({_INPUTS}, Tensor(a!) pool, Tensor? cu_seqlens, Tensor? initial_state_indices, "
+           f"Tensor? final_state_indices, Tensor? token_state_indices, *, {_OPTIONS}) -> Tensor")
 
 
 @_forward_pool.register_fake
 def _(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, initial_state_indices, final_state_indices,
-      token_state_indices, scale, chunk, l2norm, solve, precision, gate_group, check_values):
-    return _empty(_recurrence_outputs(variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True, scale, chunk, l2norm,
-                                      solve, precision, gate_group, check_values)["y"])
+      token_state_indices, **options):
+    return _empty(_recurrence_outputs("forward", variant, q, k, v, g, beta, b, w, pool, cu_seqlens, True,
+                                      _args.checked_options("forward", options))["y"])
 
 
-@torch.library.custom_op("flat::backward", mutates_args=())
-def _backward(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-              b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
-              initial_state_indices: Optional[Tensor], dy: Tensor, dht: Optional[Tensor], scale: Optional[float],
-              chunk: int, l2norm: bool, solve: str, precision: str,
-              gate_group: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _backward_impl(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
+                   b: Optional[Tensor], w: Optional[Tensor], h0: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                   initial_state_indices: Optional[Tensor], dy: Tensor, dht: Optional[Tensor],
+                   **options) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, beta, b, w, h0, dy, dht = _dense(q, k, v, g, beta, b, w, h0, dy, dht)
+    checked = _args.checked_options("backward", options)
     grads = {name: _empty(described) for name, described in _recurrence_outputs(
-        variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None, scale, chunk, l2norm, solve,
-        precision, gate_group, False, "backward").items()}
+        "backward", variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices is not None,
+        checked).items()}
     _call("backward", dict(q=_view("q", q), k=_view("k", k), v=_view("v", v), g=_view("g", g),
                            beta=_view("beta", beta), b=_view("b", b), w=_view("w", w), h0=_view("initial_state", h0),
                            dy=_view("do", dy), dht=_view("dht", dht), **{name: _view(name, t) for name, t in grads.items()}),
-          _lists(cu_seqlens, initial_state_indices), variant, scale=scale, chunk=chunk, l2norm_qk=l2norm, solve=solve,
-          precision=precision, gate_group=gate_group, check_values=False)
+          checked, _lists(cu_seqlens, initial_state_indices), variant)
     dq, dk, dv, dg, dbeta, db, dw, dh0 = (grads.get(name, _none())
                                           for name in ("dq", "dk", "dv", "dg", "dbeta", "db", "dw", "dh0"))
     return dq, dk, dv, dg, dbeta, db, dw, _pool_gradient(h0, dh0, initial_state_indices)
 
 
+_backward = torch.library.custom_op(
+    "flat::backward", _backward_impl, mutates_args=(),
+    schema=f"({_INPUTS}, Tensor? h0, Tensor? cu_seqlens, Tensor? initial_state_indices, Tensor dy, Tensor? dht, *, "
+           f"{_OPTIONS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
 @_backward.register_fake
-def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy, dht, scale, chunk, l2norm, solve,
-      precision, gate_group):
+def _(variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy, dht, **options):
     def like(t):
         return q.new_empty(0, dtype=torch.float32) if t is None else t.new_empty(t.shape)
 
     return like(q), like(k), like(v), like(g), like(beta), like(b), like(w), like(h0)
 
 
-def _setup_forward(ctx, inputs, output):
-    (ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, ctx.scale, ctx.chunk, ctx.l2norm,
-     ctx.solve, ctx.precision, ctx.gate_group, _, _) = inputs
-    ctx.save_for_backward(q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices)
+def _setup_forward(ctx, inputs, keyword_only_inputs, output):
+    ctx.variant = inputs[0]
+    ctx.options = {name: keyword_only_inputs[name] for name in _api.OPTION_NAMES}
+    ctx.save_for_backward(*inputs[1:])  # q to h0, cu_seqlens, initial_state_indices
 
 
 def _backward_formula(ctx, dy, dht):
-    q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices = ctx.saved_tensors
     dht = None if dht is None or dht.numel() == 0 else dht
-    grads = _backward(ctx.variant, q, k, v, g, beta, b, w, h0, cu_seqlens, initial_state_indices, dy, dht, ctx.scale,
-                      ctx.chunk, ctx.l2norm, ctx.solve, ctx.precision, ctx.gate_group)
-    dq, dk, dv, dg, dbeta, db, dw, dh0 = (_absent(t) for t in grads)
-    return None, dq, dk, dv, dg, dbeta, db, dw, dh0, None, None, None, None, None, None, None, None, None, None
+    grads = _backward(ctx.variant, *ctx.saved_tensors, dy, dht, **{**ctx.options, "check_values": False})
+    # No gradient for the variant's name and the sequences' arrays.
+    return (None, *(_absent(t) for t in grads), None, None)
 
 
 _forward.register_autograd(_backward_formula, setup_context=_setup_forward)
 
 
 def _run(variant: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
-         b: Optional[Tensor] = None, w: Optional[Tensor] = None, *, scale: Optional[float],
-         initial_state: Optional[Tensor], output_final_state: bool, chunk_size: int, use_qk_l2norm_in_kernel: bool,
-         solve: str, precision: str, gate_group: Optional[int], check_values: bool,
-         sequences: _args.Sequences) -> Tuple[Tensor, Optional[Tensor]]:
-    c = _args.call(scale, chunk_size, use_qk_l2norm_in_kernel, solve, precision, gate_group, check_values)
+         b: Optional[Tensor] = None, w: Optional[Tensor] = None, *, initial_state: Optional[Tensor],
+         output_final_state: bool, sequences: _args.Sequences,
+         options: _api.Options) -> Tuple[Tensor, Optional[Tensor]]:
+    values = options._asdict()
     direct = _direct(q, k, v, g, beta, b, w, initial_state)
     writes, pool = _check_sequences(sequences, initial_state, (q, k, v, g, beta, b, w)), initial_state
     if _args.rowless(sequences, pool, q.shape[0]):  # no sequence: the call on the pool's first 0 rows
         initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
     elif writes:
-        o = (_forward_pool_impl if direct else _forward_pool)(
-            variant, q, k, v, g, beta, b, w, pool, *sequences, c.scale, c.chunk, c.l2norm_qk, c.solve, c.precision,
-            c.gate_group, c.check_values)
+        o = (_forward_pool_impl if direct else _forward_pool)(variant, q, k, v, g, beta, b, w, pool, *sequences,
+                                                              **values)
         return o, _written(pool, direct)
     o, final_state = (_forward_impl if direct else _forward)(
-        variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens, sequences.initial_state_indices, c.scale,
-        c.chunk, c.l2norm_qk, c.solve, c.precision, c.gate_group, c.check_values, output_final_state)
+        variant, q, k, v, g, beta, b, w, initial_state, sequences.cu_seqlens, sequences.initial_state_indices,
+        final_state=output_final_state, **values)
     return o, (pool if writes else final_state if output_final_state else None)
 
 
@@ -356,8 +330,6 @@ _XP = _api.Xp(float32=lambda x: x.float(), narrow_float=lambda x: x.dtype in (to
                activations={"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "none": lambda z: z})
 
 globals().update(_api.variant_functions(_run, _XP))
-
-from .context_parallel import context_parallel  # noqa: E402  (the same functions across a process group)
 
 
 def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_accepted: Tensor) -> Tensor:
@@ -384,13 +356,14 @@ def _conv_outputs(x, weight, bias, state0, cu_seqlens, pool: bool, activation, o
     """The forward's y and state (only with W > 1), or the backward's gradients, (shape, dtype) as
     the library describes them."""
     inputs = dict(x=("x", x), weight=("weight", weight), bias=("bias", bias), state0=("initial_state", state0))
-    return _outputs(operation, "", inputs, cu_seqlens, pool, activation=activation)
+    options = _args.checked_options(operation, dict(activation=activation))
+    return _outputs(operation, "", inputs, cu_seqlens, pool, options)
 
 
 def _call_conv(x, weight, bias, state0, y, state, sequences, activation) -> None:
     _call("conv_forward", dict(x=_view("x", x), weight=_view("weight", weight), bias=_view("bias", bias),
                                state0=_view("initial_state", state0), y=_view("y", y), state=_view("final_state", state)),
-          sequences, activation=activation)
+          _args.checked_options("conv_forward", dict(activation=activation)), sequences)
 
 
 def _conv_forward_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Optional[Tensor],
@@ -446,7 +419,8 @@ def _conv_backward(x: Tensor, weight: Tensor, bias: Optional[Tensor], state0: Op
     _call("conv_backward", dict(x=_view("x", x), weight=_view("weight", weight), bias=_view("bias", bias),
                                 state0=_view("initial_state", state0), dy=_view("dy", dy), dstate=_view("dstate", dstate),
                                 **{name: _view(name, t) for name, t in grads.items()}),
-          _lists(cu_seqlens, initial_state_indices), activation=activation)
+          _args.checked_options("conv_backward", dict(activation=activation)),
+          _lists(cu_seqlens, initial_state_indices))
     dx, dweight, dbias, dstate0 = (grads.get(name, _none()) for name in ("dx", "dweight", "dbias", "dstate0"))
     return dx, dweight, dbias, _pool_gradient(state0, dstate0, initial_state_indices)
 
@@ -509,7 +483,8 @@ def _norm_gate_forward(x: Tensor, g: Optional[Tensor], weight: Tensor, activatio
     x, g, weight = _dense(x, g, weight)
     y = torch.empty(x.shape, dtype=x.dtype)
     _call("norm_gate_forward", dict(x=_view("x", x), g=_view("g", g), weight=_view("weight", weight), y=_view("y", y)),
-          activation=activation, norm_before_gate=norm_before_gate, eps=eps)
+          _args.checked_options("norm_gate_forward",
+                                dict(activation=activation, norm_before_gate=norm_before_gate, eps=eps)))
     return y
 
 
@@ -522,12 +497,13 @@ def _(x, g, weight, activation, norm_before_gate, eps):
 def _norm_gate_backward(x: Tensor, g: Optional[Tensor], weight: Tensor, dy: Tensor, activation: str,
                         norm_before_gate: bool, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     x, g, weight, dy = _dense(x, g, weight, dy)
-    options = dict(activation=activation, norm_before_gate=norm_before_gate, eps=eps)
+    options = _args.checked_options("norm_gate_backward",
+                                    dict(activation=activation, norm_before_gate=norm_before_gate, eps=eps))
     inputs = dict(x=("x", x), g=("g", g), weight=("weight", weight))
     grads = {name: _empty(described) for name, described in _outputs("norm_gate_backward", "", inputs, None, False,
-                                                                      **options).items()}
+                                                                      options).items()}
     _call("norm_gate_backward", dict(x=_view("x", x), g=_view("g", g), weight=_view("weight", weight), dy=_view("dy", dy),
-                                     **{name: _view(name, t) for name, t in grads.items()}), **options)
+                                     **{name: _view(name, t) for name, t in grads.items()}), options)
     return grads["dx"], grads.get("dg", _none()), grads["dweight"]
 
 
