@@ -76,9 +76,11 @@ def _loss_and_gradients(model, ids):
 
 @pytest.mark.parametrize("family", [
     pytest.param("qwen3_5", marks=pytest.mark.xfail(strict=True, reason=(
-        "the gate's parameters (A_log, dt_bias, in_proj_a) come within 6e-4, not 1e-4, of transformers' own "
-        "path when only the functions are replaced (the gate formed by transformers in PyTorch, its gradient "
-        "summed from flat's dg); enable()'s whole-layer forward is within 1e-4; not yet explained"))),
+        "the gate's parameters (A_log, dt_bias, in_proj_a) of the second linear-attention layer come within "
+        "6e-4, not 1e-4, of transformers' own float32 path when only the functions are replaced; against the "
+        "model in float64 flat's are within 4.1e-4 and transformers' float32 path's within 2.3e-4: these "
+        "gradients, sums of the gate's per-token gradient, lose digits in float32 on either path; enable()'s "
+        "whole-layer forward, which forms the gate in flat's call, meets 1e-4"))),
     "kimi_linear", "mamba2"])
 def test_kernelize_training_gives_transformers_loss_and_gradients_on_flat(family, counts):
     model = build(family).train()
