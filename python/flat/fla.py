@@ -22,37 +22,52 @@ the options flat implements and declines the rest:
   ``layer_norm_gated_bwd`` with ``is_rms_norm=True`` (``RMSNorm``, ``FusedRMSNormGated``, the
   models' fused norms with a residual), on ``flat.torch.rms_norm_gated``. FLA's LayerNorm
   (``is_rms_norm=False``) and grouped norms (``num_groups > 1``) are declined.
-- ``l2norm_fwd``/``l2norm_bwd`` (``fla.modules.l2norm``, which layers call outside the recurrence)
-  and ``swiglu_fwd``/``swiglu_fwdbwd`` (the models' ``GatedMLP``, ``silu(x) * y``): flat has no
-  kernel for these, so the backend computes FLA's formulas in PyTorch (float32,
-  ``y = x / sqrt(sum(x^2) + eps)`` for l2norm), so that FLA's layers and models run on a CPU.
+- ``l2norm_fwd``/``l2norm_bwd`` (``fla.modules.l2norm``, which layers call outside the recurrence),
+  ``swiglu_fwd``/``swiglu_fwdbwd`` (the models' ``GatedMLP``, ``silu(x) * y``), ``swish_fwd``/
+  ``swish_bwd`` and ``rotary_embedding_fwdbwd`` (``RotaryEmbedding``, MultiScaleRetention's; dense
+  batches with the halves rotated, ``cu_seqlens`` and ``interleaved`` declined): flat has no kernel
+  for these, so the backend computes FLA's formulas in PyTorch (float32), so that FLA's layers and
+  models run on a CPU.
 
-The backward entries (``*_bwd``) recompute their forward through flat's differentiable functions
-and take its gradients with ``torch.autograd.grad``: FLA saves its Triton kernels' statistics (mean,
-rstd) for them, flat's forward entries return None in those places.
+The backward entries of the convolution and the gated norm recompute their forward through flat's
+differentiable functions and take its gradients with ``torch.autograd.grad``; FLA saves its Triton
+kernels' statistics (mean, rstd) for them, where flat's forward entries return None. FLA's plain
+RMS norm passes no eps to its backward, so ``layer_norm_fwd`` returns the rstd and
+``layer_norm_bwd`` is the RMS norm's gradient formula in PyTorch.
 
 Names FLA does not dispatch (no selection to plug into), routed instead where FLA's modules hold
-them: CPU calls go to flat, any other to FLA's function:
+them: CPU calls go to flat, any other to FLA's function. Each name is replaced in every loaded
+``fla`` module that holds it (``fla.ops``, ``fla.layers``, ``fla.modules``), so
+``fla.ops.chunk_gla is not`` FLA's function after the import:
 
 - ``fused_recurrent_gated_delta_rule``, ``fused_recurrent_kda`` (what GatedDeltaNet and
-  KimiDeltaAttention call without gradients for up to 64 tokens, i.e. in generation):
-  ``flat.compat.fla``'s;
+  KimiDeltaAttention call without gradients for up to 64 tokens, i.e. in generation), ``chunk_gdn2``
+  and ``fused_recurrent_gdn2`` (GatedDeltaNet2): ``flat.compat.fla``'s;
 - ``chunk_gla`` and ``fused_recurrent_gla`` (GatedLinearAttention): ``flat.torch.gla``
   (``fused_recurrent_gla`` with ``gk`` only: ``gv`` and ``reverse=True`` raise ValueError naming
-  them). Each name is replaced in every loaded ``fla`` module that holds it (``fla.ops``,
-  ``fla.layers``), so ``fla.ops.chunk_gla is not`` FLA's function after the import.
+  them);
+- ``chunk_linear_attn``, ``fused_chunk_linear_attn``, ``fused_recurrent_linear_attn``
+  (LinearAttention): ``flat.torch.la``, which takes FLA's ``normalize`` and its state pair;
+- ``chunk_retention``, ``fused_chunk_retention``, ``fused_recurrent_retention``
+  (MultiScaleRetention): ``flat.torch.retnet`` with FLA's decay ``log(1 - 2^(-5 - h))`` per head
+  (``parallel_retention``, which returns attention scores, is not routed);
+- ``rmsnorm_fn`` (``fla.modules.norm.layernorm_gated``, the gated norm of FLA's Mamba2):
+  ``flat.torch.rms_norm_gated``, each group of ``group_size`` channels as one head. FLA's Mamba2
+  takes its fast path only on CUDA; on a CPU its own PyTorch convolution and scan run, and only this
+  norm runs on flat.
 
-Not served, so still failing on a CPU with FLA's "0 active drivers": FLA's other operations (simple
-GLA/retention, linear attention, Mamba-2's layers, DPLR, ...), its MLP fused with the down projection
-(``fuse_swiglu``'s ``swiglu_linear``) and its fused cross-entropy (``fuse_cross_entropy``);
-docs/ecosystem.md lists them. FLA 0.6's ``generate()`` under transformers 5.25 passes the cache as
-``cache``, which FLA's layers do not read, so each decode step starts from an empty state (on any
-device, flat or not); decoding by calling the model with ``past_key_values`` keeps the state.
+Not served, so still failing on a CPU with FLA's "0 active drivers": FLA's other operations and the
+layers built on them (simple GLA, DeltaNet, DPLR, RWKV, HGRN, ...), its LayerNorm (non-RMS) norms,
+its MLP fused with the down projection (``fuse_swiglu``'s ``swiglu_linear``) and its fused
+cross-entropy (``fuse_cross_entropy``); docs/ecosystem.md lists what runs. FLA 0.6's ``generate()``
+under transformers 5.25 passes the cache as ``cache``, which FLA's layers do not read, so each
+decode step starts from an empty state (on any device, flat or not); decoding by calling the model
+with ``past_key_values`` keeps the state.
 """
 
 import functools
 import sys
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,11 +82,21 @@ try:
     from fla.modules.norm import fused_norm_gate as _fla_norm_gate
     from fla.modules.norm import l2norm as _fla_l2norm
     from fla.modules.norm import layernorm as _fla_layernorm
+    from fla.modules.norm import layernorm_gated as _fla_layernorm_gated
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as _fla_recurrent_gdr
+    from fla.modules.rotary import ops as _fla_rotary
+    from fla.ops.gdn2 import chunk_gdn2 as _fla_chunk_gdn2
+    from fla.ops.gdn2 import fused_recurrent_gdn2 as _fla_recurrent_gdn2
     from fla.ops.gla import chunk_gla as _fla_chunk_gla
     from fla.ops.gla import fused_recurrent_gla as _fla_recurrent_gla
     from fla.ops.kda import chunk_kda as _fla_chunk_kda
     from fla.ops.kda import fused_recurrent_kda as _fla_recurrent_kda
+    from fla.ops.linear_attn import chunk_linear_attn as _fla_chunk_la
+    from fla.ops.linear_attn import fused_chunk_linear_attn as _fla_fused_chunk_la
+    from fla.ops.linear_attn import fused_recurrent_linear_attn as _fla_recurrent_la
+    from fla.ops.retention import chunk_retention as _fla_chunk_retention
+    from fla.ops.retention import fused_chunk_retention as _fla_fused_chunk_retention
+    from fla.ops.retention import fused_recurrent_retention as _fla_recurrent_retention
 except ImportError as error:
     raise ImportError("flat.fla: expected flash-linear-attention 0.6 installed (pip install --no-deps "
                       f"flash-linear-attention==0.6.0 fla-core==0.6.0 einops), got: {error}") from error
@@ -278,6 +303,44 @@ class FlatBackend(BaseBackend):
         grads = (dx.to(x.dtype), (g32 * silu).to(y.dtype))
         return (*grads, (silu * y32).to(x.dtype)) if use_weight else grads
 
+    def swish_fwd_verifier(self, x, output_contiguous=False):
+        return _cpu_verdict(x)
+
+    def swish_fwd(self, x, output_contiguous=False):
+        return F.silu(x.float()).to(x.dtype)
+
+    def swish_bwd_verifier(self, x, dy, output_contiguous=False):
+        return _cpu_verdict(x, dy)
+
+    def swish_bwd(self, x, dy, output_contiguous=False):
+        x32 = x.float()
+        sigmoid = torch.sigmoid(x32)
+        return (dy.float() * sigmoid * (1 + x32 * (1 - sigmoid))).to(x.dtype)
+
+    # ---- rotary embedding -------------------------------------------------------------------
+
+    def rotary_embedding_fwdbwd_verifier(self, x, cos, sin, seqlen_offsets=0, cu_seqlens=None, interleaved=False,
+                                         inplace=False, conjugate=False, chunk_indices=None):
+        if cu_seqlens is not None or interleaved:
+            return False, "flat serves the rotary embedding of dense batches with halves rotated (not cu_seqlens, " \
+                          "not interleaved)"
+        return _cpu_verdict(x, cos, sin)
+
+    def rotary_embedding_fwdbwd(self, x, cos, sin, seqlen_offsets=0, cu_seqlens=None, interleaved=False,
+                                inplace=False, conjugate=False, chunk_indices=None):
+        """FLA's rotary embedding in PyTorch (flat has no kernel for it): the first 2R channels of
+        each head of x [B, T, H, D] rotated in halves by position t + offset, cos, sin [TR, R]."""
+        B, T, _, _ = x.shape
+        R = cos.shape[1]
+        offsets = seqlen_offsets if isinstance(seqlen_offsets, Tensor) else torch.full((B,), int(seqlen_offsets))
+        positions = offsets.long()[:, None] + torch.arange(T)  # [B, T]
+        c, s = cos[positions][:, :, None].float(), sin[positions][:, :, None].float()  # [B, T, 1, R]
+        if conjugate:
+            s = -s
+        x1, x2 = x[..., :R].float(), x[..., R:2 * R].float()
+        y = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c, x[..., 2 * R:].float()], dim=-1).to(x.dtype)
+        return x.copy_(y) if inplace else y
+
     # ---- l2norm -----------------------------------------------------------------------------
 
     def l2norm_fwd_verifier(self, x, eps=1e-6, output_dtype=None):
@@ -317,6 +380,51 @@ def _fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=No
                       state_v_first, cu_seqlens)
 
 
+def _linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=True,
+                      cu_seqlens=None):
+    """FLA 0.6's ``chunk_linear_attn`` and ``fused_chunk_linear_attn`` (normalize by default; the state
+    the pair (kv, z) then) on ``flat.torch.la``, which takes FLA's normalize."""
+    return _flat.la(q, k, v, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                    normalize=normalize, cu_seqlens=cu_seqlens)
+
+
+def _recurrent_linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False, reverse=False,
+                                normalize=False, cu_seqlens=None):
+    """FLA 0.6's ``fused_recurrent_linear_attn`` (no normalize by default) on ``flat.torch.la``."""
+    if reverse:
+        raise ValueError("flat: reverse: expected False (flat runs the recurrence forward in time), got True")
+    return _linear_attention(q, k, v, scale, initial_state, output_final_state, normalize, cu_seqlens)
+
+
+def _retention(q, k, v, scale=None, initial_state=None, output_final_state=False, reverse=False, state_v_first=False,
+               cu_seqlens=None, **kwargs):
+    """FLA 0.6's ``chunk_retention``, ``fused_chunk_retention`` and ``fused_recurrent_retention`` on
+    ``flat.torch.retnet`` with FLA's per-head decay ``log(1 - 2^(-5 - h))``."""
+    if reverse:
+        raise ValueError("flat: reverse: expected False (flat runs the recurrence forward in time), got True")
+    g_gamma = (1 - 2.0 ** (-5.0 - torch.arange(q.shape[2], dtype=torch.float))).log()
+    return _flat.retnet(q, k, v, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                        g_gamma=g_gamma, state_v_first=state_v_first, cu_seqlens=cu_seqlens)
+
+
+def _grouped_rms_norm(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
+    """FLA 0.6's ``rmsnorm_fn`` (``fla.modules.norm.layernorm_gated``, Mamba-2's gated norm): an RMS
+    norm over each group of ``group_size`` channels (all D when None), gated by ``silu(z)`` after the
+    norm or, with ``norm_before_gate=False``, before it; on ``flat.torch.rms_norm_gated``, one group as
+    one head."""
+    D = x.shape[-1]
+    group = D if group_size is None else group_size
+    if D % group:
+        raise ValueError(f"flat: group_size: expected a divisor of x's last axis D={D}, got {group_size}")
+    groups = D // group
+    grouped = (-1, 1, groups, group)  # [rows, 1, heads, channels]: flat's per-head weight wants four axes
+    per_group = (groups, group) if groups > 1 else (group,)  # flat takes one group's weight as [D]
+    y = _flat.rms_norm_gated(x.reshape(grouped), None if z is None else z.reshape(grouped), weight.reshape(per_group),
+                             None if bias is None else bias.reshape(per_group), activation="swish", eps=eps,
+                             norm_before_gate=norm_before_gate)
+    return y.reshape(x.shape)
+
+
 def _routed(fla_function: Callable, flat_function: Callable) -> Callable:
     """fla_function's name, running flat_function for CPU calls and fla_function for the rest."""
     @functools.wraps(fla_function)
@@ -339,10 +447,20 @@ def _route(fla_function: Callable, flat_function: Callable) -> None:
 for _entry in ("gated_delta_rule", _fla_chunk_kda, _fla_conv.causal_conv1d_fwd, _fla_conv.causal_conv1d_bwd,
                _fla_conv.causal_conv1d_update, _fla_layernorm.layer_norm_fwd, _fla_layernorm.layer_norm_bwd,
                _fla_norm_gate.layer_norm_gated_fwd, _fla_norm_gate.layer_norm_gated_bwd, _fla_l2norm.l2norm_fwd,
-               _fla_l2norm.l2norm_bwd, _fla_activations.swiglu_fwd, _fla_activations.swiglu_fwdbwd):
+               _fla_l2norm.l2norm_bwd, _fla_activations.swiglu_fwd, _fla_activations.swiglu_fwdbwd,
+               _fla_activations.swish_fwd, _fla_activations.swish_bwd, _fla_rotary.rotary_embedding_fwdbwd):
     register(_entry)(FlatBackend)
 
 _route(_fla_recurrent_gdr, _compat.fused_recurrent_gated_delta_rule)
 _route(_fla_recurrent_kda, _compat.fused_recurrent_kda)
 _route(_fla_chunk_gla, _chunk_gla)
 _route(_fla_recurrent_gla, _fused_recurrent_gla)
+_route(_fla_layernorm_gated.rmsnorm_fn, _grouped_rms_norm)
+_route(_fla_chunk_gdn2, _compat.chunk_gdn2)
+_route(_fla_recurrent_gdn2, _compat.fused_recurrent_gdn2)
+_route(_fla_chunk_la, _linear_attention)
+_route(_fla_fused_chunk_la, _linear_attention)
+_route(_fla_recurrent_la, _recurrent_linear_attention)
+_route(_fla_chunk_retention, _retention)
+_route(_fla_fused_chunk_retention, _retention)
+_route(_fla_recurrent_retention, _retention)

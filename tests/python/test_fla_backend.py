@@ -3,10 +3,12 @@ chunk_kda through FLA's registry; chunk_gla routed) against FLA's own naive refe
 outputs and final states within 1e-5, every input's gradient within 1e-4 by relative L2 (the
 bounds of test_compat_fla.py), with flat's functions counted; the verifiers' decisions (CPU calls
 taken, other devices and CUDA-only options declined); FLA's layers forward and backward, their
-recurrence against the layer with FLA's naive reference in its place; a tiny fla.models Gated
+recurrence against the layer with FLA's naive reference in its place (FLA's Mamba2: its gated
+norm against FLA's norm reference); a tiny fla.models Gated
 DeltaNet decoding through its cache (against the full forward's argmax) and training; and a
 transformers Qwen3.5 giving the same greedy tokens with FLA installed as without it."""
 
+import functools
 import inspect
 import subprocess
 import sys
@@ -21,13 +23,21 @@ warnings.filterwarnings("ignore", message="Triton is not supported")
 
 import flat.fla as flat_fla  # noqa: E402
 from fla import backends as fla_backends  # noqa: E402
-from fla.layers import GatedDeltaNet, GatedLinearAttention, KimiDeltaAttention  # noqa: E402
+from fla.layers import (GatedDeltaNet, GatedDeltaNet2, GatedLinearAttention, KimiDeltaAttention,  # noqa: E402
+                        LinearAttention, Mamba2, MultiScaleRetention)
 from fla.layers import gated_deltanet as gdn_layer  # noqa: E402
+from fla.layers import gdn2 as gdn2_layer  # noqa: E402
 from fla.layers import gla as gla_layer  # noqa: E402
 from fla.layers import kda as kda_layer  # noqa: E402
+from fla.layers import linear_attn as la_layer  # noqa: E402
+from fla.layers import multiscale_retention as retention_layer  # noqa: E402
+from fla.modules.norm import layernorm_gated  # noqa: E402
 from fla.ops import chunk_gated_delta_rule, chunk_gla, chunk_kda  # noqa: E402
 from fla.ops.gated_delta_rule.gate import naive_gdn_gate  # noqa: E402
 from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule  # noqa: E402
+from fla.ops.gdn2.naive import naive_recurrent_gdn2  # noqa: E402
+from fla.ops.linear_attn.naive import naive_recurrent_linear_attn  # noqa: E402
+from fla.ops.retention.naive import naive_retention  # noqa: E402
 from fla.ops.gla.naive import naive_recurrent_gla  # noqa: E402
 from fla.ops.kda.gate import naive_kda_gate  # noqa: E402
 from fla.ops.kda.naive import naive_recurrent_kda  # noqa: E402
@@ -202,6 +212,25 @@ def _naive_gla(q, k, v, g, initial_state=None, output_final_state=False, **kwarg
     return naive_recurrent_gla(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state)
 
 
+def _naive_gdn2(q, k, v, g, b, w, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+                **kwargs):
+    assert initial_state is None
+    if use_qk_l2norm_in_kernel:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    return naive_recurrent_gdn2(q, k, v, g, b, w, output_final_state=output_final_state)
+
+
+def _naive_la(q, k, v, initial_state=None, output_final_state=False, normalize=False, **kwargs):
+    return naive_recurrent_linear_attn(q, k, v, initial_state=initial_state, output_final_state=output_final_state,
+                                       normalize=normalize)
+
+
+def _naive_retention(q, k, v, initial_state=None, output_final_state=False, **kwargs):
+    """FLA's naive retention ([B, H, T, D], no state): the layer's call without a cache."""
+    assert initial_state is None and not output_final_state
+    return naive_retention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2), None
+
+
 LAYERS = {
     "GatedDeltaNet": (lambda: GatedDeltaNet(hidden_size=HIDDEN, head_dim=16, num_heads=4), gdn_layer,
                       "chunk_gated_delta_rule", _naive_gdn),
@@ -209,6 +238,12 @@ LAYERS = {
                            "chunk_kda", _naive_kda),
     "GatedLinearAttention": (lambda: GatedLinearAttention(hidden_size=HIDDEN, num_heads=4, use_short_conv=True),
                              gla_layer, "chunk_gla", _naive_gla),
+    "GatedDeltaNet2": (lambda: GatedDeltaNet2(hidden_size=HIDDEN, head_dim=16, num_heads=4), gdn2_layer, "chunk_gdn2",
+                       _naive_gdn2),
+    "LinearAttention": (lambda: LinearAttention(hidden_size=HIDDEN, num_heads=4), la_layer, "chunk_linear_attn",
+                        _naive_la),
+    "MultiScaleRetention": (lambda: MultiScaleRetention(hidden_size=HIDDEN, num_heads=4), retention_layer,
+                            "chunk_retention", _naive_retention),
 }
 
 
@@ -228,9 +263,30 @@ def test_layer_forward_and_backward_within_bounds_of_the_layer_on_fla_naive(name
     convs = _counting(monkeypatch, flat_fla._compat, "causal_conv1d")
     norms = _counting(monkeypatch, flat_fla._flat, "rms_norm_gated")
     o, dh, dparams = _layer_pass(layer, h)
-    assert convs and norms, (convs, norms)  # FLA's short convolution(s) and output norm ran on flat
+    assert norms, norms  # FLA's output norm ran on flat
+    assert convs or not getattr(layer, "use_short_conv", False), convs  # and its short convolutions
     layer.zero_grad()
     monkeypatch.setattr(module, function, naive)
+    o_ref, dh_ref, dparams_ref = _layer_pass(layer, h)
+    assert rel(o, o_ref) < OUT
+    assert rel(dh, dh_ref) < GRAD
+    assert dparams.keys() == dparams_ref.keys()
+    for parameter, grad in dparams.items():
+        assert rel(grad, dparams_ref[parameter]) < GRAD, parameter
+
+
+def test_mamba2_layer_runs_its_gated_norm_on_flat(monkeypatch):
+    """FLA's Mamba2 takes its fast path only on CUDA; on a CPU its own PyTorch path runs (nn.Conv1d
+    and the scan written out), with the gated norm on flat: against the layer with FLA's norm
+    reference (rms_norm_ref) in the norm's place."""
+    torch.manual_seed(0)
+    layer = Mamba2(hidden_size=HIDDEN, num_heads=4, head_dim=32, state_size=16, n_groups=2)
+    h = torch.randn(2, 23, HIDDEN)
+    norms = _counting(monkeypatch, flat_fla._flat, "rms_norm_gated")
+    o, dh, dparams = _layer_pass(layer, h)
+    assert norms
+    layer.zero_grad()
+    monkeypatch.setattr(layernorm_gated, "rmsnorm_fn", functools.partial(layernorm_gated.rms_norm_ref, upcast=True))
     o_ref, dh_ref, dparams_ref = _layer_pass(layer, h)
     assert rel(o, o_ref) < OUT
     assert rel(dh, dh_ref) < GRAD
@@ -291,28 +347,30 @@ def test_fla_gated_deltanet_model_trains():
 
 # ---- transformers' models with FLA installed ---------------------------------------------------
 
-_QWEN = """
+_QWEN_WITHOUT_FLA = """
 import sys, warnings, torch
 warnings.filterwarnings("ignore")
-if sys.argv[1] == "without":
-    sys.modules["fla"] = None  # FLA's import fails: transformers runs as where it is not installed
-else:
-    import flat.fla
-sys.path.insert(0, sys.argv[2])
+sys.modules["fla"] = None  # FLA's import fails: transformers runs as where it is not installed
+sys.path.insert(0, sys.argv[1])
 import transformers
 transformers.logging.set_verbosity_error()
 from test_transformers import build, tokens
-model = build("qwen3_5")
 with torch.no_grad():
-    print(model.generate(input_ids=tokens(1, 11), max_new_tokens=16, do_sample=False).tolist())
+    print(build("qwen3_5").generate(input_ids=tokens(1, 11), max_new_tokens=16, do_sample=False).tolist())
 """
 
 
 def test_transformers_qwen3_5_gives_the_same_greedy_tokens_with_fla_installed_as_without():
-    here = __file__.rsplit("/", 1)[0]
-    runs = {side: subprocess.run([sys.executable, "-c", _QWEN, side, here], capture_output=True, text=True,
-                                 timeout=300) for side in ("with", "without")}
-    for side, run in runs.items():
-        assert run.returncode == 0, (side, run.stderr[-2000:])
-    assert runs["with"].stdout == runs["without"].stdout
-    assert len(eval(runs["with"].stdout)[0]) == 11 + 16
+    """Here FLA is installed and flat.fla imported; the other side runs in a process where FLA's
+    import fails."""
+    from test_transformers import build, tokens
+
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    with torch.no_grad():
+        got = build("qwen3_5").generate(input_ids=tokens(1, 11), max_new_tokens=16, do_sample=False).tolist()
+    without = subprocess.run([sys.executable, "-c", _QWEN_WITHOUT_FLA, __file__.rsplit("/", 1)[0]],
+                             capture_output=True, text=True, timeout=300)
+    assert without.returncode == 0, without.stderr[-2000:]
+    assert got == eval(without.stdout)
+    assert len(got[0]) == 11 + 16
