@@ -23,13 +23,17 @@ and ``xpu`` only):
 - ``causal_conv1d_fn``, ``causal_conv1d_update`` (every family's short convolution):
   ``flat.compat.causal_conv1d``;
 - ``mamba_chunk_scan_combined``, ``mamba_split_conv1d_scan_combined``, ``selective_state_update``
-  (the Mamba-2 families): ``flat.compat.mamba_ssm``.
+  (the Mamba-2 families): ``flat.compat.mamba_ssm``;
+- ``RMSNormGated``, a layer (transformers maps it to FLA's ``FusedRMSNormGated`` on GPUs): a
+  stateless layer reading the replaced one's weight, eps and activation, on
+  ``flat.torch.rms_norm_gated`` for the classes in GATED_NORMS (Qwen3.5, Qwen3.5-MoE, Qwen3-Next,
+  OLMo-hybrid, Kimi Linear); another class under that name keeps its own forward. flat's fused norm
+  rounds once: in bfloat16, Qwen3.5's forward rounds the normalised input before the weight, flat's
+  does not.
 
-Differences from ``enable()``: what kernelize replaces is the functions only; the Gated DeltaNet
-layers' whole-layer forward and the gated RMSNorm (``RMSNormGated``, a layer kernelize would need
-to replace with a stateless one reading the layer's weight) stay transformers' own, and
-transformers 5.24, which has no kernels mechanism, is served by ``enable()`` alone
-(docs/transformers.md).
+Differences from ``enable()``: the Gated DeltaNet layers' whole-layer forward (the gate and beta
+formed in flat's call) stays transformers' own, and transformers 5.24, which has no kernels
+mechanism, is served by ``enable()`` alone (docs/transformers.md).
 """
 
 import functools
@@ -40,9 +44,10 @@ from typing import Callable, Dict, Tuple
 import torch
 from kernels import Mode, register_kernel_mapping
 
+from . import torch as flat_torch
 from .transformers._dispatch import dispatcher
 
-__all__ = ["NAMES", "register"]
+__all__ = ["GATED_NORMS", "NAMES", "register"]
 
 _FLA = "flat.compat.fla"
 _CONV = "flat.compat.causal_conv1d"
@@ -93,6 +98,27 @@ def _layer(name: str) -> type:
     return type(f"Flat_{name}", (torch.nn.Module,), {"forward": forward, "has_backward": True})
 
 
+# transformers' gated RMS norms (``@use_kernel_forward_from_hub("RMSNormGated")``) whose forward is
+# flat's rms_norm_gated: x / rms(x) * weight * act(gate), act the layer's ``activation``. Other
+# classes under that name keep their own forward.
+GATED_NORMS = frozenset({"Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated",
+                         "OlmoHybridRMSNormGated", "KimiLinearRMSNormGated"})
+
+
+class _RMSNormGated(torch.nn.Module):
+    """The stateless layer for ``RMSNormGated``: reads the replaced layer's weight, eps and activation;
+    CPU tensors of a GATED_NORMS class go to ``flat.torch.rms_norm_gated``, anything else to the
+    class's own forward."""
+
+    has_backward = True
+
+    def forward(self, hidden_states, gate):
+        if type(self).__name__ in GATED_NORMS and hidden_states.device.type == "cpu":
+            return flat_torch.rms_norm_gated(hidden_states, gate, self.weight, activation=self.activation,
+                                             eps=self.variance_epsilon)
+        return type(self).forward(self, hidden_states, gate)
+
+
 class _Repository:
     """What the kernels library's mapping holds for a name: ``load()`` returns the layer."""
 
@@ -100,7 +126,7 @@ class _Repository:
         self.name = name
 
     def load(self) -> type:
-        return _layer(self.name)
+        return _RMSNormGated if self.name == "RMSNormGated" else _layer(self.name)
 
     def __repr__(self) -> str:
         return f"flat.kernels repository for {self.name!r}"
@@ -108,7 +134,9 @@ class _Repository:
 
 def register() -> Dict[str, dict]:
     """Registers flat's functions for ``"cpu"`` in inference and training mode under every name in
-    NAMES (merged into the kernels library's mapping); returns the mapping registered."""
-    mapping = {name: {"cpu": {Mode.INFERENCE: _Repository(name), Mode.TRAINING: _Repository(name)}} for name in NAMES}
+    NAMES and ``RMSNormGated`` (merged into the kernels library's mapping); returns the mapping
+    registered."""
+    mapping = {name: {"cpu": {Mode.INFERENCE: _Repository(name), Mode.TRAINING: _Repository(name)}}
+               for name in (*NAMES, "RMSNormGated")}
     register_kernel_mapping(mapping, inherit_mapping=True)
     return mapping

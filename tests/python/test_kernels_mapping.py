@@ -25,13 +25,15 @@ flat.kernels.register()
 # own arithmetic, so there only the convolution is counted in each decode step).
 KERNELS = {"qwen3_5": ("gated_deltanet", "conv", True), "kimi_linear": ("kda", "conv", True),
            "mamba2": ("mamba2", "conv", False)}
+# the families whose gated RMS norm (RMSNormGated) is served.
+GATED_NORM = ("qwen3_5", "kimi_linear")
 
 
 @pytest.fixture
 def counts(monkeypatch):
     """Calls of each flat.torch function flat.compat reaches, by name."""
     counted = {}
-    for name in ("gated_deltanet", "kda", "mamba2", "conv"):
+    for name in ("gated_deltanet", "kda", "mamba2", "conv", "rms_norm_gated"):
         target = getattr(flat.torch, name)
 
         @functools.wraps(target)
@@ -45,7 +47,7 @@ def counts(monkeypatch):
 
 def test_register_maps_every_name_for_cpu_in_both_modes():
     mapping = flat.kernels.register()
-    assert set(mapping) == set(flat.kernels.NAMES)
+    assert set(mapping) == {*flat.kernels.NAMES, "RMSNormGated"}
     for devices in mapping.values():
         assert set(devices) == {"cpu"}
         assert set(devices["cpu"]) == {kernels.Mode.INFERENCE, kernels.Mode.TRAINING}
@@ -65,6 +67,8 @@ def test_kernelize_inference_gives_transformers_greedy_tokens_on_flat(family, co
     recurrence, conv, decoded = KERNELS[family]
     assert counts.get(recurrence, 0) >= (1 + 7 if decoded else 1), counts  # the prompt, then each decode step
     assert counts.get(conv, 0) >= 1 + 7, counts
+    if family in GATED_NORM:
+        assert counts.get("rms_norm_gated", 0) >= 1 + 7, counts
 
 
 def _loss_and_gradients(model, ids):
