@@ -1,12 +1,13 @@
 """flat.fla: flat as flash-linear-attention 0.6's CPU backend. FLA's functions (chunk_gated_delta_rule,
 chunk_kda through FLA's registry; chunk_gla routed) against FLA's own naive references in float32,
 outputs and final states within 1e-5, every input's gradient within 1e-4 by relative L2 (the
-bounds of test_compat_fla.py), with flat's functions counted; the verifiers' decisions (CPU calls
-taken, other devices and CUDA-only options declined); FLA's layers forward and backward, their
-recurrence against the layer with FLA's naive reference in its place (FLA's Mamba2: its gated
-norm against FLA's norm reference); a tiny fla.models Gated
-DeltaNet decoding through its cache (against the full forward's argmax) and training; and a
-transformers Qwen3.5 giving the same greedy tokens with FLA installed as without it."""
+bounds of test_compat_fla.py), with flat's functions counted; the verifiers' and the routed names'
+decisions (CPU calls taken, other devices and CUDA-only options declined); FLA's layers forward and
+backward against the layer with FLA's naive recurrence in its place (FLA's Mamba2: its gated norm
+against FLA's norm reference), and their recurrent form (eval, no gradients) against their chunked
+one; a tiny fla.models Gated DeltaNet decoding through its cache (against the full forward's
+argmax) and training; and a transformers Qwen3.5 giving the same greedy tokens with FLA installed as
+without it."""
 
 import functools
 import inspect
@@ -166,6 +167,14 @@ def test_routed_names_give_other_devices_to_fla():
     assert flat_fla.on_cpu(torch.empty(1), scale=0.5)
 
 
+def test_a_routed_name_sends_other_devices_to_fla_and_cpu_to_flat():
+    calls = []
+    routed = flat_fla._routed(lambda x: calls.append("fla"), lambda x: calls.append("flat"))
+    routed(torch.empty(1, device="meta"))
+    routed(torch.empty(1))
+    assert calls == ["fla", "flat"]
+
+
 def test_routed_recurrent_gla_names_what_it_does_not_implement():
     x = _inputs(H, per_channel=True)
     with pytest.raises(ValueError, match="gv"):
@@ -265,7 +274,9 @@ def test_layer_forward_and_backward_within_bounds_of_the_layer_on_fla_naive(name
     o, dh, dparams = _layer_pass(layer, h)
     assert norms, norms  # FLA's output norm ran on flat
     assert convs or not getattr(layer, "use_short_conv", False), convs  # and its short convolutions
-    layer.zero_grad()
+    with torch.no_grad():  # up to 64 tokens without gradients: the layer's recurrent form
+        assert rel(layer.eval()(h)[0], o) < OUT
+    layer.train().zero_grad()
     monkeypatch.setattr(module, function, naive)
     o_ref, dh_ref, dparams_ref = _layer_pass(layer, h)
     assert rel(o, o_ref) < OUT
