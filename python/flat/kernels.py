@@ -10,7 +10,9 @@ functions for the device ``"cpu"`` in both modes (``Mode.INFERENCE``, ``Mode.TRA
 names transformers' layers declare (``use_kernel_func_from_hub_with_fallback``). After it,
 ``kernelize(model, device="cpu", mode=...)`` (the kernels library's, or transformers'
 ``model.kernelize()``) and ``from_pretrained(..., use_kernels=True)`` run those functions on flat.
-Call it before either: kernelize reads the mapping when it runs.
+Call it before either: kernelize reads the mapping when it runs. ``mapping()`` gives the same
+entries for ``kernels.use_kernel_mapping(flat.kernels.mapping())``, which applies them within a
+``with`` block only.
 
 Each name's replacement is the same dispatcher ``flat.transformers.enable()`` installs: the call is
 bound to the transformers function's own signature and handed to flat.compat's function (FLA's,
@@ -47,7 +49,7 @@ from kernels import Mode, register_kernel_mapping
 from . import torch as flat_torch
 from .transformers._dispatch import dispatcher
 
-__all__ = ["GATED_NORMS", "NAMES", "register"]
+__all__ = ["GATED_NORMS", "NAMES", "mapping", "register"]
 
 _FLA = "flat.compat.fla"
 _CONV = "flat.compat.causal_conv1d"
@@ -132,11 +134,16 @@ class _Repository:
         return f"flat.kernels repository for {self.name!r}"
 
 
+def mapping() -> Dict[str, dict]:
+    """flat's entries for the kernels library's mapping: ``"cpu"`` in inference and training mode
+    under every name in NAMES and ``RMSNormGated`` (for ``kernels.use_kernel_mapping``, which applies
+    a mapping within a ``with`` block)."""
+    return {name: {"cpu": {Mode.INFERENCE: _Repository(name), Mode.TRAINING: _Repository(name)}}
+            for name in (*NAMES, "RMSNormGated")}
+
+
 def register() -> Dict[str, dict]:
-    """Registers flat's functions for ``"cpu"`` in inference and training mode under every name in
-    NAMES and ``RMSNormGated`` (merged into the kernels library's mapping); returns the mapping
-    registered."""
-    mapping = {name: {"cpu": {Mode.INFERENCE: _Repository(name), Mode.TRAINING: _Repository(name)}}
-               for name in (*NAMES, "RMSNormGated")}
-    register_kernel_mapping(mapping, inherit_mapping=True)
-    return mapping
+    """Registers mapping() process-wide, merged into the kernels library's mapping; returns it."""
+    entries = mapping()
+    register_kernel_mapping(entries, inherit_mapping=True)
+    return entries

@@ -18,7 +18,14 @@ import flat.torch  # noqa: E402
 from test_transformers import build, relative, tokens  # noqa: E402
 from torch_fallbacks import GRAD  # noqa: E402
 
-flat.kernels.register()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def flat_mapping():
+    """flat's entries in the kernels library's mapping for this module's tests only."""
+    with kernels.use_kernel_mapping(flat.kernels.mapping()):
+        yield
+
 
 # family -> the flat.torch functions its layers reach through the mapped names, and whether its
 # one-token recurrence reaches flat.torch (Mamba-2's selective_state_update is flat.compat.mamba_ssm's
@@ -45,12 +52,21 @@ def counts(monkeypatch):
     return counted
 
 
-def test_register_maps_every_name_for_cpu_in_both_modes():
-    mapping = flat.kernels.register()
+def test_the_mapping_has_every_name_for_cpu_in_both_modes():
+    mapping = flat.kernels.mapping()
     assert set(mapping) == {*flat.kernels.NAMES, "RMSNormGated"}
     for devices in mapping.values():
         assert set(devices) == {"cpu"}
         assert set(devices["cpu"]) == {kernels.Mode.INFERENCE, kernels.Mode.TRAINING}
+
+
+def test_register_adds_the_mapping_process_wide_for_kernelize(counts):
+    with kernels.use_kernel_mapping({}, inherit_mapping=False):  # an empty mapping, the previous one back after
+        flat.kernels.register()
+        model = kernels.kernelize(build("qwen3_5"), device="cpu", mode=kernels.Mode.INFERENCE)
+    with torch.no_grad():
+        model(input_ids=tokens(1, 5))
+    assert counts.get("gated_deltanet", 0) == 2, counts  # the model's two Gated DeltaNet layers
 
 
 @pytest.mark.parametrize("family", list(KERNELS))
@@ -100,6 +116,8 @@ def test_kernelize_training_gives_transformers_loss_and_gradients_on_flat(family
 
 
 def test_from_pretrained_with_use_kernels_runs_flat(tmp_path, counts):
+    """from_pretrained's use_kernels kernelizes the model it loads with the kernels library's mapping,
+    flat's entries included."""
     model = build("qwen3_5")
     model.save_pretrained(tmp_path)
     ids = tokens(1, 11)
