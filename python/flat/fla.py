@@ -5,9 +5,10 @@ registry, ``fla.backends``, for every dispatched entry flat serves, and routes t
 layers call that its registry does not dispatch. After it, FLA's functions, layers and models run on
 CPU tensors; calls on any other device go to FLA's kernels exactly as before (each verifier declines
 them, and each routed name hands them to FLA's own function). FLA 0.6 has no entry point through
-which a package registers itself, so the import is needed; ``FLA_FLAT=0`` in the environment turns
-the registry entries off (FLA's switch for a backend, ``env_var``), and ``FLA_DISABLE_BACKEND_DISPATCH=1``
-(FLA's) bypasses every backend, this one too.
+which a package registers itself, so the import is needed. ``FLA_FLAT=0`` in the environment turns
+flat off, read at each call (FLA's switch for a backend, ``env_var``; the routed names below follow
+it too); FLA's ``FLA_DISABLE_BACKEND_DISPATCH=1``, read when FLA is imported, bypasses every
+registry backend, this one too, but not the routed names.
 
 Through FLA's registry (``fla.backends.register``), each with a verifier that takes CPU tensors and
 the options flat implements and declines the rest:
@@ -83,8 +84,8 @@ try:
     from fla.modules.norm import l2norm as _fla_l2norm
     from fla.modules.norm import layernorm as _fla_layernorm
     from fla.modules.norm import layernorm_gated as _fla_layernorm_gated
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as _fla_recurrent_gdr
     from fla.modules.rotary import ops as _fla_rotary
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as _fla_recurrent_gdr
     from fla.ops.gdn2 import chunk_gdn2 as _fla_chunk_gdn2
     from fla.ops.gdn2 import fused_recurrent_gdn2 as _fla_recurrent_gdn2
     from fla.ops.gla import chunk_gla as _fla_chunk_gla
@@ -140,8 +141,8 @@ def _both(*verdicts):
 
 
 def _gradients(forward: Callable, inputs: dict, grads) -> dict:
-    """Recomputes forward(**inputs) with gradients and returns the gradient of each tensor input
-    (None for absent ones) against the output gradients grads (None entries skipped)."""
+    """Recomputes forward(**inputs) with gradients and returns, by name, the gradient of each input
+    that is a tensor against the output gradients grads (None entries skipped)."""
     leaves = {name: t.detach().requires_grad_() for name, t in inputs.items() if isinstance(t, Tensor)}
     with torch.enable_grad():
         outputs = forward(**{**inputs, **leaves})
@@ -426,10 +427,14 @@ def _grouped_rms_norm(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_b
 
 
 def _routed(fla_function: Callable, flat_function: Callable) -> Callable:
-    """fla_function's name, running flat_function for CPU calls and fla_function for the rest."""
+    """fla_function's name, running flat_function for CPU calls and fla_function for the rest (and
+    for every call while ``FLA_FLAT=0``, as the registry's entries)."""
+    backend = FlatBackend()
+
     @functools.wraps(fla_function)
     def call(*args, **kwargs):
-        return (flat_function if on_cpu(*args, **kwargs) else fla_function)(*args, **kwargs)
+        chosen = flat_function if on_cpu(*args, **kwargs) and backend.is_enabled() else fla_function
+        return chosen(*args, **kwargs)
 
     return call
 

@@ -175,6 +175,24 @@ def test_a_routed_name_sends_other_devices_to_fla_and_cpu_to_flat():
     assert calls == ["fla", "flat"]
 
 
+def test_fla_flat_0_turns_the_backend_and_the_routes_off(monkeypatch):
+    calls = []
+    routed = flat_fla._routed(lambda x: calls.append("fla"), lambda x: calls.append("flat"))
+    monkeypatch.setenv("FLA_FLAT", "0")
+    routed(torch.empty(1))
+    assert calls == ["fla"]
+    assert not _registered("gated_delta_rule").is_enabled()
+    monkeypatch.setenv("FLA_FLAT", "1")
+    assert _registered("gated_delta_rule").is_enabled()
+
+
+def test_without_fla_the_import_says_what_to_install():
+    run = subprocess.run([sys.executable, "-c", "import sys; sys.modules['fla'] = None; import flat.fla"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "flat.fla: expected flash-linear-attention 0.6 installed" in run.stderr
+
+
 def test_routed_recurrent_gla_names_what_it_does_not_implement():
     x = _inputs(H, per_channel=True)
     with pytest.raises(ValueError, match="gv"):
