@@ -2,7 +2,8 @@
 # Installs what flat needs to build, test and benchmark, where it is missing: the Debian packages,
 # and a Python virtual environment created once and reused ($FLAT_VENV, by default
 # ~/.cache/flat-venv) with torch, jax, the package's build tools, flat.train's needs (tqdm,
-# safetensors, matplotlib) and flat.transformers' (transformers). Prints nothing when all is there.
+# safetensors, matplotlib), flat.transformers' (transformers) and flat.fla's (FLA 0.6, without its
+# dependencies, and einops). Prints nothing when all is there.
 set -euo pipefail
 packages=(cmake ninja-build g++ make libgtest-dev)
 # Debian's python3 needs its venv module and headers; another python3 (pyenv's, say) has them.
@@ -36,4 +37,12 @@ if ! "$venv/bin/python" -c "import torch, jax, numpy, pytest, nanobind, scikit_b
 assert transformers.__version__.startswith('${transformers_series}.')" 2> /dev/null; then
   echo "setup: installing ${python_packages[*]} into $venv (torch brings about 3.5 GB, once)"
   "$venv/bin/python" -m pip install -q "${python_packages[@]}"
+fi
+# flat.fla is FLA's CPU backend (tests/python/test_fla_backend.py): FLA 0.6 without its dependencies
+# (they would pull another torch and Triton builds), with einops, the one FLA imports on a CPU.
+fla_version=0.6.0
+if ! "$venv/bin/python" -c "import einops, importlib.metadata as m
+assert m.version('flash-linear-attention') == m.version('fla-core') == '${fla_version}'" 2> /dev/null; then
+  echo "setup: installing flash-linear-attention ${fla_version} (--no-deps) and einops into $venv"
+  "$venv/bin/python" -m pip install -q --no-deps "flash-linear-attention==${fla_version}" "fla-core==${fla_version}" einops
 fi
