@@ -1,5 +1,5 @@
 // The public entry points: validate every argument, describe the problem as Params,
-// then hand it to the CPU kernels. Nothing is written before validation has passed.
+// then hand it to the device's backend (backend.h). Nothing is written before validation has passed.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -40,11 +40,10 @@ std::span<const TensorSlot> tensor_slots(Operation operation);
 // line gives it ("64", "0.125", "true").
 using OptionValue = std::variant<bool, int64_t, double, std::string>;
 
-// The options of an operation by name, the fields of its options struct:
-//   forward, backward: scale, chunk, l2norm_qk, solve, gate_group, check_values (flat::Options)
-//   conv_forward, conv_backward: activation (flat::ConvOptions)
-//   norm_gate_forward, norm_gate_backward: activation, norm_before_gate, eps (flat::NormGateOptions)
-// An option not given takes its struct's default (scale: K^-1/2).
+// The options of an operation by name: the fields of its options struct (flat::Options for forward
+// and backward, flat::ConvOptions, flat::NormGateOptions) as src/call.cpp's tables name them, the
+// one list every front end asks (flat._core.option_names). An option not given takes its struct's
+// default (scale: K^-1/2).
 std::span<const std::string_view> option_names(Operation operation);
 
 using NamedOptions = std::vector<std::pair<std::string, OptionValue>>;
