@@ -19,28 +19,29 @@ namespace {
 // The scores keep g = q_i * F_ij (as avx512's kernel does): per vector and pair 2 loads (k_j's and
 // a_j's slice), an FMA into the score and a multiply by a_j, where carrying F and q apart took a
 // third arithmetic operation; a slice of kScoreSliceVectors vectors (8 of the 16 ymm registers,
-// the rest for the loads and the score) covers K = 64 in one walk down the keys. The gradients
-// keep q_i's slice, its factors F_ij and dq_i's in registers (kGradientSliceVectors, 12 registers):
-// 3 loads and a store per vector and pair. A slice is one call, through a table by its vector count
-// and whether its last vector is cut by the row's tail: only that vector is a masked access
-// (vmaskmovps, slower than a load, which a whole slice's FMAs and multiplies take as their memory
-// operand). With the choice per vector made at run time every access was masked: per 16-token
-// block at K = 128 on an EPYC Zen 3, 1.45 us for the scores before, 1.55 with g alone (table
-// dispatch, every access masked).
+// the rest for the loads and the score) covers K = 64 in one walk down the keys. A scores slice is
+// one call, through a table by its vector count and whether its last vector is cut by the row's
+// tail: only that vector is a masked access (vmaskmovps, slower than a load, which the slice's FMAs
+// and multiplies take as their memory operand), where a choice per vector at run time made every
+// access a masked one. Per 16-token block at K = 128 on an idle EPYC Zen 3: 1.34-1.38 us before,
+// 1.16-1.18 after. The gradients keep q_i's slice, its factors F_ij and dq_i's in registers
+// (kGradientSliceVectors, 12 registers; 3 loads and a store per vector and pair), their slices
+// inlined through a switch with the choice per vector at run time: through the table (a call per
+// query and slice) they took 1.67 us per block against 1.42-1.57.
 constexpr int kScoreSliceVectors = 8;
 constexpr int kGradientSliceVectors = 4;
+
+// The 8 floats at p, or the first lanes of `tail` where the row ends within them (the gradients'
+// choice per vector at run time).
+inline __m256 load_lanes(const float* p, bool whole, __m256i tail) {
+  return whole ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail);
+}
 
 // Vector v of a slice of NV vectors at p: the first lanes of `tail` for the last one where Tail.
 template <int NV, bool Tail>
 inline __m256 load_slice(const float* p, int v, __m256i tail) {
   return Tail && v == NV - 1 ? _mm256_maskload_ps(p + 8 * v, tail) : _mm256_loadu_ps(p + 8 * v);
 }
-template <int NV, bool Tail>
-inline void store_slice(float* p, int v, __m256i tail, __m256 x) {
-  if (Tail && v == NV - 1) _mm256_maskstore_ps(p + 8 * v, tail, x);
-  else _mm256_storeu_ps(p + 8 * v, x);
-}
-
 // Query i's scores against keys j = i .. 0 over channels [c0, c0 + 8 NV): per key, 8 lanes of partial
 // sums added to sums[j].
 template <int NV, bool Tail>
@@ -98,14 +99,16 @@ inline void diagonal_scores_f32_8xk__avx2(int n, int K, const float* q, const fl
 
 // Query i's gradients against keys j = i - 1 .. 0 over channels [c0, c0 + 8 NV): the slice of dq_i and
 // the factors in registers, dk_j's slice loaded and stored per key.
-template <int NV, bool Tail>
-void diagonal_gradients_slice__avx2(int i, int K, int c0, const float* q, const float* k, const float* a,
-                                    const float* dA, int lda, float* dq, float* dk, __m256i tail) {
+template <int NV>
+inline void diagonal_gradients_slice__avx2(int i, int K, int c0, const float* q, const float* k, const float* a,
+                                           const float* dA, int lda, float* dq, float* dk, __m256i tail) {
   __m256 qi[NV], f[NV], dqi[NV];
+  bool whole[NV];
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
-    qi[v] = load_slice<NV, Tail>(q + size_t(i) * K + c0, v, tail);
-    dqi[v] = load_slice<NV, Tail>(dq + size_t(i) * K + c0, v, tail);
+    whole[v] = c0 + 8 * v + 8 <= K;
+    qi[v] = load_lanes(q + size_t(i) * K + c0 + 8 * v, whole[v], tail);
+    dqi[v] = load_lanes(dq + size_t(i) * K + c0 + 8 * v, whole[v], tail);
     f[v] = _mm256_set1_ps(1.0f);
   }
   for (int j = i - 1; j >= 0; --j) {
@@ -114,30 +117,35 @@ void diagonal_gradients_slice__avx2(int i, int K, int c0, const float* q, const 
     float* dkj = dk + size_t(j) * K + c0;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      f[v] = _mm256_mul_ps(f[v], load_slice<NV, Tail>(a_next, v, tail));
+      f[v] = _mm256_mul_ps(f[v], load_lanes(a_next + 8 * v, whole[v], tail));
       const __m256 wf = _mm256_mul_ps(w, f[v]);
-      dqi[v] = _mm256_fmadd_ps(wf, load_slice<NV, Tail>(kj, v, tail), dqi[v]);
-      store_slice<NV, Tail>(dkj, v, tail, _mm256_fmadd_ps(wf, qi[v], load_slice<NV, Tail>(dkj, v, tail)));
+      dqi[v] = _mm256_fmadd_ps(wf, load_lanes(kj + 8 * v, whole[v], tail), dqi[v]);
+      const __m256 dkv = _mm256_fmadd_ps(wf, qi[v], load_lanes(dkj + 8 * v, whole[v], tail));
+      if (whole[v]) _mm256_storeu_ps(dkj + 8 * v, dkv);
+      else _mm256_maskstore_ps(dkj + 8 * v, tail, dkv);
     }
   }
 #pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) store_slice<NV, Tail>(dq + size_t(i) * K + c0, v, tail, dqi[v]);
+  for (int v = 0; v < NV; ++v) {
+    if (whole[v]) _mm256_storeu_ps(dq + size_t(i) * K + c0 + 8 * v, dqi[v]);
+    else _mm256_maskstore_ps(dq + size_t(i) * K + c0 + 8 * v, tail, dqi[v]);
+  }
 }
-
-using GradientSlice = void (*)(int, int, int, const float*, const float*, const float*, const float*, int, float*,
-                               float*, __m256i);
-constexpr GradientSlice kGradientSlices[2][kGradientSliceVectors + 1] = {
-    {nullptr, diagonal_gradients_slice__avx2<1, false>, diagonal_gradients_slice__avx2<2, false>,
-     diagonal_gradients_slice__avx2<3, false>, diagonal_gradients_slice__avx2<4, false>},
-    {nullptr, diagonal_gradients_slice__avx2<1, true>, diagonal_gradients_slice__avx2<2, true>,
-     diagonal_gradients_slice__avx2<3, true>, diagonal_gradients_slice__avx2<4, true>}};
 
 inline void diagonal_gradients_f32_8xk__avx2(int n, int K, const float* q, const float* k, const float* a,
                                              const float* dA, int lda, float* dq, float* dk, float*) {
   const __m256i tail = first_lanes_avx2(K % 8);
+  const int vectors = (K + 7) / 8;
   for (int i = 1; i < n; ++i)
-    over_slices(K, kGradientSliceVectors, &kGradientSlices[0][0], kGradientSliceVectors + 1,
-                [&](GradientSlice slice, int c0) { slice(i, K, c0, q, k, a, dA, lda, dq, dk, tail); });
+    for (int v0 = 0; v0 < vectors; v0 += kGradientSliceVectors) {
+      const int c0 = 8 * v0;
+      switch (vectors - v0 < kGradientSliceVectors ? vectors - v0 : kGradientSliceVectors) {
+        case 1: diagonal_gradients_slice__avx2<1>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+        case 2: diagonal_gradients_slice__avx2<2>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+        case 3: diagonal_gradients_slice__avx2<3>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+        default: diagonal_gradients_slice__avx2<4>(i, K, c0, q, k, a, dA, lda, dq, dk, tail); break;
+      }
+    }
 }
 
 }  // namespace
