@@ -92,32 +92,30 @@ def _assert_close(got, want):
 # ---- FLA's functions against FLA's naive references --------------------------------------------
 
 
-def test_chunk_gated_delta_rule_runs_flat_within_bounds_of_fla_naive(monkeypatch):
-    calls = _counting(monkeypatch, flat_fla._compat, "chunk_gated_delta_rule")
-    x = _inputs(H, per_channel=False)
-    got = _run(lambda **a: chunk_gated_delta_rule(**a, output_final_state=True), x)
-    want = _run(lambda **a: naive_recurrent_gated_delta_rule(**a, output_final_state=True), x)
+def _gla_inputs(x):
+    """FLA's GLA takes no beta: q, k, v, its per-channel gate g and the initial state."""
+    return dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], initial_state=x["initial_state"])
+
+
+# (FLA's function, its naive reference, the flat module and name whose call is counted, heads,
+# a per-channel gate, the inputs from _inputs' set)
+FUNCTIONS = {
+    "chunk_gated_delta_rule": (chunk_gated_delta_rule, naive_recurrent_gated_delta_rule, "_compat",
+                               "chunk_gated_delta_rule", H, False, dict),
+    "chunk_kda": (chunk_kda, naive_recurrent_kda, "_compat", "chunk_kda", 2 * H, True, dict),
+    "chunk_gla": (chunk_gla, lambda g, **a: naive_recurrent_gla(gk=g, **a), "_flat", "gla", H, True, _gla_inputs),
+}
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_fla_function_runs_flat_within_bounds_of_fla_naive(monkeypatch, function):
+    fla_function, naive, module, counted, heads, per_channel, inputs = FUNCTIONS[function]
+    calls = _counting(monkeypatch, getattr(flat_fla, module), counted)
+    x = inputs(_inputs(heads, per_channel=per_channel))
+    got = _run(lambda **a: fla_function(**a, output_final_state=True), x)
+    want = _run(lambda **a: naive(**a, output_final_state=True), x)
     _assert_close(got, want)
-    assert calls == ["chunk_gated_delta_rule"]
-
-
-def test_chunk_kda_runs_flat_within_bounds_of_fla_naive(monkeypatch):
-    calls = _counting(monkeypatch, flat_fla._compat, "chunk_kda")
-    x = _inputs(2 * H, per_channel=True)
-    got = _run(lambda **a: chunk_kda(**a, output_final_state=True), x)
-    want = _run(lambda **a: naive_recurrent_kda(**a, output_final_state=True), x)
-    _assert_close(got, want)
-    assert calls == ["chunk_kda"]
-
-
-def test_chunk_gla_runs_flat_within_bounds_of_fla_naive(monkeypatch):
-    calls = _counting(monkeypatch, flat_fla._flat, "gla")
-    x = _inputs(H, per_channel=True)
-    x = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], initial_state=x["initial_state"])
-    got = _run(lambda g, **a: chunk_gla(g=g, **a, output_final_state=True), x)
-    want = _run(lambda g, **a: naive_recurrent_gla(gk=g, **a, output_final_state=True), x)
-    _assert_close(got, want)
-    assert calls == ["gla"]
+    assert calls == [counted]
 
 
 # ---- What is served and what is declined -------------------------------------------------------
