@@ -73,26 +73,18 @@ constexpr ScoreSlice kScoreSlices[2][kScoreSliceVectors + 1] = {
      diagonal_scores_slice__avx2<6, true>, diagonal_scores_slice__avx2<7, true>,
      diagonal_scores_slice__avx2<8, true>}};
 
-// Runs `slices[tail][width]` over the row's vectors in slices of up to `most` vectors (the last
-// one's last vector cut where K is not a multiple of 8).
-template <class Slice, class Call>
-inline void over_slices(int K, int most, const Slice* slices, int per_tail, Call&& call) {
-  const int vectors = (K + 7) / 8;
-  for (int v0 = 0; v0 < vectors; v0 += most) {
-    const int width = vectors - v0 < most ? vectors - v0 : most;
-    const bool cut = v0 + width == vectors && K % 8 != 0;
-    call(slices[size_t(cut) * per_tail + width], 8 * v0);
-  }
-}
-
 inline void diagonal_scores_f32_8xk__avx2(int n, int K, const float* q, const float* k, const float* a, float* A,
                                           int lda, float*) {
   const __m256i tail = first_lanes_avx2(K % 8);
+  const int vectors = (K + 7) / 8;
   __m256 sums[16];  // n <= 16 keys
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j <= i; ++j) sums[j] = _mm256_setzero_ps();
-    over_slices(K, kScoreSliceVectors, &kScoreSlices[0][0], kScoreSliceVectors + 1,
-                [&](ScoreSlice slice, int c0) { slice(i, K, c0, q, k, a, sums, tail); });
+    for (int v0 = 0; v0 < vectors; v0 += kScoreSliceVectors) {
+      const int width = vectors - v0 < kScoreSliceVectors ? vectors - v0 : kScoreSliceVectors;
+      const bool cut = v0 + width == vectors && K % 8 != 0;  // the row's tail in its last vector
+      kScoreSlices[cut][width](i, K, 8 * v0, q, k, a, sums, tail);
+    }
     for (int j = 0; j <= i; ++j) A[size_t(i) * lda + j] = sum_lanes(sums[j]);
   }
 }
