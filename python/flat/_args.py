@@ -1,6 +1,7 @@
 """What the framework bindings share: the variants' table, the sequence arrays' checks, the activations'
 names (the recurrence's options are _api.py's)."""
 
+import atexit
 import functools
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
@@ -22,6 +23,12 @@ def checked_options(operation: str, values: dict):
 def _checked_options(operation: str, values: tuple):
     """checked_options' answer (refusals are not kept: lru_cache keeps what returns)."""
     return _core.options(operation, dict(values))
+
+
+# The kept options are the extension's objects: freed before the interpreter tears its modules down,
+# or nanobind reports them at exit as leaked instances of flat._core.Options (so is every cache that
+# keeps them).
+atexit.register(_checked_options.cache_clear)
 
 
 class Sequences(NamedTuple):

@@ -711,3 +711,18 @@ def test_flat_isa_naming_no_target_is_refused_by_every_call():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "FLAT_ISA" in run.stdout and "'avx1024'" in run.stdout, run.stdout
+
+
+def test_a_process_that_called_flat_exits_without_nanobind_reporting_leaks():
+    """The options flat keeps between calls (_args.checked_options) are freed before the interpreter
+    ends, so nanobind's check at exit finds no instance of the extension's types alive."""
+    script = ("import torch, flat.torch as ft\n"
+              "q = torch.randn(1, 4, 1, 8)\n"
+              "ft.la(q, q, q, chunk_size=16)\n"
+              "ft.gla(q, q, q, -torch.rand(1, 4, 1, 8))\n"
+              "import jax.numpy as jnp, flat.jax as fj\n"
+              "x = jnp.ones((1, 4, 1, 8))\n"
+              "fj.la(x, x, x)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "leaked" not in run.stderr, run.stderr

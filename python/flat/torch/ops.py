@@ -2,6 +2,7 @@
 ``flat::*``, their fake implementations and autograd formulas, and the functions users call, which
 flat.torch re-exports."""
 
+import atexit
 import functools
 from typing import List, Optional, Tuple
 
@@ -68,6 +69,9 @@ def _described_outputs(operation: str, variant: str, described: tuple, cu_seqlen
     inputs = {name: (_DTYPES[dtype], [int(d) for d in shape]) for name, dtype, shape in described}
     shapes = _core.output_shapes(operation, variant, inputs, cu_seqlens, pool, options)
     return {name: (tuple(shape), _TORCH_DTYPES[dtype]) for name, dtype, shape in shapes}
+
+
+atexit.register(_described_outputs.cache_clear)  # its keys hold checked options (_args.py says why)
 
 
 def _empty(described) -> Tensor:
