@@ -1,8 +1,10 @@
 """flat.kernels: flat's functions in the kernels library's mapping for "cpu". On tiny Qwen3.5, Kimi
 Linear and Mamba2 models (test_transformers.py's configs), ``kernelize(model, device="cpu")`` in
-inference mode gives transformers' own path's greedy tokens with flat's kernels counted in prefill
-and in each decode step, and in training mode the same loss and gradients (relative L2 within 1e-4,
-test_transformers.py's bound; Qwen3.5's against the model in float64, _reference_loss_and_gradients); ``from_pretrained(..., use_kernels=True)`` runs flat too."""
+inference mode gives transformers' own path's float32 prefill logits (relative L2 within 1e-5) and
+greedy tokens, with flat's kernels counted in prefill and in each decode step, and in training mode
+the same loss and gradients (within 1e-4, test_transformers.py's bounds; Qwen3.5's against the model
+in float64, _reference_loss_and_gradients); ``from_pretrained(..., use_kernels=True)`` runs flat
+too."""
 
 import copy
 import functools
@@ -16,7 +18,7 @@ kernels = pytest.importorskip("kernels")
 
 import flat.kernels  # noqa: E402
 import flat.torch  # noqa: E402
-from test_transformers import build, relative, tokens  # noqa: E402
+from test_transformers import FP32, build, relative, tokens  # noqa: E402
 from torch_fallbacks import GRAD  # noqa: E402
 
 
@@ -71,14 +73,16 @@ def test_register_adds_the_mapping_process_wide_for_kernelize(counts):
 
 
 @pytest.mark.parametrize("family", list(KERNELS))
-def test_kernelize_inference_gives_transformers_greedy_tokens_on_flat(family, counts):
+def test_kernelize_inference_gives_transformers_logits_and_greedy_tokens_on_flat(family, counts):
     model = build(family)
     ids = tokens(1, 11)
     with torch.no_grad():
         want = model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+        want_logits = model(input_ids=ids).logits
     assert not counts
     model = kernels.kernelize(model, device="cpu", mode=kernels.Mode.INFERENCE)
     with torch.no_grad():
+        assert relative(model(input_ids=ids).logits, want_logits) <= FP32  # prefill, float32
         got = model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(got, want)
     recurrence, conv, decoded = KERNELS[family]
