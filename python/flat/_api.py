@@ -76,8 +76,6 @@ def _option(keyword: str, kind: type, value):
         if value is None:
             raise ValueError(f"flat: {keyword}: expected a name, got None (leave the argument out for its default)")
         return value
-    if kind is bool:
-        return bool(value)
     return None if value is None else kind(value)
 
 

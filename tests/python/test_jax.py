@@ -133,5 +133,7 @@ def test_bad_input_raises_with_the_librarys_message():
     q = jnp.zeros((2, 30, 2, 16))
     with pytest.raises(Exception, match="flat: g: expected finite values <= 0"):
         fj.gla(q, q, q, jnp.ones((2, 30, 2, 16)))[0].block_until_ready()
+    with pytest.raises(Exception, match="flat: g: expected finite values <= 0"):  # None: the default, checked
+        fj.gla(q, q, q, jnp.ones((2, 30, 2, 16)), check_values=None)[0].block_until_ready()
     with pytest.raises(ValueError, match="flat: q: expected rank 4"):
         fj.gla(q[0], q, q, q)

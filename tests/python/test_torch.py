@@ -243,6 +243,8 @@ def test_rms_norm_gated_opcheck_and_bad_input():
 @pytest.mark.parametrize("edit, message", [
     (lambda a: a.update(g=-torch.rand(2, 30, 3, 16)), "flat: g: head count Ng = 3 does not fit"),
     (lambda a: a.update(g=torch.rand(2, 30, 2, 16) + 0.5), "flat: g: expected finite values <= 0"),
+    (lambda a: a.update(g=torch.rand(2, 30, 2, 16) + 0.5, check_values=None),  # None: the default, checked
+     "flat: g: expected finite values <= 0"),
     (lambda a: a.update(q=a["q"].to(torch.float16)), "flat: q: expected dtype float32 or bfloat16"),
     (lambda a: a.update(q=a["q"][..., :8]), "flat: k: expected shape"),
     (lambda a: a.update(chunk_size=20), "flat: options.chunk: expected a multiple of 16"),
