@@ -12,7 +12,8 @@ import torch
 
 import flat.torch as ft
 from flat.nn import LAYERS, State
-from flat.nn.ops import KERNELS, Ops
+from flat.nn.ops import KERNEL_OPTIONS, KERNELS, Ops, kernel_options_of
+from oracle import UPDATE
 
 # Small shapes that still exercise head sharing and two chunks of 64 tokens.
 CONFIGS = {
@@ -150,19 +151,29 @@ def test_one_gate_value_per_head_is_a_group_of_channels():
 
 
 @pytest.mark.parametrize("variant", sorted(CONFIGS))
-def test_a_layers_precision_reaches_its_recurrence(variant):
+def test_a_layers_kernel_options_reach_its_recurrence(variant):
+    """Every option of the library's a layer's caller may choose (KERNEL_OPTIONS, from _api.OPTIONS)
+    is a keyword of every layer, its name checked when the layer is built (its size by the call) and
+    passed to each call; one left out is not passed (the library's default)."""
     seen = []
 
     def recording(*args, **kwargs):
-        seen.append(kwargs["precision"])
+        seen.append({name: kwargs[name] for name in KERNEL_OPTIONS if name in kwargs})
         return KERNELS.recurrence(*args, **kwargs)
 
     ops = Ops(recurrence=recording, conv=KERNELS.conv, norm=KERNELS.norm)
-    for precision in ("exact", "fast"):
-        LAYERS[variant](**CONFIGS[variant], ops=ops, precision=precision)(torch.randn(1, 5, 32))
-    assert seen == ["exact", "fast"]
-    with pytest.raises(ValueError, match="precision: expected 'exact' or 'fast', got 'high'"):
+    every = dict(chunk_size=32, solve="auto", precision="fast", check_values=True)
+    assert set(every) == set(KERNEL_OPTIONS)
+    chosen = {name: every[name] for name in kernel_options_of(variant)}
+    assert set(every) - set(chosen) == (set() if UPDATE[variant] != "additive" else {"solve"})
+    LAYERS[variant](**CONFIGS[variant], ops=ops)(torch.randn(1, 5, 32))
+    LAYERS[variant](**CONFIGS[variant], ops=ops, **chosen)(torch.randn(1, 5, 32))
+    assert seen == [{}, chosen]
+    with pytest.raises(ValueError, match=f"flat.nn.{LAYERS[variant].__name__}: precision: expected exact or fast, "
+                       "got 'high'"):
         LAYERS[variant](**CONFIGS[variant], precision="high")
+    with pytest.raises(ValueError, match="options.chunk: expected a multiple of 16 from 16 to 256, got 7"):
+        LAYERS[variant](**CONFIGS[variant], chunk_size=7)(torch.randn(1, 5, 32))  # sizes: the call checks them
 
 
 def test_state_is_a_named_tuple():

@@ -199,8 +199,8 @@ def test_bfloat16_parameters_train(tmp_path):
 def test_the_precision_reaches_every_linear_attention_mixer(capsys):
     args = cli.parse_args(["--task", "mqar", "--variants", "gla,softmax", "--precision", "fast"])
     task = loop.make_task(args)
-    assert [block.mixer.precision for block in loop.build(args, task, "gla").blocks] == ["fast", "fast"]
-    assert not hasattr(loop.build(args, task, "softmax").blocks[0].mixer, "precision")
+    assert [block.mixer.kernel_options["precision"] for block in loop.build(args, task, "gla").blocks] == ["fast", "fast"]
+    assert not hasattr(loop.build(args, task, "softmax").blocks[0].mixer, "kernel_options")
     with pytest.raises(SystemExit):
         cli.parse_args(["--task", "mqar", "--variants", "gla", "--precision", "high"])
     assert "invalid choice: 'high'" in capsys.readouterr().err

@@ -25,8 +25,10 @@ after each token goes, for speculative decoding), as flat.torch takes them: with
 both pools are updated in place and returned, ``(o, initial_state)``, for inference (no
 gradient), all or nothing: a refused call leaves both pools unchanged. ``ops`` picks the kernels
 (``"kernels"``) or the plain-PyTorch reference (``"reference"``, any dtype; the tests run a
-float64 copy of each layer with it); ``precision`` (``"exact"`` or ``"fast"``) is the kernels'
-(flat.torch's ``precision=``; docs/algorithm.md, "Precision").
+float64 copy of each layer with it). The recurrence's options a caller may choose are keywords of
+every layer (``KERNEL_OPTIONS``: flat.torch's ``chunk_size``, ``solve``, ``precision``,
+``check_values``), checked when the layer is built and passed to each call; the library's default
+for any left out (``precision="exact"``; docs/algorithm.md, "Precision").
 """
 
 import math
@@ -37,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import PRECISIONS
+from .. import _api, _args
 from .._args import Sequences
-from .ops import State, ops_named
+from .ops import State, kernel_options_of, ops_named
 
 
 def _check(condition: bool, message: str) -> None:
@@ -143,16 +145,19 @@ class _Mixer(nn.Module):
 
     variant: str = ""
 
-    def __init__(self, ops: str, layer_idx: Optional[int] = None, kwargs: Optional[dict] = None,
-                 precision: str = "exact"):
+    def __init__(self, ops: str, layer_idx: Optional[int] = None, kwargs: Optional[dict] = None):
         super().__init__()
         ops_named(ops)
         self.ops = ops
-        if precision not in PRECISIONS:
-            raise ValueError(f"flat.nn.{type(self).__name__}: precision: expected "
-                             f"{' or '.join(map(repr, PRECISIONS))}, got {precision!r}")
-        # The recurrence's (flat.torch's precision=; the reference ops compute exactly either way).
-        self.precision = precision
+        kwargs = {} if kwargs is None else kwargs
+        # The recurrence's options the layer's caller chose (those of KERNEL_OPTIONS its variant
+        # takes), checked once here and passed to every call (the reference ops compute exactly
+        # whatever they are).
+        self.kernel_options = {name: kwargs.pop(name) for name in kernel_options_of(self.variant) if name in kwargs}
+        try:
+            _args.checked_options("forward", _api.options(self.kernel_options)._asdict())
+        except ValueError as e:
+            raise ValueError(f"flat.nn.{type(self).__name__}: {str(e).removeprefix('flat: ')}") from None
         # FLA's layers take their index in the model (for its cache) and ignore keyword arguments they
         # do not know; so do these, saying which they ignore.
         self.layer_idx = layer_idx
@@ -256,7 +261,7 @@ class _Mixer(nn.Module):
                 output_final_state, "silu", **(sequences if stage is None else stage.sequences)._asdict())
         args = self._inputs(hidden_states, blocks)
         q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
-        o, recurrent = ops.recurrence(self.variant, q, k, v, **args, precision=self.precision,
+        o, recurrent = ops.recurrence(self.variant, q, k, v, **args, **self.kernel_options,
                                       initial_state=None if initial_state is None else initial_state.recurrent,
                                       output_final_state=output_final_state, **sequences._asdict())
         if stage is not None:
@@ -360,8 +365,8 @@ class LinearAttention(_QKVMixer):
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 1.0, num_heads: int = 8,
                  num_kv_heads: Optional[int] = None, feature_map: str = "elu", use_short_conv: bool = False,
                  conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels",
-                 precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+                 layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         _feature_map(feature_map, torch.zeros(1))
         self.feature_map = feature_map
@@ -415,8 +420,8 @@ class MultiScaleRetention(_GatedNormMixer):
                  num_kv_heads: Optional[int] = None, use_short_conv: bool = False, conv_size: int = 4,
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
                  elementwise_affine: bool = True, norm_eps: float = 1e-5, fuse_norm: bool = True,
-                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+                 ops: str = "kernels", layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         self._qkv_modules(hidden_size, key_dim, self.head_k_dim * self.num_kv_heads,
                           self.head_v_dim * self.num_kv_heads, use_short_conv, conv_size, conv_bias)
@@ -446,8 +451,8 @@ class GatedLinearAttention(_GatedNormMixer):
                  conv_bias: bool = False, use_output_gate: bool = True, gate_fn: str = "swish",
                  elementwise_affine: bool = True, norm_eps: float = 1e-5, gate_logit_normalizer: int = 16,
                  gate_low_rank_dim: int = 16, clamp_min: Optional[float] = None, fuse_norm: bool = True,
-                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+                 ops: str = "kernels", layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = self._head_sizes(hidden_size, expand_k, expand_v, num_heads, num_kv_heads)
         self.gate_logit_normalizer, self.clamp_min = gate_logit_normalizer, clamp_min
         key_dim_kv = self.head_k_dim * self.num_kv_heads
@@ -497,9 +502,9 @@ class DeltaNet(_DeltaMixer):
     def __init__(self, hidden_size: int = 1024, expand_k: float = 1.0, expand_v: float = 1.0, num_heads: int = 4,
                  use_beta: bool = True, use_gate: bool = False, use_short_conv: bool = True, conv_size: int = 4,
                  conv_bias: bool = False, allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+        super().__init__(ops, layer_idx, kwargs)
         key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
         _divides("key_dim", key_dim, "num_heads", num_heads)
         _divides("value_dim", value_dim, "num_heads", num_heads)
@@ -556,9 +561,9 @@ class GatedDeltaNet(_GatedDeltaMixer):
     def __init__(self, hidden_size: int = 2048, expand_v: float = 2, head_dim: int = 256, num_heads: int = 6,
                  num_v_heads: Optional[int] = None, use_gate: bool = True, use_short_conv: bool = True,
                  allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+        super().__init__(ops, layer_idx, kwargs)
         num_v_heads = num_v_heads or num_heads
         _divides("num_v_heads", num_v_heads, "num_heads", num_heads)
         self.num_heads, self.num_v_heads, self.use_gate = num_heads, num_v_heads, use_gate
@@ -598,8 +603,8 @@ class KimiDeltaAttention(_GatedDeltaMixer):
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128, num_heads: int = 16,
                  num_v_heads: Optional[int] = None, use_short_conv: bool = True, allow_neg_eigval: bool = False,
                  conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5, ops: str = "kernels",
-                 precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+                 layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         self._build(hidden_size, expand_v, head_dim, num_heads, num_v_heads, use_short_conv, allow_neg_eigval,
                     conv_size, conv_bias, norm_eps, gate_group=1, key_side_gates=False)
 
@@ -651,9 +656,9 @@ class SystolicLinearAttention(KimiDeltaAttention):
     def __init__(self, hidden_size: int = 2048, expand_v: float = 0.5, head_dim: int = 256, num_heads: int = 4,
                  num_v_heads: Optional[int] = 16, gate_group: int = 64, use_short_conv: bool = True,
                  allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
                  **kwargs):
-        _Mixer.__init__(self, ops, layer_idx, kwargs, precision)
+        _Mixer.__init__(self, ops, layer_idx, kwargs)
         self._build(hidden_size, expand_v, head_dim, num_heads, num_v_heads, use_short_conv, allow_neg_eigval,
                     conv_size, conv_bias, norm_eps, gate_group=gate_group, key_side_gates=True)
 
@@ -667,9 +672,9 @@ class GatedDeltaNet2(_GatedDeltaMixer):
 
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128, num_heads: int = 16,
                  use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False, norm_eps: float = 1e-5,
-                 ops: str = "kernels", precision: str = "exact", layer_idx: Optional[int] = None,
+                 ops: str = "kernels", layer_idx: Optional[int] = None,
                  **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+        super().__init__(ops, layer_idx, kwargs)
         self.num_heads = self.num_v_heads = num_heads
         self.allow_neg_eigval = False
         self.head_k_dim, self.head_v_dim = head_dim, int(head_dim * expand_v)
@@ -717,8 +722,8 @@ class Mamba2(_Mixer):
                  use_conv_bias: bool = True, use_bias: bool = False, norm_eps: float = 1e-5,
                  dt_min: float = 0.001, dt_max: float = 0.1, dt_init_floor: float = 1e-4,
                  dt_limit: Tuple[float, float] = (0.0, float("inf")), ops: str = "kernels",
-                 precision: str = "exact", layer_idx: Optional[int] = None, **kwargs):
-        super().__init__(ops, layer_idx, kwargs, precision)
+                 layer_idx: Optional[int] = None, **kwargs):
+        super().__init__(ops, layer_idx, kwargs)
         intermediate = expand * hidden_size
         num_heads = num_heads or intermediate // head_dim
         _check(num_heads * head_dim == intermediate,

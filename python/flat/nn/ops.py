@@ -11,20 +11,34 @@ checked against itself; ``context_parallel(group)`` gives the kernels with every
 split along T across a process group.
 """
 
+import inspect
 from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _api
 from .. import torch as ft
 from .._args import DEFAULT_GATE_GROUP, GATE, UPDATE, Sequences, conv_activation, norm_activation
+
+# The recurrence's options a layer takes as keywords and passes to every call: every keyword of the
+# library's options (_api.OPTIONS) but those a layer sets from its own hyperparameters (the scale, the
+# L2 norm of q and k, the gate's group), so a new option of the library reaches the layers too.
+KERNEL_OPTIONS = tuple(keyword for keyword, _ in _api.OPTIONS.values()
+                       if keyword not in ("scale", "use_qk_l2norm_in_kernel", "gate_group"))
+
+
+def kernel_options_of(variant: str) -> tuple:
+    """The KERNEL_OPTIONS the variant's function takes (solve: the delta rule's only)."""
+    return tuple(name for name in KERNEL_OPTIONS if name in inspect.signature(getattr(ft, variant)).parameters)
 
 
 class Ops(NamedTuple):
     # recurrence(variant, q, k, v, g=, beta=, b=, w=, scale=, initial_state=, output_final_state=,
-    #            use_qk_l2norm_in_kernel=, gate_group=, precision=, cu_seqlens=, initial_state_indices=,
-    #            final_state_indices=, token_state_indices=) -> (o [B, T, N, V], final_state or None)
+    #            use_qk_l2norm_in_kernel=, gate_group=, cu_seqlens=, initial_state_indices=,
+    #            final_state_indices=, token_state_indices=, and any of KERNEL_OPTIONS)
+    #   -> (o [B, T, N, V], final_state or None)
     recurrence: object
     # conv(x [B, T, C], weight [C, W], bias, initial_state [B, C, W-1], output_final_state, activation (None, the
     #      default, "silu" or "swish"),
@@ -125,9 +139,12 @@ def _by_sequence(run, along_t: dict, initial_state, output_final_state, sequence
 def reference_recurrence(variant, q, k, v, g=None, beta=None, b=None, w=None, *, scale=None, initial_state=None,
                          output_final_state=False, use_qk_l2norm_in_kernel=False, gate_group=None, cu_seqlens=None,
                          initial_state_indices=None, final_state_indices=None, token_state_indices=None,
-                         precision="exact"):
+                         **kernel_options):
     """The recurrence one token at a time (docs/variants.md), in q's dtype; with sequences, one
-    sequence at a time. It computes exactly at either precision."""
+    sequence at a time. It computes exactly whatever the kernels' options (KERNEL_OPTIONS)."""
+    unknown = sorted(set(kernel_options) - set(KERNEL_OPTIONS))
+    if unknown:
+        raise TypeError(f"flat.nn: the reference recurrence takes no {', '.join(unknown)}")
     sequences = Sequences(cu_seqlens, initial_state_indices, final_state_indices, token_state_indices)
     if any(t is not None for t in sequences):
         along_t = dict(q=q, k=k, v=v, beta=beta, b=b, w=w)
