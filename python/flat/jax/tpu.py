@@ -104,7 +104,8 @@ def _ones(C: int, block: int, upper: bool):
     j >= i (upper): the within-block prefix (suffix) sum as one dot."""
     i = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
     j = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
-    same = (i // block) == (j // block)
+    same = jax.lax.div(i, block) == jax.lax.div(j, block)  # truncating (i, j >= 0): floor division's sign test
+    # lowers through the chip's description, which export without a TPU lacks
     return jnp.where(same & ((j >= i) if upper else (j <= i)), 1.0, 0.0).astype(jnp.float32)
 
 
