@@ -1,6 +1,10 @@
 """flat.jax's operations (the package's docstring says what they are): the FFI calls wrapped in
-``jax.custom_vjp`` and the functions users call, which flat.jax re-exports."""
+``jax.custom_vjp`` and the functions users call, which flat.jax re-exports. The variant functions
+take ``backend=`` (BACKENDS): the recurrence runs the C++ library (the FFI call, on the CPU) or the
+Pallas TPU kernels of flat.jax.tpu, after the same checks of every argument."""
 
+import functools
+import inspect
 from functools import partial
 from typing import Optional
 
@@ -10,6 +14,7 @@ import numpy as np
 
 from .. import _api, _args
 from .. import _core
+from . import tpu
 
 _TARGETS = _core.jax_ffi_targets()
 if not _TARGETS:
@@ -200,8 +205,13 @@ _pool_recurrence.defvjp(_no_gradient, _no_gradient)
 
 
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
-         options: _api.Options):
+         options: _api.Options, backend=None):
+    backend = _backend(backend, q)
     sequences, pool = _sequences(sequences, initial_state), initial_state
+    if backend != "cpu":
+        return _run_tpu(variant, q, k, v, g, beta, b, w, initial_state=initial_state,
+                        output_final_state=output_final_state, sequences=sequences, options=options,
+                        interpret=backend == "interpret")
     writes = sequences.writes_pool
     if _args.rowless(sequences, pool, q.shape[0]):  # no sequence: the call on the pool's first 0 rows
         initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
@@ -212,6 +222,73 @@ def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, 
     return o, (pool if writes else final_state if output_final_state else None)
 
 
+def _refuse_values(name: str, gate: bool, shape: tuple, bad, at, value) -> None:
+    """Raises the library's refusal of a value (src/validate.cpp's refuse_value) for the first bad
+    element, at flat index `at` of an array of `shape`."""
+    if bool(bad):
+        index = ", ".join(str(int(i)) for i in np.unravel_index(int(at), shape))
+        raise ValueError(f"flat: {name}: expected finite values{' <= 0 (log-space gates)' if gate else ''}, got "
+                         f"{float(value):g} at [{index}]")
+
+
+def _check_values(name: str, x, gate: bool) -> None:
+    """check_values on the TPU path, as the library checks it on the CPU: the first gate above 0 or
+    non-finite value found on the device, one element of which goes to the host (a callback), which
+    raises where the call runs."""
+    if x is None or x.size == 0:
+        return
+    flat = x.reshape(-1).astype(jnp.float32)
+    bad = ~jnp.isfinite(flat) | (flat > 0) if gate else ~jnp.isfinite(flat)
+    at = jnp.argmax(bad)
+    jax.debug.callback(partial(_refuse_values, name, gate, tuple(x.shape)), bad[at], at, flat[at])
+
+
+def _l2norm(x):
+    """use_qk_l2norm_in_kernel: x [.., K] / sqrt(sum x^2 + 1e-6) in fp32 (the library's eps)."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def _heads_to(x, N: int):
+    """x [B, T, Nx, ...] with each head read by N / Nx heads (head n reads n / (N / Nx)): a copy whose
+    gradient JAX sums over the heads sharing one."""
+    return x if x.shape[2] == N else jnp.repeat(x, N // x.shape[2], axis=2)
+
+
+def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_state, sequences, options, interpret):
+    """The recurrence by flat.jax.tpu's kernels: the CPU path's checks of shapes, dtypes and options
+    (the library's, without running it), then what the kernels do not take refused, then the
+    kernels on arrays of one head count N."""
+    outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, initial_state),
+                       sequences.cu_seqlens, sequences.initial_state_indices is not None, options._asdict())
+    given = [name for name, x in sequences._asdict().items() if x is not None]
+    if variant not in tpu.VARIANTS or given:
+        what = (f"the variant {variant}" if variant not in tpu.VARIANTS else ", ".join(given))
+        raise ValueError(f"flat: backend: the TPU kernels run {', '.join(tpu.VARIANTS)} over dense batches, got "
+                         f"{what}; backend='cpu' runs it")
+    if options.check_values:
+        _check_values("g", g, gate=True)
+        _check_values("initial_state", initial_state, gate=False)
+    y = outputs["y"]
+    B, T, N, V = y.shape
+    K = q.shape[3]
+    final = jax.ShapeDtypeStruct((B, N, K, V), jnp.float32)
+    if B == 0 or T == 0:
+        state = jnp.zeros(final.shape, jnp.float32) if initial_state is None else initial_state
+        return jnp.zeros(y.shape, y.dtype), (state if output_final_state else None)
+    if options.l2norm_qk:
+        q, k = _l2norm(q), _l2norm(k)
+    if variant == "retnet":  # the per-head constant as mamba2's gate, [H] -> [B, T, H]
+        g = jnp.broadcast_to(g.astype(jnp.float32), (B, T, g.shape[0]))
+    q, k, v = _heads_to(q, N), _heads_to(k, N), _heads_to(v, N)
+    g = None if g is None else _heads_to(g.astype(jnp.float32), N)
+    scale = options.scale if options.scale is not None else K ** -0.5
+    o, state = tpu.recurrence("mamba2" if variant == "retnet" else variant, q, k, v, g, initial_state, scale=scale,
+                              chunk=options.chunk or 64, fast=options.precision == "fast", final=output_final_state,
+                              interpret=interpret, out_dtype=y.dtype)
+    return o, state
+
+
 # One function per variant (python/flat/_api.py), as flat.torch's.
 _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                narrow_float=lambda x: jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)),
@@ -219,7 +296,52 @@ _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                swap=lambda x: jnp.swapaxes(x, -1, -2), ones=lambda shape: jnp.ones(shape, jnp.float32),
                activations={"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z})
 
-globals().update(_api.variant_functions(_run, _XP))
+# backend=: "cpu" (the C++ library, through the FFI call), "tpu" (the Pallas kernels compiled by
+# Mosaic: a TPU runs them, jax.export lowers them for one anywhere), "interpret" (the same kernels
+# run by Pallas's TPU interpreter, on any platform: slow, for tests); None picks "tpu" for arrays on
+# a TPU and "cpu" otherwise.
+BACKENDS = (None, "cpu", "tpu", "interpret")
+
+
+def _platform(x) -> str:
+    """The platform x lives on; a traced or host array's is JAX's default backend's."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        return next(iter(x.devices())).platform
+    return jax.default_backend()
+
+
+def _backend(backend, q) -> str:
+    if not (backend is None or isinstance(backend, str)) or backend not in BACKENDS:
+        raise ValueError(f"flat: backend: expected one of {', '.join(map(repr, BACKENDS))} (None: the arrays' "
+                         f"platform's), got {backend!r}")
+    platform = _platform(q)
+    if backend is None:
+        return "tpu" if platform == "tpu" else "cpu"
+    if backend == "tpu" and platform != "tpu" and not isinstance(q, jax.core.Tracer):
+        raise ValueError(f"flat: backend: 'tpu' runs the Pallas kernels compiled for a TPU, got arrays on {platform} "
+                         "(backend='interpret' runs the same kernels in TPU interpret mode there)")
+    return backend
+
+
+def _with_backend(functions: dict, name: str):
+    """The variant function `name` with the keyword backend= added, picking its table in
+    functions ({backend: the variant functions running it})."""
+    chosen = functions[None][name]
+
+    @functools.wraps(chosen)
+    def call(*args, backend=None, **kwargs):
+        if not (backend is None or isinstance(backend, str)) or backend not in functions:
+            _backend(backend, None)
+        return functions[backend][name](*args, **kwargs)
+
+    signature = inspect.signature(chosen)
+    call.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(), inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return call
+
+
+_FUNCTIONS = {backend: _api.variant_functions(partial(_run, backend=backend), _XP) for backend in BACKENDS}
+globals().update({name: _with_backend(_FUNCTIONS, name) for name in _FUNCTIONS[None]})
 
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):

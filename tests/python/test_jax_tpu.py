@@ -1,0 +1,185 @@
+"""flat.jax's Pallas TPU kernels (flat.jax.tpu) on a CPU: forward and gradients in TPU interpret mode
+(backend="interpret") against the float64 oracle at the library's bounds, on tiny shapes that cross
+chunk and sub-block edges; lowered and exported for the TPU platform (backend="tpu") at the seed
+paper's shape and an awkward one; bad input refused with the CPU path's messages."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import flat.jax as fj
+from oracle import BOUNDS, Problem, bound, expect_close
+
+VARIANTS = ("la", "retnet", "mamba2", "gla")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+NAMES_IN = ("q", "k", "v", "g", "beta", "b", "w", "initial_state")
+
+
+def arrays(p: Problem) -> dict:
+    """The problem's inputs as JAX arrays (gates and states float32), by argument name."""
+    q, k, v, g, _, _, _, h0 = p.inputs()
+    values = dict(q=(q, p.dtype), k=(k, p.dtype), v=(v, p.dtype), g=(g, "float32"), initial_state=(h0, "float32"))
+    return {name: jnp.asarray(x, DTYPES[dtype]) for name, (x, dtype) in values.items() if x is not None}
+
+
+def forward_and_gradients(p: Problem, inputs: dict, **options):
+    """o, the final state and the gradients of every input for the problem's dy and dht, in one jit."""
+    dy, dht = jnp.asarray(p.dy, DTYPES[p.dtype]), jnp.asarray(p.dht, jnp.float32)
+
+    @jax.jit
+    def run(inputs):
+        (o, final_state), pullback = jax.vjp(
+            lambda x: getattr(fj, p.variant)(**x, output_final_state=True, backend="interpret", **options), inputs)
+        return o, final_state, pullback((dy.astype(o.dtype), dht))[0]
+
+    return run(inputs)
+
+
+def expect_oracle(p: Problem, got, precision="exact", l2norm=False):
+    o, final_state, grads = got
+    (y, ht), want = p.reference(l2norm=l2norm)
+    expect_close("o", np.asarray(o.astype(jnp.float32)), y, bound("o", p.dtype, precision))
+    expect_close("final_state", np.asarray(final_state), ht, bound("final_state", p.dtype, precision))
+    for name, expected in zip(NAMES_IN, want):
+        if name in grads:
+            expect_close("d" + name, np.asarray(grads[name].astype(jnp.float32)), expected,
+                         bound("d" + name, p.dtype, precision))
+
+
+# Chunks of 16 rows with S = 40: two whole chunks and a partial one; gla's chunk of 32 holds two
+# sub-blocks of 16 (its pairwise decays), and S = 40 ends inside the second chunk's first.
+CHUNK = {"la": 16, "retnet": 16, "mamba2": 16, "gla": 32}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_matches_the_oracle(variant, dtype):
+    p = Problem(variant, dtype, B=2, S=40, H=2, K=16, V=8)
+    expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=CHUNK[variant]))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_without_an_initial_state_one_chunk_and_one_row(variant):
+    """S = chunk + 1: one whole chunk, then a chunk of one row (gla's chunk of 16 is one sub-block)."""
+    p = Problem(variant, "float32", B=1, S=17, H=4, K=16, V=16, h0=False)
+    expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=16))
+
+
+def test_shared_heads_l2norm_and_fast_precision():
+    """q and k shared by both heads (GQA), q and k L2-normalised in the kernel, precision="fast"
+    (dot operands rounded to bf16 once, as a TPU's one-pass bf16 dot does): FLA's bounds."""
+    p = Problem("gla", "float32", B=1, S=40, H=2, K=16, V=8, heads={"q": 1, "k": 1})
+    got = forward_and_gradients(p, arrays(p), chunk_size=32, use_qk_l2norm_in_kernel=True, precision="fast")
+    expect_oracle(p, got, precision="fast", l2norm=True)
+
+
+def test_la_normalize_matches_float64():
+    """la's normalize (a second run with values of ones: V = 1, a block as wide as the array), on
+    positive q and k (feature maps', so the normalizer is well away from 0) against float64."""
+    rng = np.random.default_rng(0)
+    q, k = (rng.random((1, 24, 2, 16)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((1, 24, 2, 8)).astype(np.float32)
+    scores = np.tril(np.einsum("bthk,bshk->bhts", q.astype(np.float64), k.astype(np.float64))) / 4.0
+    want = np.einsum("bhts,bshv->bthv", scores, v) / (np.swapaxes(scores.sum(-1), 1, 2)[..., None] + 1e-10)
+    o, _ = fj.la(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), normalize=True, chunk_size=16, backend="interpret")
+    expect_close("o", np.asarray(o), want, BOUNDS["float32"][0])
+
+
+# ---- Lowered for the TPU ----------------------------------------------------------------------
+
+SHAPES = {"paper": (8, 4096, 16, 128, 128, 64), "awkward": (3, 1000, 6, 64, 96, 48)}
+
+
+def _specs(variant, B, S, N, K, V):
+    q = jax.ShapeDtypeStruct((B, S, N, K), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((B, S, N, V), jnp.bfloat16)
+    g = {"la": None, "retnet": jax.ShapeDtypeStruct((N,), jnp.float32),
+         "mamba2": jax.ShapeDtypeStruct((B, S, N), jnp.float32),
+         "gla": jax.ShapeDtypeStruct((B, S, N, K), jnp.float32)}[variant]
+    h0 = jax.ShapeDtypeStruct((B, N, K, V), jnp.float32)
+    return q, v, g, h0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_exports_for_the_tpu(variant, shape):
+    """Forward, and forward with backward (three kernels: the forward, state passing, gradients),
+    lowered to Mosaic for the TPU platform without one (check_values, a host callback, is off: an
+    exported module carries none)."""
+    B, S, N, K, V, chunk = SHAPES[shape]
+    q, v, g, h0 = _specs(variant, B, S, N, K, V)
+    gate = () if g is None else (g,)
+
+    def forward(q, k, v, h0, *gate):
+        return getattr(fj, variant)(q, k, v, *gate, initial_state=h0, output_final_state=True, chunk_size=chunk,
+                                    check_values=False, backend="tpu")
+
+    def backward(q, k, v, h0, *gate):
+        (o, state), pullback = jax.vjp(forward, q, k, v, h0, *gate)
+        return o, state, pullback((jnp.ones_like(o), jnp.ones_like(state)))
+
+    for f, calls in ((forward, 1), (backward, 3)):
+        text = jax.export.export(jax.jit(f), platforms=["tpu"])(q, q, v, h0, *gate).mlir_module()
+        assert text.count("tpu_custom_call") == calls, f"{f.__name__}: {text.count('tpu_custom_call')} Mosaic calls"
+
+
+def test_vmap_lowers_for_the_tpu():
+    """jax.vmap over a leading axis: Pallas's batching adds a grid axis, which Mosaic's lowering
+    takes (TPU interpret mode does not: it is checked lowered, not run)."""
+    q, v, g, h0 = _specs("mamba2", 2, 256, 4, 128, 128)
+    stack = lambda x: jax.ShapeDtypeStruct((3,) + x.shape, x.dtype)  # noqa: E731
+
+    def batched(q, k, v, g):
+        return jax.vmap(lambda q, k, v, g: fj.mamba2(q, k, v, g, check_values=False, backend="tpu")[0])(q, k, v, g)
+
+    text = jax.export.export(jax.jit(batched), platforms=["tpu"])(stack(q), stack(q), stack(v), stack(g)).mlir_module()
+    assert text.count("tpu_custom_call") == 1
+
+
+# ---- Refusals -----------------------------------------------------------------------------------
+
+
+def _refusal(call) -> str:
+    """The flat message a call raises (when it runs, for a value refused on the device)."""
+    with pytest.raises(Exception) as caught:
+        jax.block_until_ready(call())
+    found = re.search(r"flat: [^\n]*", str(caught.value))
+    assert found, str(caught.value)
+    return found.group(0)
+
+
+Q = jnp.zeros((2, 30, 2, 16))
+G = -jnp.ones((2, 30, 2, 16))
+BAD = {
+    "rank": lambda backend: fj.gla(Q[0], Q, Q, G, backend=backend),
+    "dtype": lambda backend: fj.gla(Q.astype(jnp.float16), Q, Q, G, backend=backend),
+    "heads": lambda backend: fj.gla(Q, Q[:, :, :1], jnp.zeros((2, 30, 3, 16)), G, backend=backend),
+    "chunk": lambda backend: fj.mamba2(Q, Q, Q, G[..., 0], chunk_size=24, backend=backend),
+    "precision": lambda backend: fj.la(Q, Q, Q, precision="slow", backend=backend),
+    "gate above 0": lambda backend: fj.gla(Q, Q, Q, G.at[1, 3, 0, 5].set(0.5), backend=backend),
+    "nan state": lambda backend: fj.la(Q, Q, Q, initial_state=jnp.zeros((2, 2, 16, 16)).at[0, 1, 2, 3].set(jnp.nan),
+                                       backend=backend),
+    "retnet gate": lambda backend: fj.retnet(Q, Q, Q, jnp.array([-0.1, jnp.inf]), backend=backend),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_refused_as_on_the_cpu(case):
+    cpu = _refusal(lambda: BAD[case]("cpu"))
+    assert _refusal(lambda: BAD[case]("interpret")) == cpu
+
+
+def test_what_the_tpu_kernels_do_not_take():
+    with pytest.raises(ValueError, match="flat: backend: the TPU kernels run la, retnet, mamba2, gla over dense "
+                                         "batches, got the variant deltanet"):
+        fj.deltanet(Q, Q, Q, jnp.zeros((2, 30, 2)), backend="interpret")
+    with pytest.raises(ValueError, match="got cu_seqlens; backend='cpu' runs it"):
+        fj.gla(Q[:1], Q[:1], Q[:1], G[:1], cu_seqlens=jnp.array([0, 10, 30]), backend="interpret")
+    with pytest.raises(ValueError, match="flat: backend: expected one of None, 'cpu', 'tpu', 'interpret'"):
+        fj.gla(Q, Q, Q, G, backend="gpu")
+    with pytest.raises(ValueError, match="flat: backend: 'tpu' runs the Pallas kernels compiled for a TPU, got "
+                                         "arrays on cpu"):
+        fj.gla(Q, Q, Q, G, backend="tpu")
