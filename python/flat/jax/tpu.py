@@ -118,11 +118,12 @@ def _causal(c: int):
 
 # ---- One sub-block of c rows: the recurrence's chunkwise form and its gradient -------------------
 #
-# Per head, with q' = scale q and gam the gate's prefix sum within the sub-block (gam_L its last
-# row; [G, c, K] for a per-channel gate, [G, c, 1] for a per-head one, None without a gate):
-#   o   = (q' * e^gam) S_in + sum_{s<=t} <q'_t, k_s e^(gam_t - gam_s)> v_s
+# Per head, with gam the gate's prefix sum within the sub-block (gam_L its last row; [G, c, K] for a
+# per-channel gate, [G, c, 1] for a per-head one, None without a gate):
+#   o   = scale ((q * e^gam) S_in + sum_{s<=t} <q_t, k_s e^(gam_t - gam_s)> v_s)
 #   S_out = e^gam_L * S_in + (k * e^(gam_L - gam))^T v
-# Every exponent is <= 0: no decay is ever inverted, whatever the gate's strength.
+# Every exponent is <= 0: no decay is ever inverted, whatever the gate's strength. The scale is
+# applied to the dots' fp32 results, so q stays in its dtype: bf16 q and k make one exact bf16 pass.
 
 
 def _decays(gam, c: int):
@@ -151,16 +152,17 @@ def _update(S, k, v, gam, fast: bool):
     return jnp.exp(jnp.swapaxes(last, 1, 2)) * S + _dot(k * jnp.exp(last - gam), v, (1, 1), fast)
 
 
-def _output(S, q, k, v, gam, c: int, fast: bool):
-    """o [G, c, V] of a sub-block from its carried state S [G, K, V] (q already scaled)."""
+def _output(S, q, k, v, gam, c: int, scale: float, fast: bool):
+    """o [G, c, V] of a sub-block from its carried state S [G, K, V]."""
     decay = None if gam is None else _decays(gam, c)
     a = _scores(q, k, decay, c, fast)
     qd = q if gam is None else q * jnp.exp(gam)
-    return _dot(a, v, (2, 1), fast) + _dot(qd, S, (2, 1), fast)
+    return scale * (_dot(a, v, (2, 1), fast) + _dot(qd, S, (2, 1), fast))
 
 
-def _gradient(S, dS, q, k, v, do, gam, c: int, fast: bool):
-    """A sub-block's (dq', dk, dv, dS_in) from dS = dS_out [G, K, V] and its S_in (q' = scale q)."""
+def _gradient(S, dS, q, k, v, do, gam, c: int, scale: float, fast: bool):
+    """A sub-block's (dq, dk, dv, dS_in) from dS = dS_out [G, K, V] and its S_in. The terms through
+    o carry the scale; those through S_out do not."""
     decay = None if gam is None else _decays(gam, c)
     da = jnp.where(_causal(c), _dot(do, v, (2, 2), fast), 0.0)  # <do_t, v_s>, s <= t
     a = _scores(q, k, decay, c, fast)
@@ -175,13 +177,14 @@ def _gradient(S, dS, q, k, v, do, gam, c: int, fast: bool):
     from_state = _dot(do, S, (2, 2), fast)  # [G, c, K]: do_t S_in^T
     to_state = _dot(v, dS, (2, 2), fast)  # [G, c, K]: dS_out v_s
     if gam is None:
-        return dq + from_state, dk + to_state, dv + _dot(k, dS, (2, 1), fast), dS + _dot(q, do, (1, 1), fast)
+        return (scale * (dq + from_state), scale * dk + to_state, scale * dv + _dot(k, dS, (2, 1), fast),
+                dS + scale * _dot(q, do, (1, 1), fast))
     last = gam[:, -1:, :]
     into = jnp.exp(last - gam)  # e^(gam_L - gam_s)
-    dq = dq + jnp.exp(gam) * from_state
-    dk = dk + into * to_state
-    dv = dv + _dot(k * into, dS, (2, 1), fast)
-    dS_in = jnp.exp(jnp.swapaxes(last, 1, 2)) * dS + _dot(q * jnp.exp(gam), do, (1, 1), fast)
+    dq = scale * (dq + jnp.exp(gam) * from_state)
+    dk = scale * dk + into * to_state
+    dv = scale * dv + _dot(k * into, dS, (2, 1), fast)
+    dS_in = jnp.exp(jnp.swapaxes(last, 1, 2)) * dS + scale * _dot(q * jnp.exp(gam), do, (1, 1), fast)
     return dq, dk, dv, dS_in
 
 
@@ -250,14 +253,14 @@ def _forward_kernel(cfg: Config, has_h0: bool, readout: bool, *refs):
     valid = _valid(cfg, i)
     G, c = cfg.heads, cfg.rows
     k, v = _heads(k_ref[0], valid, cfg.K, G), _heads(v_ref[0], valid, cfg.V, G)
-    q = None if q_ref is None else _heads(q_ref[0], valid, cfg.K, G).astype(jnp.float32) * cfg.scale
+    q = None if q_ref is None else _heads(q_ref[0], valid, cfg.K, G)
     gam = _gate_prefix(cfg, g_ref, valid)
     S = state[...]
     outputs = []
     for m in range(cfg.chunk // c):
         km, vm, gm = _rows(k, m, c), _rows(v, m, c), _rows(gam, m, c)
         if q is not None:
-            outputs.append(_output(S, _rows(q, m, c), km, vm, gm, c, cfg.fast))
+            outputs.append(_output(S, _rows(q, m, c), km, vm, gm, c, cfg.scale, cfg.fast))
         S = _update(S, km, vm, gm, cfg.fast)
     state[...] = S
     if o_ref is not None:
@@ -292,7 +295,7 @@ def _gradient_kernel(cfg: Config, has_h0: bool, has_dht: bool, *refs):
 
     valid = _valid(cfg, i)
     G, c, K, V = cfg.heads, cfg.rows, cfg.K, cfg.V
-    q = _heads(q_ref[0], valid, K, G).astype(jnp.float32) * cfg.scale
+    q = _heads(q_ref[0], valid, K, G)
     k, v = _heads(k_ref[0], valid, K, G), _heads(v_ref[0], valid, V, G)
     do = _heads(do_ref[0], valid, V, G)
     gam = _gate_prefix(cfg, g_ref, valid)
@@ -305,21 +308,21 @@ def _gradient_kernel(cfg: Config, has_h0: bool, has_dht: bool, *refs):
     grads = []
     for m in reversed(range(blocks)):
         dqm, dkm, dvm, dS = _gradient(starts[m], dS, _rows(q, m, c), _rows(k, m, c), _rows(v, m, c),
-                                      _rows(do, m, c), _rows(gam, m, c), c, cfg.fast)
+                                      _rows(do, m, c), _rows(gam, m, c), c, cfg.scale, cfg.fast)
         grads.append((dqm, dkm, dvm))
     dstate[...] = dS
     dq, dk, dv = (jnp.concatenate([g[n] for g in reversed(grads)], axis=1) for n in range(3))
-    _store(dq_ref, dq * cfg.scale, K, G)
+    _store(dq_ref, dq, K, G)
     _store(dk_ref, dk, K, G)
     _store(dv_ref, dv, V, G)
 
     if dg_ref is not None:
-        # d log-gate: the suffix sum within the chunk of q.dq - k.dk (q' dq' = q dq), plus the
+        # d log-gate: the suffix sum within the chunk of q.dq - k.dk, plus the
         # boundary term rowsum(S_end * dS_end) shared by every row (the paper's), S_end the state
         # leaving the chunk: one more update from the last sub-block's start.
         S_end = _update(starts[-1], _rows(k, blocks - 1, c), _rows(v, blocks - 1, c), _rows(gam, blocks - 1, c),
                         cfg.fast)
-        x = q * dq - k.astype(jnp.float32) * dk  # [G, C, K]
+        x = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk  # [G, C, K]
         boundary = jnp.sum(S_end * dS_end, axis=2)  # [G, K]
         if cfg.gate == "head":
             x, boundary = jnp.sum(x, axis=2), jnp.sum(boundary, axis=1, keepdims=True)  # [G, C], [G, 1]
