@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 import flat.jax as fj
 from oracle import BOUNDS, Problem, bound, expect_close
@@ -183,3 +185,23 @@ def test_what_the_tpu_kernels_do_not_take():
     with pytest.raises(ValueError, match="flat: backend: 'tpu' runs the Pallas kernels compiled for a TPU, got "
                                          "arrays on cpu"):
         fj.gla(Q, Q, Q, G, backend="tpu")
+
+
+def test_context_parallel_takes_the_tpu_path():
+    """flat.jax.context_parallel(axis, backend=...) under jax.shard_map (one device here: the run
+    widened by the exchange's K columns and started from [h0, 0], as on every shard) against the
+    float64 oracle on the whole sequence."""
+    p = Problem("gla", "float32", B=1, S=40, H=2, K=16, V=16)
+    inputs = arrays(p)
+    cp = fj.context_parallel("seq", backend="interpret")
+    tokens = P(None, "seq")
+
+    def step(q, k, v, g, h0):
+        return cp.gla(q, k, v, g, initial_state=h0, output_final_state=True, chunk_size=32)
+
+    run = jax.shard_map(step, mesh=Mesh(np.array(jax.devices()[:1]), ("seq",)), in_specs=(tokens,) * 4 + (P(),),
+                        out_specs=(tokens, P()), check_vma=False)
+    o, final_state = run(*(inputs[name] for name in ("q", "k", "v", "g", "initial_state")))
+    (y, ht), _ = p.reference()
+    expect_close("o", np.asarray(o), y, BOUNDS["float32"][0])
+    expect_close("final_state", np.asarray(final_state), ht, BOUNDS["float32"][0])
