@@ -3,6 +3,7 @@
 chunk and sub-block edges; lowered and exported for the TPU platform (backend="tpu") at the seed
 paper's shape and an awkward one; bad input refused with the CPU path's messages."""
 
+import json
 import re
 
 import jax
@@ -13,6 +14,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import flat.jax as fj
+from flat.bench.__main__ import main
 from oracle import BOUNDS, Problem, bound, expect_close
 
 VARIANTS = ("la", "retnet", "mamba2", "gla")
@@ -205,3 +207,16 @@ def test_context_parallel_takes_the_tpu_path():
     (y, ht), _ = p.reference()
     expect_close("o", np.asarray(o), y, BOUNDS["float32"][0])
     expect_close("final_state", np.asarray(final_state), ht, BOUNDS["float32"][0])
+
+
+def test_the_tpu_bench_runs_in_interpret_mode(tmp_path):
+    """python -m flat.bench --tpu's code, on a tiny shape in interpret mode (its times say nothing
+    of a TPU's); without a TPU, --tpu-backend tpu refuses."""
+    out = tmp_path / "tpu.json"
+    main(["--tpu", "--tpu-shape", "1,16,2,16,16", "--variants", "gla", "--chunk", "16", "--tpu-backend", "interpret",
+          "--repeats", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["variant"], row["pass"]) for row in rows] == [("gla", "forward"), ("gla", "forward+backward")]
+    assert all(row["us"] > 0 and row["paper_v6e_us"] is None for row in rows)
+    with pytest.raises(SystemExit, match="no TPU here"):
+        main(["--tpu"])
