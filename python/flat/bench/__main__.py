@@ -57,8 +57,8 @@ def main(argv=None):
     parser.add_argument("--context-parallel", action="store_true",
                         help="flat.torch.context_parallel on 1 and 2 processes (flat/bench/context_parallel.py)")
     parser.add_argument("--cp-shape", default="1,16384,4,128,128", help="B,T,H,K,V of --context-parallel")
-    parser.add_argument("--variants", help="with --context-parallel: some of gla,gated_deltanet (default both); with --tpu: "
-                        "some of la,mamba2,gla (default all)")
+    parser.add_argument("--variants", help="with --context-parallel: some of gla,gated_deltanet (default both); "
+                        "with --tpu: some of la,mamba2,gla (default all)")
     parser.add_argument("--tpu", action="store_true",
                         help="flat.jax's Pallas TPU kernels at the seed paper's shape (flat/bench/tpu.py)")
     parser.add_argument("--tpu-shape", default="8,4096,16,128,128", help="B,S,N,K,V of --tpu (the paper's)")
