@@ -268,6 +268,7 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
                          f"{what}; backend='cpu' runs it")
     if options.check_values:
         _check_values("g", g, gate=True)
+        _check_values("beta", beta, gate=False)
         _check_values("initial_state", initial_state, gate=False)
     y = outputs["y"]
     B, T, N, V = y.shape
@@ -280,12 +281,14 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
         q, k = _l2norm(q), _l2norm(k)
     if variant == "retnet":  # the per-head constant as mamba2's gate, [H] -> [B, T, H]
         g = jnp.broadcast_to(g.astype(jnp.float32), (B, T, g.shape[0]))
+    if g is not None and g.ndim == 4 and g.shape[3] != K:  # a gate per group of channels, to one per channel
+        g = jnp.repeat(g, K // g.shape[3], axis=3)
     q, k, v = _heads_to(q, N), _heads_to(k, N), _heads_to(v, N)
-    g = None if g is None else _heads_to(g.astype(jnp.float32), N)
+    g, beta = (None if x is None else _heads_to(x.astype(jnp.float32), N) for x in (g, beta))
     scale = options.scale if options.scale is not None else K ** -0.5
-    o, state = tpu.recurrence("mamba2" if variant == "retnet" else variant, q, k, v, g, initial_state, scale=scale,
-                              chunk=options.chunk or 64, fast=options.precision == "fast", final=output_final_state,
-                              interpret=interpret, out_dtype=y.dtype)
+    o, state = tpu.recurrence("mamba2" if variant == "retnet" else variant, q, k, v, g, beta, initial_state,
+                              scale=scale, chunk=options.chunk or 64, fast=options.precision == "fast",
+                              final=output_final_state, interpret=interpret, out_dtype=y.dtype)
     return o, state
 
 

@@ -27,8 +27,11 @@ from jax.experimental.pallas import tpu as pltpu
 
 # Gate kinds: none (la), one value per head and token (mamba2; retnet's per-head constant is
 # broadcast over S before the kernel), one per channel (gla).
-GATES = {"la": "none", "retnet": "head", "mamba2": "head", "gla": "channel"}
+GATES = {"la": "none", "retnet": "head", "mamba2": "head", "gla": "channel", "deltanet": "none",
+         "gated_deltanet": "head", "kda": "channel"}
 VARIANTS = tuple(GATES)
+# The delta rule's variants: u = (I + A)^-1 diag(beta) (v - ...) in place of v (below).
+DELTA = ("deltanet", "gated_deltanet", "kda")
 
 # Rows of a sub-block for the per-channel gate: its pairwise decays are a [G, c, c, K] tensor on the
 # VPU, and its rows are the only ones whose decays are not factored through the carried state.
@@ -40,6 +43,7 @@ class Config(NamedTuple):
     """A call's static shape and options (hashable: custom_vjp's and pallas_call's static part)."""
 
     gate: str  # GATES' kinds
+    delta: bool  # the delta rule's update (DELTA) or the additive one
     T: int
     N: int
     K: int
@@ -119,9 +123,12 @@ def _causal(c: int):
 # ---- One sub-block of c rows: the recurrence's chunkwise form and its gradient -------------------
 #
 # Per head, with gam the gate's prefix sum within the sub-block (gam_L its last row; [G, c, K] for a
-# per-channel gate, [G, c, 1] for a per-head one, None without a gate):
-#   o   = scale ((q * e^gam) S_in + sum_{s<=t} <q_t, k_s e^(gam_t - gam_s)> v_s)
-#   S_out = e^gam_L * S_in + (k * e^(gam_L - gam))^T v
+# per-channel gate, [G, c, 1] for a per-head one, None without a gate) and the values u:
+#   o   = scale ((q * e^gam) S_in + sum_{s<=t} <q_t, k_s e^(gam_t - gam_s)> u_s)
+#   S_out = e^gam_L * S_in + (k * e^(gam_L - gam))^T u
+# Additive variants: u = v. The delta rule (decay first, then the delta step on the decayed state):
+#   u_t = beta_t (v_t - S_in^T (k_t e^gam_t) - sum_{s<t} <k_t, k_s e^(gam_t - gam_s)> u_s),
+# so u = (I + A)^-1 diag(beta) (v - (k e^gam) S_in), A_ts = beta_t <k_t, k_s e^(gam_t - gam_s)>, s < t.
 # Every exponent is <= 0: no decay is ever inverted, whatever the gate's strength. The scale is
 # applied to the dots' fp32 results, so q stays in its dtype: bf16 q and k make one exact bf16 pass.
 
@@ -136,56 +143,107 @@ def _decays(gam, c: int):
     return jnp.exp(jnp.where(_causal(c)[..., None], pair, -jnp.inf))
 
 
-def _scores(q, k, decay, c: int, fast: bool):
-    """A [G, c, c]: <q_t, k_s> with the decay between s and t, s <= t."""
+def _scores(x, y, decay, c: int, fast: bool):
+    """[G, c, c]: <x_t, y_s> with the decay between s and t, s <= t."""
     if decay is not None and decay.ndim == 4:  # per channel: on the VPU, pairwise
-        return jnp.sum(q[:, :, None, :] * k[:, None, :, :] * decay, axis=-1)
-    a = _dot(q, k, (2, 2), fast)
+        return jnp.sum(x[:, :, None, :] * y[:, None, :, :] * decay, axis=-1)
+    a = _dot(x, y, (2, 2), fast)
     return jnp.where(_causal(c), a, 0.0) if decay is None else a * decay
 
 
-def _update(S, k, v, gam, fast: bool):
+def _score_gradients(d, x, y, decay, fast: bool):
+    """The gradients of sum_ts d_ts * _scores(x, y)_ts (d zero above the diagonal) with respect to x
+    and y, [G, c, K] each."""
+    if decay is not None and decay.ndim == 4:  # per channel, pairwise on the VPU
+        return (jnp.sum(d[..., None] * y[:, None, :, :] * decay, axis=2),
+                jnp.sum(d[..., None] * x[:, :, None, :] * decay, axis=1))
+    d = d if decay is None else d * decay
+    return _dot(d, y, (2, 1), fast), _dot(d, x, (1, 1), fast)
+
+
+def _update(S, k, u, gam, fast: bool):
     """S_out from S_in [G, K, V]."""
     if gam is None:
-        return S + _dot(k, v, (1, 1), fast)
+        return S + _dot(k, u, (1, 1), fast)
     last = gam[:, -1:, :]  # [G, 1, K or 1]
-    return jnp.exp(jnp.swapaxes(last, 1, 2)) * S + _dot(k * jnp.exp(last - gam), v, (1, 1), fast)
+    return jnp.exp(jnp.swapaxes(last, 1, 2)) * S + _dot(k * jnp.exp(last - gam), u, (1, 1), fast)
 
 
-def _output(S, q, k, v, gam, c: int, scale: float, fast: bool):
+def _output(S, q, k, u, gam, c: int, scale: float, fast: bool):
     """o [G, c, V] of a sub-block from its carried state S [G, K, V]."""
     decay = None if gam is None else _decays(gam, c)
     a = _scores(q, k, decay, c, fast)
     qd = q if gam is None else q * jnp.exp(gam)
-    return scale * (_dot(a, v, (2, 1), fast) + _dot(qd, S, (2, 1), fast))
+    return scale * (_dot(a, u, (2, 1), fast) + _dot(qd, S, (2, 1), fast))
 
 
-def _gradient(S, dS, q, k, v, do, gam, c: int, scale: float, fast: bool):
-    """A sub-block's (dq, dk, dv, dS_in) from dS = dS_out [G, K, V] and its S_in. The terms through
-    o carry the scale; those through S_out do not."""
+def _gradient(S, dS, q, k, u, do, gam, c: int, scale: float, fast: bool):
+    """A sub-block's (dq, dk, du, dS_in) from dS = dS_out [G, K, V] and its S_in, u held fixed. The
+    terms through o carry the scale; those through S_out do not."""
     decay = None if gam is None else _decays(gam, c)
-    da = jnp.where(_causal(c), _dot(do, v, (2, 2), fast), 0.0)  # <do_t, v_s>, s <= t
-    a = _scores(q, k, decay, c, fast)
-    if decay is not None and decay.ndim == 4:  # per channel, pairwise on the VPU
-        dq = jnp.sum(da[..., None] * k[:, None, :, :] * decay, axis=2)
-        dk = jnp.sum(da[..., None] * q[:, :, None, :] * decay, axis=1)
-    else:
-        dw = da if decay is None else da * decay
-        dq = _dot(dw, k, (2, 1), fast)
-        dk = _dot(dw, q, (1, 1), fast)
-    dv = _dot(a, do, (1, 1), fast)
+    da = jnp.where(_causal(c), _dot(do, u, (2, 2), fast), 0.0)  # <do_t, u_s>, s <= t
+    dq, dk = _score_gradients(da, q, k, decay, fast)
+    du = _dot(_scores(q, k, decay, c, fast), do, (1, 1), fast)
     from_state = _dot(do, S, (2, 2), fast)  # [G, c, K]: do_t S_in^T
-    to_state = _dot(v, dS, (2, 2), fast)  # [G, c, K]: dS_out v_s
+    to_state = _dot(u, dS, (2, 2), fast)  # [G, c, K]: dS_out u_s
     if gam is None:
-        return (scale * (dq + from_state), scale * dk + to_state, scale * dv + _dot(k, dS, (2, 1), fast),
+        return (scale * (dq + from_state), scale * dk + to_state, scale * du + _dot(k, dS, (2, 1), fast),
                 dS + scale * _dot(q, do, (1, 1), fast))
     last = gam[:, -1:, :]
     into = jnp.exp(last - gam)  # e^(gam_L - gam_s)
     dq = scale * (dq + jnp.exp(gam) * from_state)
     dk = scale * dk + into * to_state
-    dv = scale * dv + _dot(k * into, dS, (2, 1), fast)
+    du = scale * du + _dot(k * into, dS, (2, 1), fast)
     dS_in = jnp.exp(jnp.swapaxes(last, 1, 2)) * dS + scale * _dot(q * jnp.exp(gam), do, (1, 1), fast)
-    return dq, dk, dv, dS_in
+    return dq, dk, du, dS_in
+
+
+def _strict(c: int):
+    """[1, c, c]: s < t."""
+    t = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 1)
+    s = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 2)
+    return s < t
+
+
+def _inverse(A, c: int):
+    """(I + A)^-1 [G, c, c] of a strictly lower triangular A, by doubling: the product of
+    (I + (-A)^(2^i)) over i < log2(c) is the whole Neumann series, exact because A^c = 0; 2 log2(c)
+    dots on the MXU, at HIGHEST precision (the solve's error would reach every value)."""
+    t = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 1)
+    s = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 2)
+    power = -A
+    inverse = jnp.where(t == s, 1.0, 0.0) + power
+    for _ in range(max(c - 1, 1).bit_length() - 1):
+        power = _dot(power, power, (2, 1), False)
+        inverse = inverse + _dot(inverse, power, (2, 1), False)
+    return inverse
+
+
+def _delta_values(S, k, v, beta, gam, c: int, fast: bool):
+    """The delta rule's values u [G, c, V] of a sub-block from its S_in, and what its gradient
+    reuses: (u, (I + A)^-1, w = v - (k e^gam) S_in, the scores <k_t, k_s e^(gam_t - gam_s)>)."""
+    decay = None if gam is None else _decays(gam, c)
+    a = jnp.where(_strict(c), _scores(k, k, decay, c, fast), 0.0)
+    inverse = _inverse(beta * a, c)
+    w = v - _dot(k if gam is None else k * jnp.exp(gam), S, (2, 1), fast)
+    return _dot(inverse, beta * w, (2, 1), False), inverse, w, a
+
+
+def _delta_gradient(S, k, u, du, beta, gam, solved, c: int, fast: bool):
+    """Back through u = (I + A)^-1 diag(beta) w: (dv, dbeta [G, c, 1], dk, dk_left, dS_in's term),
+    dk_left the part of dk through k_t's own decay e^gam_t (the decayed read of S_in and the
+    scores' left operand), which the gate's gradient counts with the opposite sign."""
+    inverse, w, a = solved
+    decay = None if gam is None else _decays(gam, c)
+    dy = _dot(inverse, du, (1, 1), False)  # (I + A)^-T du
+    dA = -jnp.where(_strict(c), _dot(dy, u, (2, 2), False), 0.0)
+    dbeta = jnp.sum(dy * w, axis=2, keepdims=True) + jnp.sum(dA * a, axis=2, keepdims=True)
+    dw = beta * dy
+    kd = k if gam is None else k * jnp.exp(gam)
+    from_read = -_dot(dw, S, (2, 2), fast)  # d(k e^gam) [G, c, K]
+    left, right = _score_gradients(beta * dA, k, k, decay, fast)
+    dk_left = left + (from_read if gam is None else from_read * jnp.exp(gam))
+    return dw, dbeta, dk_left + right, dk_left, -_dot(kd, dw, (1, 1), fast)
 
 
 # ---- Blocks in and out of VMEM -----------------------------------------------------------------
@@ -230,229 +288,236 @@ def _rows(x, m: int, c: int):
 # ---- The kernels -----------------------------------------------------------------------------
 
 
-def _forward_kernel(cfg: Config, has_h0: bool, readout: bool, *refs):
-    """The fused block-recurrent forward (readout: o, and ht at the end) or the backward's state
-    passing (not readout: each chunk's starting state), one chunk of G heads per grid step."""
-    refs = list(refs)
-    q_ref = refs.pop(0) if readout else None
-    k_ref, v_ref = refs.pop(0), refs.pop(0)
-    g_ref = refs.pop(0) if cfg.gate != "none" else None
-    h0_ref = refs.pop(0) if has_h0 else None
-    o_ref = refs.pop(0) if readout else None
-    ht_ref = refs.pop(0) if readout and cfg.final else None
-    states_ref = None if readout else refs.pop(0)
-    (state,) = refs
+def _per_head(ref, valid):
+    """A per-head block [1, 1, C, G] (beta's) as [G, C, 1], its rows past S zeroed."""
+    return jnp.swapaxes(jnp.where(valid, ref[0, 0], 0.0), 0, 1)[:, :, None]
+
+
+def _chunk(cfg: Config, refs: dict, valid):
+    """The chunk's k, v [G, C, K or V], gate prefix and beta (None where the variant has none)."""
+    G = cfg.heads
+    k, v = _heads(refs["k"][0], valid, cfg.K, G), _heads(refs["v"][0], valid, cfg.V, G)
+    gam = _gate_prefix(cfg, refs.get("g"), valid)
+    beta = _per_head(refs["beta"], valid) if cfg.delta else None
+    return k, v, gam, beta
+
+
+def _values(cfg: Config, S, k, v, beta, gam):
+    """A sub-block's values u (v, or the delta rule's) and what the delta rule's gradient reuses."""
+    if not cfg.delta:
+        return v, None
+    u, *solved = _delta_values(S, k, v, beta, gam, cfg.rows, cfg.fast)
+    return u, solved
+
+
+def _forward_kernel(cfg: Config, names: tuple, *refs):
+    """The fused block-recurrent forward (q given: o, and ht at the end) or the backward's state
+    passing (no q: each chunk's starting state), one chunk of G heads per grid step."""
+    refs = dict(zip(names, refs))
+    state = refs["state"]
     i = pl.program_id(2)
 
     @pl.when(i == 0)
     def _():
-        state[...] = h0_ref[0] if has_h0 else jnp.zeros(state.shape, jnp.float32)
+        state[...] = refs["h0"][0] if "h0" in refs else jnp.zeros(state.shape, jnp.float32)
 
-    if states_ref is not None:
-        states_ref[0, 0] = state[...]
+    if "states" in refs:
+        refs["states"][0, 0] = state[...]
     valid = _valid(cfg, i)
     G, c = cfg.heads, cfg.rows
-    k, v = _heads(k_ref[0], valid, cfg.K, G), _heads(v_ref[0], valid, cfg.V, G)
-    q = None if q_ref is None else _heads(q_ref[0], valid, cfg.K, G)
-    gam = _gate_prefix(cfg, g_ref, valid)
+    k, v, gam, beta = _chunk(cfg, refs, valid)
+    q = _heads(refs["q"][0], valid, cfg.K, G) if "q" in refs else None
     S = state[...]
     outputs = []
     for m in range(cfg.chunk // c):
-        km, vm, gm = _rows(k, m, c), _rows(v, m, c), _rows(gam, m, c)
+        km, gm = _rows(k, m, c), _rows(gam, m, c)
+        u, _ = _values(cfg, S, km, _rows(v, m, c), _rows(beta, m, c), gm)
         if q is not None:
-            outputs.append(_output(S, _rows(q, m, c), km, vm, gm, c, cfg.scale, cfg.fast))
-        S = _update(S, km, vm, gm, cfg.fast)
+            outputs.append(_output(S, _rows(q, m, c), km, u, gm, c, cfg.scale, cfg.fast))
+        S = _update(S, km, u, gm, cfg.fast)
     state[...] = S
-    if o_ref is not None:
-        _store(o_ref, jnp.concatenate(outputs, axis=1), cfg.V, G)
+    if q is not None:
+        _store(refs["o"], jnp.concatenate(outputs, axis=1), cfg.V, G)
 
-    if ht_ref is not None:
+    if "ht" in refs:
         @pl.when(i == cfg.chunks - 1)
         def _():
-            ht_ref[0] = S
+            refs["ht"][0] = S
 
 
-def _gradient_kernel(cfg: Config, has_h0: bool, has_dht: bool, *refs):
+def _gate_gradient(cfg: Config, ref, x, boundary):
+    """The log-gate's gradient into its block: within each sub-block, the suffix sum of x [G, C, K]
+    (q.dq - k.dk, the delta rule's left part of dk counted with a plus) as one dot with a
+    triangular matrix of ones, plus the boundary term rowsum(S_out * dS_out) of the sub-block's
+    S_out, shared by its rows (boundary [G, C, K], each sub-block's broadcast over its rows): the
+    paper's gate gradient, from differentiating the decays' prefix sums."""
+    suffix = _ones(cfg.chunk, cfg.rows, upper=True)
+    if cfg.gate == "head":  # one value per head: summed over K
+        ref[0, 0] = _scan(suffix, jnp.swapaxes(jnp.sum(x, axis=2), 0, 1)) + jnp.swapaxes(jnp.sum(boundary, axis=2),
+                                                                                         0, 1)
+    else:
+        columns = lambda y: jnp.concatenate([y[h] for h in range(cfg.heads)], axis=1)  # noqa: E731 [C, G*K]
+        ref[0] = _scan(suffix, columns(x)) + columns(boundary)
+
+
+def _gradient_kernel(cfg: Config, names: tuple, *refs):
     """The gradient kernel: chunks last to first (the index maps reverse the grid's chunk axis),
     dS, the gradient of the state entering the current chunk, in a VMEM scratch."""
-    refs = list(refs)
-    q_ref, k_ref, v_ref = refs[:3]
-    refs = refs[3:]
-    g_ref = refs.pop(0) if cfg.gate != "none" else None
-    states_ref, do_ref = refs.pop(0), refs.pop(0)
-    dht_ref = refs.pop(0) if has_dht else None
-    dq_ref, dk_ref, dv_ref = refs[:3]
-    refs = refs[3:]
-    dg_ref = refs.pop(0) if cfg.gate != "none" else None
-    dh0_ref = refs.pop(0) if has_h0 else None
-    (dstate,) = refs
+    refs = dict(zip(names, refs))
+    dstate = refs["dstate"]
     step = pl.program_id(2)
     i = cfg.chunks - 1 - step
 
     @pl.when(step == 0)
     def _():
-        dstate[...] = dht_ref[0] if has_dht else jnp.zeros(dstate.shape, jnp.float32)
+        dstate[...] = refs["dht"][0] if "dht" in refs else jnp.zeros(dstate.shape, jnp.float32)
 
     valid = _valid(cfg, i)
     G, c, K, V = cfg.heads, cfg.rows, cfg.K, cfg.V
-    q = _heads(q_ref[0], valid, K, G)
-    k, v = _heads(k_ref[0], valid, K, G), _heads(v_ref[0], valid, V, G)
-    do = _heads(do_ref[0], valid, V, G)
-    gam = _gate_prefix(cfg, g_ref, valid)
+    q = _heads(refs["q"][0], valid, K, G)
+    do = _heads(refs["do"][0], valid, V, G)
+    k, v, gam, beta = _chunk(cfg, refs, valid)
     blocks = cfg.chunk // c
-    starts = [states_ref[0, 0]]  # each sub-block's S_in, recomputed from the chunk's
-    for m in range(blocks - 1):
-        starts.append(_update(starts[-1], _rows(k, m, c), _rows(v, m, c), _rows(gam, m, c), cfg.fast))
-    dS_end = dstate[...]
-    dS = dS_end
+    # Each sub-block's S_in (and S_out last), and values, recomputed from the chunk's starting state.
+    starts, values = [refs["states"][0, 0]], []
+    for m in range(blocks):
+        values.append(_values(cfg, starts[-1], _rows(k, m, c), _rows(v, m, c), _rows(beta, m, c), _rows(gam, m, c)))
+        starts.append(_update(starts[-1], _rows(k, m, c), values[-1][0], _rows(gam, m, c), cfg.fast))
+    dS = dstate[...]
     grads = []
     for m in reversed(range(blocks)):
-        dqm, dkm, dvm, dS = _gradient(starts[m], dS, _rows(q, m, c), _rows(k, m, c), _rows(v, m, c),
-                                      _rows(do, m, c), _rows(gam, m, c), c, cfg.scale, cfg.fast)
-        grads.append((dqm, dkm, dvm))
+        qm, km, gm = _rows(q, m, c), _rows(k, m, c), _rows(gam, m, c)
+        (u, solved), boundary = values[m], jnp.sum(starts[m + 1] * dS, axis=2, keepdims=True)  # [G, K, 1]
+        dq, dk, du, dS_in = _gradient(starts[m], dS, qm, km, u, _rows(do, m, c), gm, c, cfg.scale, cfg.fast)
+        x = qm.astype(jnp.float32) * dq - km.astype(jnp.float32) * dk
+        dbeta = None
+        if cfg.delta:
+            du, dbeta, dk_delta, dk_left, dS_delta = _delta_gradient(starts[m], km, u, du, _rows(beta, m, c), gm,
+                                                                     solved, c, cfg.fast)
+            x = x + km.astype(jnp.float32) * (2 * dk_left - dk_delta)
+            dk, dS_in = dk + dk_delta, dS_in + dS_delta
+        grads.append((dq, dk, du, dbeta, x, jnp.broadcast_to(jnp.swapaxes(boundary, 1, 2), x.shape)))
+        dS = dS_in
     dstate[...] = dS
-    dq, dk, dv = (jnp.concatenate([g[n] for g in reversed(grads)], axis=1) for n in range(3))
-    _store(dq_ref, dq, K, G)
-    _store(dk_ref, dk, K, G)
-    _store(dv_ref, dv, V, G)
+    dq, dk, dv, dbeta, x, boundary = (None if grads[0][n] is None else
+                                      jnp.concatenate([g[n] for g in reversed(grads)], axis=1) for n in range(6))
+    _store(refs["dq"], dq, K, G)
+    _store(refs["dk"], dk, K, G)
+    _store(refs["dv"], dv, V, G)
+    if "dg" in refs:
+        _gate_gradient(cfg, refs["dg"], x, boundary)
+    if "dbeta" in refs:
+        refs["dbeta"][0, 0] = jnp.swapaxes(dbeta[:, :, 0], 0, 1)
 
-    if dg_ref is not None:
-        # d log-gate: the suffix sum within the chunk of q.dq - k.dk, plus the
-        # boundary term rowsum(S_end * dS_end) shared by every row (the paper's), S_end the state
-        # leaving the chunk: one more update from the last sub-block's start.
-        S_end = _update(starts[-1], _rows(k, blocks - 1, c), _rows(v, blocks - 1, c), _rows(gam, blocks - 1, c),
-                        cfg.fast)
-        x = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk  # [G, C, K]
-        boundary = jnp.sum(S_end * dS_end, axis=2)  # [G, K]
-        if cfg.gate == "head":
-            x, boundary = jnp.sum(x, axis=2), jnp.sum(boundary, axis=1, keepdims=True)  # [G, C], [G, 1]
-            suffix = _scan(_ones(cfg.chunk, cfg.chunk, upper=True), jnp.swapaxes(x, 0, 1))  # [C, G]
-            dg_ref[0, 0] = suffix + jnp.swapaxes(boundary, 0, 1)
-        else:
-            columns = jnp.concatenate([x[h] for h in range(G)], axis=1)  # [C, G*K]
-            dg_ref[0] = _scan(_ones(cfg.chunk, cfg.chunk, upper=True), columns) + jnp.concatenate(
-                [boundary[h][None, :] for h in range(G)], axis=1)
-
-    if dh0_ref is not None:
+    if "dh0" in refs:
         @pl.when(step == cfg.chunks - 1)
         def _():
-            dh0_ref[0] = dS
+            refs["dh0"][0] = dS
 
 
 # ---- pallas_call: grids and BlockSpecs ---------------------------------------------------------
 
 
-def _specs(cfg: Config, reverse: bool):
-    """The BlockSpecs of one chunk of G heads: (token columns of width w, scalar gate, state)."""
+def _specs(cfg: Config, reverse: bool) -> dict:
+    """The BlockSpec of each array by name, one chunk of G heads (the chunk axis reversed for the
+    gradient kernel)."""
     C, G = cfg.chunk, cfg.heads
     chunk = (lambda i: cfg.chunks - 1 - i) if reverse else (lambda i: i)
 
     def tokens(width):  # [B, S, N*width]
         return pl.BlockSpec((1, C, G * width), lambda b, h, i: (b, chunk(i), h))
 
-    head_gate = pl.BlockSpec((1, 1, C, G), lambda b, h, i: (b, h, chunk(i), 0))  # [B, N/G, S, G]
+    per_head = pl.BlockSpec((1, 1, C, G), lambda b, h, i: (b, h, chunk(i), 0))  # [B, N/G, S, G]
     state = pl.BlockSpec((1, G, cfg.K, cfg.V), lambda b, h, i: (b, h, 0, 0))  # [B, N, K, V], resident
-    return tokens, head_gate, state
+    chunk_state = pl.BlockSpec((1, 1, G, cfg.K, cfg.V), lambda b, h, i: (b, chunk(i), h, 0, 0))  # [B, chunks, ..]
+    gate = tokens(cfg.K) if cfg.gate == "channel" else per_head
+    specs = dict(q=tokens(cfg.K), k=tokens(cfg.K), v=tokens(cfg.V), g=gate, beta=per_head, h0=state, o=tokens(cfg.V),
+                 ht=state, states=chunk_state, do=tokens(cfg.V), dht=state)
+    specs.update({"d" + name: specs[name] for name in ("q", "k", "v", "g", "beta", "h0")})
+    return specs
 
 
-def _gate_spec(cfg: Config, reverse: bool):
-    tokens, head_gate, _ = _specs(cfg, reverse)
-    return tokens(cfg.K) if cfg.gate == "channel" else head_gate
-
-
-def _call(kernel, cfg: Config, B: int, in_specs, out_specs, out_shape):
-    return pl.pallas_call(
-        kernel, grid=(B, cfg.N // cfg.heads, cfg.chunks), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((cfg.heads, cfg.K, cfg.V), jnp.float32)],
+def _call(kernel, cfg: Config, inputs: dict, outputs: dict, scratch: str, reverse: bool):
+    """pallas_call of kernel(cfg, names, *refs) on the given inputs and outputs ({name: array or
+    ShapeDtypeStruct}, None left out), its refs named in order, the scratch [G, K, V] fp32 last."""
+    inputs = {name: x for name, x in inputs.items() if x is not None}
+    outputs = {name: x for name, x in outputs.items() if x is not None}
+    specs = _specs(cfg, reverse)
+    B = inputs["v"].shape[0]
+    results = pl.pallas_call(
+        partial(kernel, cfg, tuple(inputs) + tuple(outputs) + (scratch,)), grid=(B, cfg.N // cfg.heads, cfg.chunks),
+        in_specs=[specs[name] for name in inputs], out_specs=[specs[name] for name in outputs],
+        out_shape=list(outputs.values()), scratch_shapes=[pltpu.VMEM((cfg.heads, cfg.K, cfg.V), jnp.float32)],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
-        interpret=pltpu.InterpretParams() if cfg.interpret else False)
+        interpret=pltpu.InterpretParams() if cfg.interpret else False)(*inputs.values())
+    return dict(zip(outputs, results))
 
 
-def _forward(cfg: Config, q, k, v, g, h0, out_dtype):
-    B = q.shape[0]
-    tokens, _, state = _specs(cfg, False)
-    gate = [] if g is None else [g]
-    initial = [] if h0 is None else [h0]
-    out_specs = [tokens(cfg.V)] + ([state] if cfg.final else [])
-    out_shape = [jax.ShapeDtypeStruct((B, cfg.T, cfg.N * cfg.V), out_dtype)]
-    if cfg.final:
-        out_shape.append(jax.ShapeDtypeStruct((B, cfg.N, cfg.K, cfg.V), jnp.float32))
-    in_specs = [tokens(cfg.K), tokens(cfg.K), tokens(cfg.V)] + [_gate_spec(cfg, False)] * len(gate) + [state] * len(
-        initial)
-    results = _call(partial(_forward_kernel, cfg, h0 is not None, True), cfg, B, in_specs, out_specs, out_shape)(
-        q, k, v, *gate, *initial)
-    return results[0], (results[1] if cfg.final else None)
+def _shape(x, dtype=None):
+    return None if x is None else jax.ShapeDtypeStruct(x.shape, dtype or x.dtype)
 
 
-def _states(cfg: Config, k, v, g, h0):
-    """The backward's state passing: each chunk's starting state, [B, chunks, N, K, V] fp32."""
-    B = k.shape[0]
-    tokens, _, state = _specs(cfg, False)
-    gate = [] if g is None else [g]
-    initial = [] if h0 is None else [h0]
-    in_specs = [tokens(cfg.K), tokens(cfg.V)] + [_gate_spec(cfg, False)] * len(gate) + [state] * len(initial)
-    out_spec = pl.BlockSpec((1, 1, cfg.heads, cfg.K, cfg.V), lambda b, h, i: (b, i, h, 0, 0))
-    out_shape = jax.ShapeDtypeStruct((B, cfg.chunks, cfg.N, cfg.K, cfg.V), jnp.float32)
-    return _call(partial(_forward_kernel, cfg, h0 is not None, False), cfg, B, in_specs, out_spec, out_shape)(
-        k, v, *gate, *initial)
+def _forward(cfg: Config, out_dtype, q, k, v, g, beta, h0):
+    B = v.shape[0]
+    final = jax.ShapeDtypeStruct((B, cfg.N, cfg.K, cfg.V), jnp.float32) if cfg.final else None
+    out = _call(_forward_kernel, cfg, dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0),
+                dict(o=jax.ShapeDtypeStruct((B, cfg.T, cfg.N * cfg.V), out_dtype), ht=final), "state", False)
+    return out["o"], out.get("ht")
 
 
-def _gradients(cfg: Config, q, k, v, g, h0, states, do, dht):
-    B = q.shape[0]
-    tokens, _, state = _specs(cfg, True)
-    chunk_state = pl.BlockSpec((1, 1, cfg.heads, cfg.K, cfg.V),
-                               lambda b, h, i: (b, cfg.chunks - 1 - i, h, 0, 0))
-    gate = [] if g is None else [g]
-    in_specs = ([tokens(cfg.K), tokens(cfg.K), tokens(cfg.V)] + [_gate_spec(cfg, True)] * len(gate) +
-                [chunk_state, tokens(cfg.V)] + ([state] if dht is not None else []))
-    out_specs = [tokens(cfg.K), tokens(cfg.K), tokens(cfg.V)] + [_gate_spec(cfg, True)] * len(gate) + (
-        [state] if h0 is not None else [])
-    out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
-    out_shape += [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in gate]
-    if h0 is not None:
-        out_shape.append(jax.ShapeDtypeStruct(h0.shape, jnp.float32))
-    results = _call(partial(_gradient_kernel, cfg, h0 is not None, dht is not None), cfg, B, in_specs, out_specs,
-                    out_shape)(q, k, v, *gate, states, do, *([] if dht is None else [dht]))
-    dq, dk, dv = results[:3]
-    dg = results[3] if g is not None else None
-    dh0 = results[-1] if h0 is not None else None
-    return dq, dk, dv, dg, dh0
+def _backward(cfg: Config, q, k, v, g, beta, h0, do, dht):
+    """The paper's two backward kernels: state passing (each chunk's starting state, [B, chunks, N,
+    K, V] fp32; the paper stores bf16, fp32 keeps the fp32 bounds), then the gradients."""
+    B = v.shape[0]
+    states = _call(_forward_kernel, cfg, dict(k=k, v=v, g=g, beta=beta, h0=h0),
+                   dict(states=jax.ShapeDtypeStruct((B, cfg.chunks, cfg.N, cfg.K, cfg.V), jnp.float32)), "state",
+                   False)["states"]
+    inputs = dict(q=q, k=k, v=v, g=g, beta=beta, states=states, do=do, dht=dht)
+    outputs = dict(dq=_shape(q), dk=_shape(k), dv=_shape(v), dg=_shape(g, jnp.float32),
+                   dbeta=_shape(beta, jnp.float32), dh0=_shape(h0, jnp.float32))
+    grads = _call(_gradient_kernel, cfg, inputs, outputs, "dstate", True)
+    return tuple(grads.get(name) for name in ("dq", "dk", "dv", "dg", "dbeta", "dh0"))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _recurrence(cfg: Config, out_dtype, q, k, v, g, h0):
-    return _forward(cfg, q, k, v, g, h0, out_dtype)
+def _recurrence(cfg: Config, out_dtype, q, k, v, g, beta, h0):
+    return _forward(cfg, out_dtype, q, k, v, g, beta, h0)
 
 
-def _recurrence_forward(cfg, out_dtype, q, k, v, g, h0):
-    return _forward(cfg, q, k, v, g, h0, out_dtype), (q, k, v, g, h0)
+def _recurrence_forward(cfg, out_dtype, q, k, v, g, beta, h0):
+    return _forward(cfg, out_dtype, q, k, v, g, beta, h0), (q, k, v, g, beta, h0)
 
 
 def _recurrence_backward(cfg, out_dtype, saved, cotangents):
-    q, k, v, g, h0 = saved
     do, dht = cotangents
-    states = _states(cfg, k, v, g, h0)
-    return _gradients(cfg, q, k, v, g, h0, states, do, dht if cfg.final else None)
+    return _backward(cfg, *saved, do, dht if cfg.final else None)
 
 
 _recurrence.defvjp(_recurrence_forward, _recurrence_backward)
 
 
-def recurrence(variant: str, q, k, v, g, h0, *, scale: float, chunk: int, fast: bool, final: bool, interpret: bool,
-               out_dtype):
-    """o [B, S, N, V] (out_dtype) and the final state [B, N, K, V] fp32 (None unless final) of an
-    additive variant on arrays of one head count N: q, k [B, S, N, K], v [B, S, N, V]; g [B, S, N, K]
-    (gla), [B, S, N] (mamba2, retnet's broadcast over S), None (la); h0 [B, N, K, V] fp32 or None.
-    Shapes and options are the caller's to have checked (flat.jax.ops checks them as the CPU path)."""
+def _per_head_layout(x, G: int):
+    """[B, S, N] -> [B, N/G, S, G]: a chunk of G heads' values is one block whole in its last axis."""
+    B, T, N = x.shape
+    return jnp.swapaxes(x.reshape(B, T, N // G, G), 1, 2)
+
+
+def recurrence(variant: str, q, k, v, g, beta, h0, *, scale: float, chunk: int, fast: bool, final: bool,
+               interpret: bool, out_dtype):
+    """o [B, S, N, V] (out_dtype) and the final state [B, N, K, V] fp32 (None unless final) of a
+    variant of VARIANTS on arrays of one head count N: q, k [B, S, N, K], v [B, S, N, V]; g [B, S, N, K]
+    (per channel), [B, S, N] (per head; retnet's constant broadcast over S), None; beta [B, S, N]
+    fp32 (the delta rule) or None; h0 [B, N, K, V] fp32 or None. Shapes and options are the
+    caller's to have checked (flat.jax.ops checks them as the CPU path)."""
     B, T, N, K = q.shape
     V = v.shape[3]
     gate = GATES[variant]
     G = head_group(gate, N, K, V)
-    cfg = Config(gate, T, N, K, V, G, chunk, float(scale), bool(fast), bool(final), bool(interpret))
+    cfg = Config(gate, variant in DELTA, T, N, K, V, G, chunk, float(scale), bool(fast), bool(final), bool(interpret))
     if gate == "channel":
         g = g.reshape(B, T, N * K)
-    elif gate == "head":  # [B, S, N] -> [B, N/G, S, G]: a chunk of G heads' gates is one whole block
-        g = jnp.swapaxes(g.reshape(B, T, N // G, G), 1, 2)
+    elif gate == "head":
+        g = _per_head_layout(g, G)
     o, ht = _recurrence(cfg, jnp.dtype(out_dtype), q.reshape(B, T, N * K), k.reshape(B, T, N * K),
-                        v.reshape(B, T, N * V), g, h0)
+                        v.reshape(B, T, N * V), g, None if beta is None else _per_head_layout(beta, G), h0)
     return o.reshape(B, T, N, V), ht
