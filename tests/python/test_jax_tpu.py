@@ -17,15 +17,16 @@ import flat.jax as fj
 from flat.bench.__main__ import main
 from oracle import BOUNDS, Problem, bound, expect_close
 
-VARIANTS = ("la", "retnet", "mamba2", "gla")
+VARIANTS = ("la", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 NAMES_IN = ("q", "k", "v", "g", "beta", "b", "w", "initial_state")
 
 
 def arrays(p: Problem) -> dict:
     """The problem's inputs as JAX arrays (gates and states float32), by argument name."""
-    q, k, v, g, _, _, _, h0 = p.inputs()
-    values = dict(q=(q, p.dtype), k=(k, p.dtype), v=(v, p.dtype), g=(g, "float32"), initial_state=(h0, "float32"))
+    q, k, v, g, beta, _, _, h0 = p.inputs()
+    values = dict(q=(q, p.dtype), k=(k, p.dtype), v=(v, p.dtype), g=(g, "float32"), beta=(beta, p.dtype),
+                  initial_state=(h0, "float32"))
     return {name: jnp.asarray(x, DTYPES[dtype]) for name, (x, dtype) in values.items() if x is not None}
 
 
@@ -53,29 +54,27 @@ def expect_oracle(p: Problem, got, precision="exact", l2norm=False):
                          bound("d" + name, p.dtype, precision))
 
 
-# Chunks of 16 rows with S = 40: two whole chunks and a partial one; gla's chunk of 32 holds two
-# sub-blocks of 16 (its pairwise decays), and S = 40 ends inside the second chunk's first.
-CHUNK = {"la": 16, "retnet": 16, "mamba2": 16, "gla": 32}
+# Chunks of 16 rows; a per-channel gate's chunk of 32 (gla, kda) holds two sub-blocks of 16 (its
+# pairwise decays).
+CHUNK = {"la": 16, "retnet": 16, "mamba2": 16, "gla": 32, "deltanet": 16, "gated_deltanet": 16, "kda": 32}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_matches_the_oracle(variant, dtype):
-    p = Problem(variant, dtype, B=2, S=40, H=2, K=16, V=8)
+    """float32 with an initial state, S = 40: two whole chunks of 16 and a partial one (chunks of 32:
+    S ends inside the second chunk's first sub-block); bfloat16 without one, S = chunk + 1: a whole
+    chunk, then a chunk of one row."""
+    initial = dtype == "float32"
+    p = Problem(variant, dtype, B=2, S=40 if initial else CHUNK[variant] + 1, H=2, K=16, V=8, h0=initial)
     expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=CHUNK[variant]))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_without_an_initial_state_one_chunk_and_one_row(variant):
-    """S = chunk + 1: one whole chunk, then a chunk of one row (gla's chunk of 16 is one sub-block)."""
-    p = Problem(variant, "float32", B=1, S=17, H=4, K=16, V=16, h0=False)
-    expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=16))
-
-
-def test_shared_heads_l2norm_and_fast_precision():
+@pytest.mark.parametrize("variant", ["gla", "kda"])
+def test_shared_heads_l2norm_and_fast_precision(variant):
     """q and k shared by both heads (GQA), q and k L2-normalised in the kernel, precision="fast"
     (dot operands rounded to bf16 once, as a TPU's one-pass bf16 dot does): FLA's bounds."""
-    p = Problem("gla", "float32", B=1, S=40, H=2, K=16, V=8, heads={"q": 1, "k": 1})
+    p = Problem(variant, "float32", B=1, S=40, H=2, K=16, V=8, heads={"q": 1, "k": 1})
     got = forward_and_gradients(p, arrays(p), chunk_size=32, use_qk_l2norm_in_kernel=True, precision="fast")
     expect_oracle(p, got, precision="fast", l2norm=True)
 
@@ -97,14 +96,18 @@ def test_la_normalize_matches_float64():
 SHAPES = {"paper": (8, 4096, 16, 128, 128, 64), "awkward": (3, 1000, 6, 64, 96, 48)}
 
 
-def _specs(variant, B, S, N, K, V):
+def _specs(variant, B, S, N, K, V) -> dict:
+    """The arguments of a call as ShapeDtypeStructs by name (q, k, v in bf16)."""
     q = jax.ShapeDtypeStruct((B, S, N, K), jnp.bfloat16)
-    v = jax.ShapeDtypeStruct((B, S, N, V), jnp.bfloat16)
-    g = {"la": None, "retnet": jax.ShapeDtypeStruct((N,), jnp.float32),
-         "mamba2": jax.ShapeDtypeStruct((B, S, N), jnp.float32),
-         "gla": jax.ShapeDtypeStruct((B, S, N, K), jnp.float32)}[variant]
-    h0 = jax.ShapeDtypeStruct((B, N, K, V), jnp.float32)
-    return q, v, g, h0
+    specs = dict(q=q, k=q, v=jax.ShapeDtypeStruct((B, S, N, V), jnp.bfloat16),
+                 initial_state=jax.ShapeDtypeStruct((B, N, K, V), jnp.float32))
+    gate = {"retnet": (N,), "mamba2": (B, S, N), "gated_deltanet": (B, S, N), "gla": (B, S, N, K),
+            "kda": (B, S, N, K)}.get(variant)
+    if gate is not None:
+        specs["g"] = jax.ShapeDtypeStruct(gate, jnp.float32)
+    if variant in ("deltanet", "gated_deltanet", "kda"):
+        specs["beta"] = jax.ShapeDtypeStruct((B, S, N), jnp.bfloat16)
+    return specs
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -114,32 +117,31 @@ def test_exports_for_the_tpu(variant, shape):
     lowered to Mosaic for the TPU platform without one (check_values, a host callback, is off: an
     exported module carries none)."""
     B, S, N, K, V, chunk = SHAPES[shape]
-    q, v, g, h0 = _specs(variant, B, S, N, K, V)
-    gate = () if g is None else (g,)
+    specs = _specs(variant, B, S, N, K, V)
 
-    def forward(q, k, v, h0, *gate):
-        return getattr(fj, variant)(q, k, v, *gate, initial_state=h0, output_final_state=True, chunk_size=chunk,
-                                    check_values=False, backend="tpu")
+    def forward(arguments):
+        return getattr(fj, variant)(**arguments, output_final_state=True, chunk_size=chunk, check_values=False,
+                                    backend="tpu")
 
-    def backward(q, k, v, h0, *gate):
-        (o, state), pullback = jax.vjp(forward, q, k, v, h0, *gate)
+    def backward(arguments):
+        (o, state), pullback = jax.vjp(forward, arguments)
         return o, state, pullback((jnp.ones_like(o), jnp.ones_like(state)))
 
     for f, calls in ((forward, 1), (backward, 3)):
-        text = jax.export.export(jax.jit(f), platforms=["tpu"])(q, q, v, h0, *gate).mlir_module()
+        text = jax.export.export(jax.jit(f), platforms=["tpu"])(specs).mlir_module()
         assert text.count("tpu_custom_call") == calls, f"{f.__name__}: {text.count('tpu_custom_call')} Mosaic calls"
 
 
 def test_vmap_lowers_for_the_tpu():
     """jax.vmap over a leading axis: Pallas's batching adds a grid axis, which Mosaic's lowering
     takes (TPU interpret mode does not: it is checked lowered, not run)."""
-    q, v, g, h0 = _specs("mamba2", 2, 256, 4, 128, 128)
-    stack = lambda x: jax.ShapeDtypeStruct((3,) + x.shape, x.dtype)  # noqa: E731
+    specs = _specs("mamba2", 2, 256, 4, 128, 128)
+    stacked = {name: jax.ShapeDtypeStruct((3,) + x.shape, x.dtype) for name, x in specs.items() if name != "initial_state"}
 
-    def batched(q, k, v, g):
-        return jax.vmap(lambda q, k, v, g: fj.mamba2(q, k, v, g, check_values=False, backend="tpu")[0])(q, k, v, g)
+    def batched(arguments):
+        return jax.vmap(lambda x: fj.mamba2(**x, check_values=False, backend="tpu")[0])(arguments)
 
-    text = jax.export.export(jax.jit(batched), platforms=["tpu"])(stack(q), stack(q), stack(v), stack(g)).mlir_module()
+    text = jax.export.export(jax.jit(batched), platforms=["tpu"])(stacked).mlir_module()
     assert text.count("tpu_custom_call") == 1
 
 
@@ -167,6 +169,8 @@ BAD = {
     "nan state": lambda backend: fj.la(Q, Q, Q, initial_state=jnp.zeros((2, 2, 16, 16)).at[0, 1, 2, 3].set(jnp.nan),
                                        backend=backend),
     "retnet gate": lambda backend: fj.retnet(Q, Q, Q, jnp.array([-0.1, jnp.inf]), backend=backend),
+    "beta": lambda backend: fj.deltanet(Q, Q, Q, jnp.zeros((2, 30, 2)).at[0, 7, 1].set(jnp.nan), backend=backend),
+    "kda gate group": lambda backend: fj.kda(Q, Q, Q, G[..., :3], jnp.zeros((2, 30, 2)), backend=backend),
 }
 
 
@@ -177,9 +181,9 @@ def test_bad_input_refused_as_on_the_cpu(case):
 
 
 def test_what_the_tpu_kernels_do_not_take():
-    with pytest.raises(ValueError, match="flat: backend: the TPU kernels run la, retnet, mamba2, gla over dense "
-                                         "batches, got the variant deltanet"):
-        fj.deltanet(Q, Q, Q, jnp.zeros((2, 30, 2)), backend="interpret")
+    with pytest.raises(ValueError, match="flat: backend: the TPU kernels run la, retnet, mamba2, gla, deltanet, "
+                                         "gated_deltanet, kda over dense batches, got the variant gdn2"):
+        fj.gdn2(Q, Q, Q, G, Q, Q, backend="interpret")
     with pytest.raises(ValueError, match="got cu_seqlens; backend='cpu' runs it"):
         fj.gla(Q[:1], Q[:1], Q[:1], G[:1], cu_seqlens=jnp.array([0, 10, 30]), backend="interpret")
     with pytest.raises(ValueError, match="flat: backend: expected one of None, 'cpu', 'tpu', 'interpret'"):
