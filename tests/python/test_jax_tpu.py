@@ -70,6 +70,13 @@ def test_matches_the_oracle(variant, dtype):
     expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=CHUNK[variant]))
 
 
+def test_sla_matches_the_oracle():
+    """sla: kda with one gate value per group of channels (4 of K = 16 here) and q, k, g, beta shared
+    by the value heads, widened and repeated before the kernel."""
+    p = Problem("sla", "float32", B=1, S=40, H=2, K=16, V=8, G=4, heads={"q": 1, "k": 1, "g": 1, "b": 1})
+    expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=32, gate_group=4))
+
+
 @pytest.mark.parametrize("variant", ["gla", "kda"])
 def test_shared_heads_l2norm_and_fast_precision(variant):
     """q and k shared by both heads (GQA), q and k L2-normalised in the kernel, precision="fast"
@@ -107,11 +114,16 @@ def _specs(variant, B, S, N, K, V) -> dict:
         specs["g"] = jax.ShapeDtypeStruct(gate, jnp.float32)
     if variant in ("deltanet", "gated_deltanet", "kda"):
         specs["beta"] = jax.ShapeDtypeStruct((B, S, N), jnp.bfloat16)
+    if variant == "sla":  # q, k, g, beta shared by R = 4 value heads (2 where N is not a multiple of 4)
+        Nk = N // 4 if N % 4 == 0 else N // 2
+        shared = jax.ShapeDtypeStruct((B, S, Nk, K), jnp.bfloat16)
+        specs.update(q=shared, k=shared, g=jax.ShapeDtypeStruct((B, S, Nk, K // 64), jnp.float32),
+                     beta=jax.ShapeDtypeStruct((B, S, Nk), jnp.bfloat16))
     return specs
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS + ("sla",))
 def test_exports_for_the_tpu(variant, shape):
     """Forward, and forward with backward (three kernels: the forward, state passing, gradients),
     lowered to Mosaic for the TPU platform without one (check_values, a host callback, is off: an
@@ -182,7 +194,7 @@ def test_bad_input_refused_as_on_the_cpu(case):
 
 def test_what_the_tpu_kernels_do_not_take():
     with pytest.raises(ValueError, match="flat: backend: the TPU kernels run la, retnet, mamba2, gla, deltanet, "
-                                         "gated_deltanet, kda over dense batches, got the variant gdn2"):
+                                         "gated_deltanet, kda, sla over dense batches, got the variant gdn2"):
         fj.gdn2(Q, Q, Q, G, Q, Q, backend="interpret")
     with pytest.raises(ValueError, match="got cu_seqlens; backend='cpu' runs it"):
         fj.gla(Q[:1], Q[:1], Q[:1], G[:1], cu_seqlens=jnp.array([0, 10, 30]), backend="interpret")

@@ -255,6 +255,13 @@ def _heads_to(x, N: int):
     return x if x.shape[2] == N else jnp.repeat(x, N // x.shape[2], axis=2)
 
 
+# The variants the TPU path runs, each by flat.jax.tpu's kernels of: retnet is mamba2 with its
+# per-head constant broadcast over S; sla is kda once its grouped gate is widened to one value per
+# channel and its shared q, k, g, beta repeated to every value head.
+_TPU_VARIANTS = {"la": "la", "retnet": "mamba2", "mamba2": "mamba2", "gla": "gla", "deltanet": "deltanet",
+                 "gated_deltanet": "gated_deltanet", "kda": "kda", "sla": "kda"}
+
+
 def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_state, sequences, options, interpret):
     """The recurrence by flat.jax.tpu's kernels: the CPU path's checks of shapes, dtypes and options
     (the library's, without running it), then what the kernels do not take refused, then the
@@ -262,9 +269,9 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
     outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, initial_state),
                        sequences.cu_seqlens, sequences.initial_state_indices is not None, options._asdict())
     given = [name for name, x in sequences._asdict().items() if x is not None]
-    if variant not in tpu.VARIANTS or given:
-        what = (f"the variant {variant}" if variant not in tpu.VARIANTS else ", ".join(given))
-        raise ValueError(f"flat: backend: the TPU kernels run {', '.join(tpu.VARIANTS)} over dense batches, got "
+    if variant not in _TPU_VARIANTS or given:
+        what = (f"the variant {variant}" if variant not in _TPU_VARIANTS else ", ".join(given))
+        raise ValueError(f"flat: backend: the TPU kernels run {', '.join(_TPU_VARIANTS)} over dense batches, got "
                          f"{what}; backend='cpu' runs it")
     if options.check_values:
         _check_values("g", g, gate=True)
@@ -286,7 +293,7 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
     q, k, v = _heads_to(q, N), _heads_to(k, N), _heads_to(v, N)
     g, beta = (None if x is None else _heads_to(x.astype(jnp.float32), N) for x in (g, beta))
     scale = options.scale if options.scale is not None else K ** -0.5
-    o, state = tpu.recurrence("mamba2" if variant == "retnet" else variant, q, k, v, g, beta, initial_state,
+    o, state = tpu.recurrence(_TPU_VARIANTS[variant], q, k, v, g, beta, initial_state,
                               scale=scale, chunk=options.chunk or 64, fast=options.precision == "fast",
                               final=output_final_state, interpret=interpret, out_dtype=y.dtype)
     return o, state

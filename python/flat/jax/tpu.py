@@ -1,16 +1,20 @@
-"""The additive variants (la, retnet, mamba2, gla) as Pallas TPU kernels, forward and backward: the
-seed paper's fused block-recurrent forward and its two backward kernels (state passing, then the
-gradients walking the chunks last to first), wired with ``jax.custom_vjp``. flat.jax.ops dispatches
-here with ``backend="tpu"`` (Mosaic, for a TPU) or ``backend="interpret"`` (the same kernels run by
-Pallas's TPU interpreter, on any platform); docs/tpu.md says what runs and how it was checked.
+"""Pallas TPU kernels of flat's variants, forward and backward: the seed paper's fused
+block-recurrent forward and its two backward kernels (state passing, then the gradients walking the
+chunks last to first), wired with ``jax.custom_vjp``, for the additive variants (la, mamba2, gla;
+retnet is mamba2 with a constant gate) and the delta rule (deltanet, gated_deltanet, kda; sla is kda
+with its gate and keys widened), one kernel body parameterised by the gate's kind and the update.
+flat.jax.ops dispatches here with ``backend="tpu"`` (Mosaic, for a TPU) or ``backend="interpret"``
+(the same kernels run by Pallas's TPU interpreter, on any platform); docs/tpu.md says what runs and
+how it was checked.
 
 Layout (one program per batch item, head group and chunk; the chunk axis is sequential):
 
 - q, k [B, S, N*K], v [B, S, N*V]: the projection's layout ([B, S, N, K] reshaped, free), read by
   BlockSpecs of one chunk and G heads, [C, G*K]: a head is a lane-aligned column slice when K is a
   multiple of 128 (the TPU's (8, 128) tiling), so every block is rectangular.
-- the gate: per channel (gla) in the same layout [B, S, N*K], fp32; one value per head (mamba2,
-  retnet broadcast over S) as [B, N/G, S, G], so a chunk's block [C, G] is whole in its last axis.
+- the gate: per channel (gla, kda) in the same layout [B, S, N*K], fp32; one value per head
+  (mamba2, gated_deltanet), and the delta rule's beta, as [B, N/G, S, G], so a chunk's block [C, G]
+  is whole in its last axis.
 - the fp32 state of the program's G heads, [G, K, V], in a VMEM scratch for the whole sequence.
 
 G heads share each MXU dot (a batched dot_general over the head axis): 8 for the per-channel gate,
@@ -25,9 +29,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-# Gate kinds: none (la), one value per head and token (mamba2; retnet's per-head constant is
-# broadcast over S before the kernel), one per channel (gla).
-GATES = {"la": "none", "retnet": "head", "mamba2": "head", "gla": "channel", "deltanet": "none",
+# Gate kinds: none (la, deltanet), one value per head and token (mamba2, gated_deltanet), one per
+# channel (gla, kda).
+GATES = {"la": "none", "mamba2": "head", "gla": "channel", "deltanet": "none",
          "gated_deltanet": "head", "kda": "channel"}
 VARIANTS = tuple(GATES)
 # The delta rule's variants: u = (I + A)^-1 diag(beta) (v - ...) in place of v (below).
@@ -506,7 +510,7 @@ def recurrence(variant: str, q, k, v, g, beta, h0, *, scale: float, chunk: int, 
                interpret: bool, out_dtype):
     """o [B, S, N, V] (out_dtype) and the final state [B, N, K, V] fp32 (None unless final) of a
     variant of VARIANTS on arrays of one head count N: q, k [B, S, N, K], v [B, S, N, V]; g [B, S, N, K]
-    (per channel), [B, S, N] (per head; retnet's constant broadcast over S), None; beta [B, S, N]
+    (per channel), [B, S, N] (per head), None; beta [B, S, N]
     fp32 (the delta rule) or None; h0 [B, N, K, V] fp32 or None. Shapes and options are the
     caller's to have checked (flat.jax.ops checks them as the CPU path)."""
     B, T, N, K = q.shape
