@@ -435,12 +435,17 @@ _pool_conv.defvjp(_no_gradient, _no_gradient)
 
 
 def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, cu_seqlens=None, *,
-         initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+         initial_state_indices=None, final_state_indices=None, token_state_indices=None, backend=None):
     """The short causal depthwise convolution, as flat.torch.conv (activation None, "silu" or "swish"):
-    with final_state_indices or token_state_indices, (y, the pool initial_state updated)."""
+    with final_state_indices or token_state_indices, (y, the pool initial_state updated). backend:
+    as the variants' (BACKENDS)."""
     activation = _args.conv_activation(activation)
+    backend = _backend(backend, x)
     sequences = _sequences(_args.Sequences(cu_seqlens, initial_state_indices, final_state_indices,
                                            token_state_indices), initial_state)
+    if backend != "cpu":
+        return _conv_tpu(activation, x, weight, bias, initial_state, output_final_state, sequences,
+                         interpret=backend == "interpret")
     writes, pool = sequences.writes_pool, initial_state
     if _args.rowless(sequences, pool, x.shape[0]):  # no sequence: the call on the pool's first 0 rows
         initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
@@ -450,6 +455,24 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
                      sequences.initial_state_indices)
     # Without a state (W = 1) the handler's is absent, shape (0,); an empty batch's has its rank.
     return y, (pool if writes else state if output_final_state and state.ndim > 1 else None)
+
+
+def _conv_tpu(activation, x, weight, bias, initial_state, output_final_state, sequences, interpret):
+    """The convolution by flat.jax.tpu's kernel, after the CPU path's checks (the library's, without
+    running it)."""
+    _conv_outputs("conv_forward", activation, x, weight, bias, initial_state, sequences.cu_seqlens,
+                  sequences.initial_state_indices is not None)
+    given = [name for name, x in sequences._asdict().items() if x is not None]
+    if given:
+        raise ValueError(f"flat: backend: the TPU kernels run the convolution over dense batches, got "
+                         f"{', '.join(given)}; backend='cpu' runs it")
+    B, T, C = x.shape
+    W = weight.shape[1]
+    if B == 0 or T == 0:
+        state = jnp.zeros((B, C, W - 1), jnp.float32) if initial_state is None else initial_state
+        return jnp.zeros(x.shape, x.dtype), (state if output_final_state and W > 1 else None)
+    return tpu.conv(x, weight, bias, initial_state, silu=activation == "silu", final=bool(output_final_state),
+                    interpret=interpret)
 
 
 # ---- The output norm and gate ----------------------------------------------------------------

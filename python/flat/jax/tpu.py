@@ -525,3 +525,182 @@ def recurrence(variant: str, q, k, v, g, beta, h0, *, scale: float, chunk: int, 
     o, ht = _recurrence(cfg, jnp.dtype(out_dtype), q.reshape(B, T, N * K), k.reshape(B, T, N * K),
                         v.reshape(B, T, N * V), g, None if beta is None else _per_head_layout(beta, G), h0)
     return o.reshape(B, T, N, V), ht
+
+
+# ---- The short causal convolution --------------------------------------------------------------
+#
+# y_t = act(bias + sum_j w_j * x_{t - (W-1) + j}), depthwise (one tap vector per channel), act SiLU
+# or none: W shifted copies of the block scaled and summed on the VPU, no padding (a depthwise
+# convolution on the MXU would multiply mostly zeros). x [B, S, C] is read in blocks of T_c rows and
+# C_b channels, with a halo of the 8 rows before (the forward, and the backward's recomputed z) and
+# after (the backward's anti-causal correlation): every grid axis is then parallel, no state is
+# carried between grid steps. The rows before the sequence are the initial state's (zero without).
+
+_HALO = 8  # rows of a halo block: one sublane tile, so the W-1 <= 8 rows a window reaches fit one
+
+
+class ConvConfig(NamedTuple):
+    T: int
+    C: int
+    W: int
+    rows: int  # T_c
+    channels: int  # C_b
+    silu: bool
+    interpret: bool
+
+    @property
+    def chunks(self) -> int:
+        return pl.cdiv(self.T, self.rows)
+
+
+def conv_blocks(T: int, C: int):
+    """(T_c, C_b): 256 rows (the paper's) or the whole sequence rounded up to the sublane tile; the
+    largest of 512, 256, 128 channels dividing C, else all C (a block as wide as the array)."""
+    rows = min(256, pl.cdiv(T, _HALO) * _HALO)
+    channels = next((n for n in (512, 256, 128) if C % n == 0), C)
+    return rows, channels
+
+
+def _conv_window(cfg: ConvConfig, refs: dict, x, i):
+    """[W-1 + T_c, C_b] fp32: the W-1 rows before the chunk (the halo's last, or the initial
+    state's at the first chunk), then the chunk's."""
+    if cfg.W == 1:
+        return x
+    before = refs["before"][0, _HALO - (cfg.W - 1):].astype(jnp.float32)
+    first = refs["state0"][0] if "state0" in refs else jnp.zeros_like(before)
+    return jnp.concatenate([jnp.where(i == 0, first, before), x], axis=0)
+
+
+def _conv_z(cfg: ConvConfig, refs: dict, window, rows: int):
+    """z [rows, C_b] of the rows whose windows start at window's rows 0..rows-1."""
+    taps = refs["weight"][...]  # [W, C_b]
+    z = sum(taps[j:j + 1] * window[j:j + rows] for j in range(cfg.W))
+    return z + refs["bias"][...] if "bias" in refs else z
+
+
+def _rows_valid(cfg: ConvConfig, first, rows: int):
+    return (first + jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0)) < cfg.T
+
+
+def _conv_forward_kernel(cfg: ConvConfig, names: tuple, *refs):
+    refs = dict(zip(names, refs))
+    i = pl.program_id(2)
+    x = jnp.where(_rows_valid(cfg, i * cfg.rows, cfg.rows), refs["x"][0].astype(jnp.float32), 0.0)
+    z = _conv_z(cfg, refs, _conv_window(cfg, refs, x, i), cfg.rows)
+    refs["y"][0] = (z * jax.nn.sigmoid(z) if cfg.silu else z).astype(refs["y"].dtype)
+
+
+def _conv_gradient_kernel(cfg: ConvConfig, names: tuple, *refs):
+    """dx of the chunk, and its share of dweight, dbias and (the first chunk) the initial state's
+    gradient: dz = dy act'(z), z recomputed, over the chunk and the W-1 rows after it (their z from
+    the chunk's last inputs and the halo after)."""
+    refs = dict(zip(names, refs))
+    i = pl.program_id(2)
+    Tc, W = cfg.rows, cfg.W
+    x = jnp.where(_rows_valid(cfg, i * Tc, Tc), refs["x"][0].astype(jnp.float32), 0.0)
+    dy = jnp.where(_rows_valid(cfg, i * Tc, Tc), refs["dy"][0].astype(jnp.float32), 0.0)
+    window = _conv_window(cfg, refs, x, i)  # [W-1 + T_c, C_b]
+    if W > 1:  # the W-1 rows after the chunk, past the sequence's end zeroed
+        after = _rows_valid(cfg, (i + 1) * Tc, _HALO)
+        window = jnp.concatenate([window, jnp.where(after, refs["after"][0].astype(jnp.float32), 0.0)], axis=0)
+        dy = jnp.concatenate([dy, jnp.where(after, refs["dy_after"][0].astype(jnp.float32), 0.0)], axis=0)
+    z = _conv_z(cfg, refs, window, Tc + _HALO if W > 1 else Tc)  # [T_c (+ 8), C_b]
+    if cfg.silu:
+        sigma = jax.nn.sigmoid(z)
+        dz = dy * sigma * (1 + z * (1 - sigma))
+    else:
+        dz = dy
+    taps = refs["weight"][...]
+    # dx_t = sum_j w_j dz_{t + W-1-j}: the anti-causal correlation, the same taps.
+    refs["dx"][0] = sum(taps[j:j + 1] * dz[W - 1 - j:W - 1 - j + Tc] for j in range(W)).astype(refs["dx"].dtype)
+    # dw_j = sum_t x_{t - (W-1) + j} dz_t over the chunk's rows: the forward's shifted copies again.
+    refs["dweight"][0, 0] = jnp.concatenate(
+        [jnp.sum(window[j:j + Tc] * dz[:Tc], axis=0, keepdims=True) for j in range(W)], axis=0)
+    if "dbias" in refs:
+        refs["dbias"][0, 0] = jnp.sum(dz[:Tc], axis=0, keepdims=True)
+    if "dstate0" in refs:
+        # The initial state's row r is x_{r - (W-1)}: sum_j w_j dz_{r - j}, from the first chunk.
+        @pl.when(i == 0)
+        def _():
+            refs["dstate0"][0] = jnp.concatenate(
+                [sum(taps[j:j + 1] * dz[r - j:r - j + 1] for j in range(r + 1)) for r in range(W - 1)], axis=0)
+
+
+def _conv_call(kernel, cfg: ConvConfig, inputs: dict, outputs: dict, semantics: tuple):
+    inputs = {name: x for name, x in inputs.items() if x is not None}
+    outputs = {name: x for name, x in outputs.items() if x is not None}
+    Tc, Cb, W = cfg.rows, cfg.channels, cfg.W
+    last_halo = pl.cdiv(cfg.T, _HALO) - 1
+    per = Tc // _HALO  # halo blocks per chunk
+    tokens = pl.BlockSpec((1, Tc, Cb), lambda b, c, i: (b, i, c))
+    before = pl.BlockSpec((1, _HALO, Cb), lambda b, c, i: (b, jnp.maximum(i * per - 1, 0), c))
+    after = pl.BlockSpec((1, _HALO, Cb), lambda b, c, i: (b, jnp.minimum((i + 1) * per, last_halo), c))
+    partial_sums = lambda rows: pl.BlockSpec((1, 1, rows, Cb), lambda b, c, i: (b, i, 0, c))  # noqa: E731
+    specs = dict(x=tokens, before=before, after=after, dy=tokens, dy_after=after,
+                 state0=pl.BlockSpec((1, W - 1, Cb), lambda b, c, i: (b, 0, c)),
+                 weight=pl.BlockSpec((W, Cb), lambda b, c, i: (0, c)), bias=pl.BlockSpec((1, Cb), lambda b, c, i: (0, c)),
+                 y=tokens, dx=tokens, dweight=partial_sums(W), dbias=partial_sums(1))
+    specs["dstate0"] = specs["state0"]
+    B = inputs["x"].shape[0]
+    results = pl.pallas_call(
+        partial(kernel, cfg, tuple(inputs) + tuple(outputs)), grid=(B, cfg.C // Cb, cfg.chunks),
+        in_specs=[specs[name] for name in inputs], out_specs=[specs[name] for name in outputs],
+        out_shape=list(outputs.values()),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+        interpret=pltpu.InterpretParams() if cfg.interpret else False)(*inputs.values())
+    return dict(zip(outputs, results))
+
+
+def _halos(cfg: ConvConfig, x):
+    return dict(before=x) if cfg.W > 1 else {}
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _conv(cfg: ConvConfig, x, weight, bias, state0):
+    return _conv_call(_conv_forward_kernel, cfg, dict(x=x, **_halos(cfg, x), state0=state0, weight=weight, bias=bias),
+                      dict(y=jax.ShapeDtypeStruct(x.shape, x.dtype)), ("parallel",) * 3)["y"]
+
+
+def _conv_vjp_forward(cfg, x, weight, bias, state0):
+    return _conv(cfg, x, weight, bias, state0), (x, weight, bias, state0)
+
+
+def _conv_vjp_backward(cfg, saved, dy):
+    x, weight, bias, state0 = saved
+    B = x.shape[0]
+    halos = dict(before=x, after=x, dy_after=dy) if cfg.W > 1 else {}
+    sums = lambda rows: jax.ShapeDtypeStruct((B, cfg.chunks, rows, cfg.C), jnp.float32)  # noqa: E731
+    grads = _conv_call(_conv_gradient_kernel, cfg,
+                       dict(x=x, dy=dy, **halos, state0=state0, weight=weight, bias=bias),
+                       dict(dx=jax.ShapeDtypeStruct(x.shape, x.dtype), dweight=sums(cfg.W),
+                            dbias=None if bias is None else sums(1),
+                            dstate0=None if state0 is None else jax.ShapeDtypeStruct(state0.shape, jnp.float32)),
+                       # The chunk axis (last) sequential: the initial state's gradient, one block written
+                       # by the first chunk, stays resident across it (split across cores, it would not).
+                       ("parallel", "parallel", "arbitrary"))
+    dbias = None if bias is None else jnp.sum(grads["dbias"], axis=(0, 1))
+    return grads["dx"], jnp.sum(grads["dweight"], axis=(0, 1)), dbias, grads.get("dstate0")
+
+
+_conv.defvjp(_conv_vjp_forward, _conv_vjp_backward)
+
+
+def conv(x, weight, bias, state0, *, silu: bool, final: bool, interpret: bool):
+    """The short convolution's y [B, S, C] (x's dtype) and final state [B, C, W-1] fp32 (None unless
+    final, or W = 1) on x [B, S, C], weight [C, W] fp32, bias [C] or None, state0 [B, C, W-1] fp32 or
+    None, checked by the caller. The final state, the last W-1 inputs, is a slice XLA takes (and
+    differentiates)."""
+    B, T, C = x.shape
+    W = weight.shape[1]
+    if W - 1 > _HALO:
+        raise ValueError(f"flat: weight: the TPU kernel's windows reach back at most {_HALO} rows, expected W <= "
+                         f"{_HALO + 1}, got W = {W}; backend='cpu' runs it")
+    rows, channels = conv_blocks(T, C)
+    cfg = ConvConfig(T, C, W, rows, channels, bool(silu), bool(interpret))
+    before = None if state0 is None else jnp.swapaxes(state0, 1, 2)  # [B, W-1, C]: time-major rows
+    y = _conv(cfg, x, jnp.swapaxes(weight, 0, 1), None if bias is None else bias.reshape(1, C), before)
+    if not final or W == 1:
+        return y, None
+    start = jnp.zeros((B, W - 1, C), jnp.float32) if before is None else before
+    last = jnp.concatenate([start, x.astype(jnp.float32)], axis=1)[:, T:]  # the last W-1 inputs
+    return y, jnp.swapaxes(last, 1, 2)
