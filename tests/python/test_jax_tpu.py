@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import flat.jax as fj
 from flat.bench.__main__ import main
-from oracle import BOUNDS, Problem, bound, expect_close
+from oracle import BOUNDS, Problem, bound, expect_close, reference, round_to
 
 VARIANTS = ("la", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -98,6 +98,40 @@ def test_la_normalize_matches_float64():
     expect_close("o", np.asarray(o), want, BOUNDS["float32"][0])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_conv_matches_the_oracle(dtype):
+    """The short convolution across chunks: S = 600 in chunks of 256 (the last partial), each
+    chunk's window reaching into the one before and its gradient into the one after; float32 with
+    a bias and an initial state, bfloat16 without either (W = 3)."""
+    rng = np.random.default_rng(3)
+    B, T, C, W = 2, 600, 24, 4 if dtype == "float32" else 3
+    full = dtype == "float32"
+    x, dy = (round_to(rng.standard_normal((B, T, C)), dtype) for _ in range(2))
+    weight = round_to(rng.standard_normal((C, W)), "float32")
+    bias = round_to(rng.standard_normal(C), "float32") if full else np.zeros(C)
+    state0 = round_to(rng.standard_normal((B, C, W - 1)), "float32") if full else np.zeros((B, C, W - 1))
+    dstate = round_to(rng.standard_normal((B, C, W - 1)), "float32")
+    want = reference.reference_conv(B, T, C, W, "silu", x, weight, bias, state0, dy, dstate)
+    arguments = dict(x=jnp.asarray(x, DTYPES[dtype]), weight=jnp.asarray(weight, jnp.float32))
+    if full:
+        arguments.update(bias=jnp.asarray(bias, jnp.float32), initial_state=jnp.asarray(state0, jnp.float32))
+
+    @jax.jit
+    def run(arguments):
+        (y, state), pullback = jax.vjp(lambda a: fj.conv(**a, output_final_state=True, activation="silu",
+                                                         backend="interpret"), arguments)
+        return y, state, pullback((jnp.asarray(dy, DTYPES[dtype]), jnp.asarray(dstate, jnp.float32)))[0]
+
+    y, state, grads = run(arguments)
+    out_bound, grad_bound = (1e-5, 1e-5) if full else BOUNDS[dtype]
+    got = dict(y=y, state=state, dx=grads["x"], dweight=grads["weight"], dbias=grads.get("bias"),
+               dstate0=grads.get("initial_state"))
+    for name, expected in zip(("y", "state", "dx", "dweight", "dbias", "dstate0"), want):
+        if got[name] is not None:
+            expect_close(name, np.asarray(got[name].astype(jnp.float32)), expected,
+                         out_bound if name in ("y", "state") else grad_bound)
+
+
 # ---- Lowered for the TPU ----------------------------------------------------------------------
 
 SHAPES = {"paper": (8, 4096, 16, 128, 128, 64), "awkward": (3, 1000, 6, 64, 96, 48)}
@@ -144,6 +178,27 @@ def test_exports_for_the_tpu(variant, shape):
         assert text.count("tpu_custom_call") == calls, f"{f.__name__}: {text.count('tpu_custom_call')} Mosaic calls"
 
 
+@pytest.mark.parametrize("shape", [(8, 4096, 2048, 4), (3, 1000, 200, 3)])
+def test_conv_exports_for_the_tpu(shape):
+    """The convolution at the paper's shape (B=8, S=4096, 2048 channels, W=4, bf16) and an awkward
+    one: forward (one Mosaic call) and with backward (two)."""
+    B, T, C, W = shape
+    specs = dict(x=jax.ShapeDtypeStruct((B, T, C), jnp.bfloat16), weight=jax.ShapeDtypeStruct((C, W), jnp.float32),
+                 bias=jax.ShapeDtypeStruct((C,), jnp.float32),
+                 initial_state=jax.ShapeDtypeStruct((B, C, W - 1), jnp.float32))
+
+    def forward(arguments):
+        return fj.conv(**arguments, output_final_state=True, activation="silu", backend="tpu")
+
+    def backward(arguments):
+        (y, state), pullback = jax.vjp(forward, arguments)
+        return y, pullback((jnp.ones_like(y), jnp.ones_like(state)))
+
+    for f, calls in ((forward, 1), (backward, 2)):
+        text = jax.export.export(jax.jit(f), platforms=["tpu"])(specs).mlir_module()
+        assert text.count("tpu_custom_call") == calls, f"{f.__name__}: {text.count('tpu_custom_call')} Mosaic calls"
+
+
 def test_vmap_lowers_for_the_tpu():
     """jax.vmap over a leading axis: Pallas's batching adds a grid axis, which Mosaic's lowering
     takes (TPU interpret mode does not: it is checked lowered, not run)."""
@@ -183,6 +238,10 @@ BAD = {
     "retnet gate": lambda backend: fj.retnet(Q, Q, Q, jnp.array([-0.1, jnp.inf]), backend=backend),
     "beta": lambda backend: fj.deltanet(Q, Q, Q, jnp.zeros((2, 30, 2)).at[0, 7, 1].set(jnp.nan), backend=backend),
     "kda gate group": lambda backend: fj.kda(Q, Q, Q, G[..., :3], jnp.zeros((2, 30, 2)), backend=backend),
+    "conv weight": lambda backend: fj.conv(Q[:, :, 0], jnp.zeros((16, 4), jnp.bfloat16), backend=backend),
+    "conv state": lambda backend: fj.conv(Q[:, :, 0], jnp.zeros((16, 4)), initial_state=jnp.zeros((2, 16, 4)),
+                                          backend=backend),
+    "conv activation": lambda backend: fj.conv(Q[:, :, 0], jnp.zeros((16, 4)), activation="relu", backend=backend),
 }
 
 

@@ -205,12 +205,12 @@ def context_parallel(axis_name, backend=None) -> SimpleNamespace:
     """flat.jax's variant functions, each running one sequence split along T across the shards of
     the mesh axis `axis_name`, to be called inside jax.shard_map with T sharded over it. See the
     module's docstring (python/flat/jax/parallel.py) and docs/python.md, "Context
-    parallelism". backend: each shard's run, as flat.jax's backend= (ops.BACKENDS; None: the
-    platform's, TPU kernels on a TPU); the convolution runs the C++ library."""
+    parallelism". backend: each shard's run (the convolution's too), as flat.jax's backend=
+    (ops.BACKENDS; None: the platform's, TPU kernels on a TPU)."""
     if not (backend is None or isinstance(backend, str)) or backend not in ops.BACKENDS:
         ops._backend(backend, None)
     functions = _api.variant_functions(_context_parallel_run(partial(ops._run, backend=backend), axis_name), ops._XP)
     functions["la"] = _api.without_normalize(functions["la"], _NAME)
-    functions["conv"] = _context_parallel_conv(ops.conv, axis_name)
+    functions["conv"] = _context_parallel_conv(partial(ops.conv, backend=backend), axis_name)
     functions["conv"].__doc__ = ops.conv.__doc__
     return SimpleNamespace(**functions)
