@@ -2,7 +2,8 @@
 block-recurrent forward and its two backward kernels (state passing, then the gradients walking the
 chunks last to first), wired with ``jax.custom_vjp``, for the additive variants (la, mamba2, gla;
 retnet is mamba2 with a constant gate) and the delta rule (deltanet, gated_deltanet, kda; sla is kda
-with its gate and keys widened), one kernel body parameterised by the gate's kind and the update.
+with its gate and keys widened), one kernel body parameterised by the gate's kind and the update;
+and the short causal convolution (its section below).
 flat.jax.ops dispatches here with ``backend="tpu"`` (Mosaic, for a TPU) or ``backend="interpret"``
 (the same kernels run by Pallas's TPU interpreter, on any platform); docs/tpu.md says what runs and
 how it was checked.
