@@ -222,25 +222,33 @@ def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, 
     return o, (pool if writes else final_state if output_final_state else None)
 
 
-def _refuse_values(name: str, gate: bool, shape: tuple, bad, at, value) -> None:
+def _refuse_values(checks: tuple, *found) -> None:
     """Raises the library's refusal of a value (src/validate.cpp's refuse_value) for the first bad
-    element, at flat index `at` of an array of `shape`."""
-    if bool(bad):
-        index = ", ".join(str(int(i)) for i in np.unravel_index(int(at), shape))
-        raise ValueError(f"flat: {name}: expected finite values{' <= 0 (log-space gates)' if gate else ''}, got "
-                         f"{float(value):g} at [{index}]")
+    element of the first array refused, in the library's order: checks ((name, gate, shape), ..),
+    found (bad, flat index, value) for each."""
+    for (name, gate, shape), bad, at, value in zip(checks, found[0::3], found[1::3], found[2::3]):
+        if bool(bad):
+            index = ", ".join(str(int(i)) for i in np.unravel_index(int(at), shape))
+            raise ValueError(f"flat: {name}: expected finite values{' <= 0 (log-space gates)' if gate else ''}, got "
+                             f"{float(value):g} at [{index}]")
 
 
-def _check_values(name: str, x, gate: bool) -> None:
-    """check_values on the TPU path, as the library checks it on the CPU: the first gate above 0 or
-    non-finite value found on the device, one element of which goes to the host (a callback), which
-    raises where the call runs."""
-    if x is None or x.size == 0:
-        return
-    flat = x.reshape(-1).astype(jnp.float32)
-    bad = ~jnp.isfinite(flat) | (flat > 0) if gate else ~jnp.isfinite(flat)
-    at = jnp.argmax(bad)
-    jax.debug.callback(partial(_refuse_values, name, gate, tuple(x.shape)), bad[at], at, flat[at])
+def _check_values(arrays) -> None:
+    """check_values on the TPU path, as the library checks it on the CPU: for each (name, array,
+    whether a log-space gate) given, in the library's order, the first gate above 0 or non-finite
+    value found on the device, one element of each going to the host in one callback, which raises
+    where the call runs."""
+    checks, found = [], []
+    for name, x, gate in arrays:
+        if x is None or x.size == 0:
+            continue
+        flat = x.reshape(-1).astype(jnp.float32)
+        bad = ~jnp.isfinite(flat) | (flat > 0) if gate else ~jnp.isfinite(flat)
+        at = jnp.argmax(bad)
+        checks.append((name, gate, tuple(x.shape)))
+        found += [bad[at], at, flat[at]]
+    if checks:
+        jax.debug.callback(partial(_refuse_values, tuple(checks)), *found)
 
 
 def _l2norm(x):
@@ -274,9 +282,7 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
         raise ValueError(f"flat: backend: the TPU kernels run {', '.join(_TPU_VARIANTS)} over dense batches, got "
                          f"{what}; backend='cpu' runs it")
     if options.check_values:
-        _check_values("g", g, gate=True)
-        _check_values("beta", beta, gate=False)
-        _check_values("initial_state", initial_state, gate=False)
+        _check_values((("g", g, True), ("beta", beta, False), ("initial_state", initial_state, False)))
     y = outputs["y"]
     B, T, N, V = y.shape
     K = q.shape[3]

@@ -113,16 +113,27 @@ def _ones(C: int, block: int, upper: bool):
     j >= i (upper): the within-block prefix (suffix) sum as one dot."""
     i = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
     j = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
-    same = jax.lax.div(i, block) == jax.lax.div(j, block)  # truncating (i, j >= 0): floor division's sign test
-    # lowers through the chip's description, which export without a TPU lacks
+    # Truncating division (i, j >= 0): floor division's sign test lowers through the chip's
+    # description, which an export without a TPU lacks.
+    same = jax.lax.div(i, block) == jax.lax.div(j, block)
     return jnp.where(same & ((j >= i) if upper else (j <= i)), 1.0, 0.0).astype(jnp.float32)
+
+
+def _pairs(c: int):
+    """[1, c, c] each: the row t and the column s of a sub-block's scores."""
+    return jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 1), jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 2)
 
 
 def _causal(c: int):
     """[1, c, c]: s <= t, the causal mask of a sub-block's scores."""
-    t = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 1)
-    s = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 2)
+    t, s = _pairs(c)
     return s <= t
+
+
+def _strict(c: int):
+    """[1, c, c]: s < t, the delta rule's solve's."""
+    t, s = _pairs(c)
+    return s < t
 
 
 # ---- One sub-block of c rows: the recurrence's chunkwise form and its gradient -------------------
@@ -203,19 +214,11 @@ def _gradient(S, dS, q, k, u, do, gam, c: int, scale: float, fast: bool):
     return dq, dk, du, dS_in
 
 
-def _strict(c: int):
-    """[1, c, c]: s < t."""
-    t = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 1)
-    s = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 2)
-    return s < t
-
-
 def _inverse(A, c: int):
     """(I + A)^-1 [G, c, c] of a strictly lower triangular A, by doubling: the product of
     (I + (-A)^(2^i)) over i < log2(c) is the whole Neumann series, exact because A^c = 0; 2 log2(c)
     dots on the MXU, at HIGHEST precision (the solve's error would reach every value)."""
-    t = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 1)
-    s = jax.lax.broadcasted_iota(jnp.int32, (1, c, c), 2)
+    t, s = _pairs(c)
     power = -A
     inverse = jnp.where(t == s, 1.0, 0.0) + power
     for _ in range(max(c - 1, 1).bit_length() - 1):
