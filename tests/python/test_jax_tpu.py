@@ -17,16 +17,16 @@ import flat.jax as fj
 from flat.bench.__main__ import main
 from oracle import BOUNDS, Problem, bound, expect_close, reference, round_to
 
-VARIANTS = ("la", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda")
+VARIANTS = ("la", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda", "gdn2")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 NAMES_IN = ("q", "k", "v", "g", "beta", "b", "w", "initial_state")
 
 
 def arrays(p: Problem) -> dict:
     """The problem's inputs as JAX arrays (gates and states float32), by argument name."""
-    q, k, v, g, beta, _, _, h0 = p.inputs()
+    q, k, v, g, beta, b, w, h0 = p.inputs()
     values = dict(q=(q, p.dtype), k=(k, p.dtype), v=(v, p.dtype), g=(g, "float32"), beta=(beta, p.dtype),
-                  initial_state=(h0, "float32"))
+                  b=(b, p.dtype), w=(w, p.dtype), initial_state=(h0, "float32"))
     return {name: jnp.asarray(x, DTYPES[dtype]) for name, (x, dtype) in values.items() if x is not None}
 
 
@@ -54,9 +54,10 @@ def expect_oracle(p: Problem, got, precision="exact", l2norm=False):
                          bound("d" + name, p.dtype, precision))
 
 
-# Chunks of 16 rows; a per-channel gate's chunk of 32 (gla, kda) holds two sub-blocks of 16 (its
+# Chunks of 16 rows; a per-channel gate's chunk of 32 (gla, kda, gdn2) holds two sub-blocks of 16 (its
 # pairwise decays).
-CHUNK = {"la": 16, "retnet": 16, "mamba2": 16, "gla": 32, "deltanet": 16, "gated_deltanet": 16, "kda": 32}
+CHUNK = {"la": 16, "retnet": 16, "mamba2": 16, "gla": 32, "deltanet": 16, "gated_deltanet": 16, "kda": 32,
+         "gdn2": 32}
 
 
 # retnet runs mamba2's kernels (its constant gate broadcast over S): float32 alone checks the wiring.
@@ -147,11 +148,13 @@ def _specs(variant, B, S, N, K, V) -> dict:
     specs = dict(q=q, k=q, v=jax.ShapeDtypeStruct((B, S, N, V), jnp.bfloat16),
                  initial_state=jax.ShapeDtypeStruct((B, N, K, V), jnp.float32))
     gate = {"retnet": (N,), "mamba2": (B, S, N), "gated_deltanet": (B, S, N), "gla": (B, S, N, K),
-            "kda": (B, S, N, K)}.get(variant)
+            "kda": (B, S, N, K), "gdn2": (B, S, N, K)}.get(variant)
     if gate is not None:
         specs["g"] = jax.ShapeDtypeStruct(gate, jnp.float32)
     if variant in ("deltanet", "gated_deltanet", "kda"):
         specs["beta"] = jax.ShapeDtypeStruct((B, S, N), jnp.bfloat16)
+    if variant == "gdn2":
+        specs.update(b=specs["q"], w=specs["v"])
     if variant == "sla":  # q, k, g, beta shared by R = 4 value heads (2 where N is not a multiple of 4)
         Nk = N // 4 if N % 4 == 0 else N // 2
         shared = jax.ShapeDtypeStruct((B, S, Nk, K), jnp.bfloat16)
@@ -243,6 +246,7 @@ BAD = {
     "gate under jit": lambda backend: jax.jit(lambda g: fj.gla(Q, Q, Q, g, backend=backend)[0])(G.at[0, 1].set(2.0)),
     "gate and state": lambda backend: fj.mamba2(Q, Q, Q, G[..., 0].at[0, 2, 1].set(jnp.nan),
                                                 initial_state=jnp.full((2, 2, 16, 16), jnp.inf), backend=backend),
+    "gdn2 write gate": lambda backend: fj.gdn2(Q, Q, Q, G, Q, Q.at[1, 2, 0, 3].set(jnp.inf), backend=backend),
     "beta": lambda backend: fj.deltanet(Q, Q, Q, jnp.zeros((2, 30, 2)).at[0, 7, 1].set(jnp.nan), backend=backend),
     "kda gate group": lambda backend: fj.kda(Q, Q, Q, G[..., :3], jnp.zeros((2, 30, 2)), backend=backend),
     "conv weight": lambda backend: fj.conv(Q[:, :, 0], jnp.zeros((16, 4), jnp.bfloat16), backend=backend),
@@ -259,11 +263,13 @@ def test_bad_input_refused_as_on_the_cpu(case):
 
 
 def test_what_the_tpu_kernels_do_not_take():
-    with pytest.raises(ValueError, match="flat: backend: the TPU kernels run la, retnet, mamba2, gla, deltanet, "
-                                         "gated_deltanet, kda, sla over dense batches, got the variant gdn2"):
-        fj.gdn2(Q, Q, Q, G, Q, Q, backend="interpret")
-    with pytest.raises(ValueError, match="got cu_seqlens; backend='cpu' runs it"):
+    with pytest.raises(ValueError, match="flat: backend: the TPU kernels run dense batches, got cu_seqlens; "
+                                         "backend='cpu' runs it"):
         fj.gla(Q[:1], Q[:1], Q[:1], G[:1], cu_seqlens=jnp.array([0, 10, 30]), backend="interpret")
+    with pytest.raises(ValueError, match="flat: backend: the TPU kernels run dense batches, got "
+                                         "initial_state_indices"):
+        fj.conv(Q[:, :, 0], jnp.zeros((16, 4)), initial_state=jnp.zeros((3, 16, 3)),
+                initial_state_indices=jnp.array([2, 0]), backend="interpret")
     with pytest.raises(ValueError, match="flat: backend: expected one of None, 'cpu', 'tpu', 'interpret'"):
         fj.gla(Q, Q, Q, G, backend="gpu")
     with pytest.raises(ValueError, match="flat: backend: 'tpu' runs the Pallas kernels compiled for a TPU, got "

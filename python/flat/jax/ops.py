@@ -263,11 +263,13 @@ def _heads_to(x, N: int):
     return x if x.shape[2] == N else jnp.repeat(x, N // x.shape[2], axis=2)
 
 
-# The variants the TPU path runs, each by flat.jax.tpu's kernels of: retnet is mamba2 with its
-# per-head constant broadcast over S; sla is kda once its grouped gate is widened to one value per
-# channel and its shared q, k, g, beta repeated to every value head.
-_TPU_VARIANTS = {"la": "la", "retnet": "mamba2", "mamba2": "mamba2", "gla": "gla", "deltanet": "deltanet",
-                 "gated_deltanet": "gated_deltanet", "kda": "kda", "sla": "kda"}
+# Each variant by flat.jax.tpu's kernels of: retnet is mamba2 with its per-head constant broadcast
+# over S; sla is kda once its grouped gate is widened to one value per channel and its shared q, k,
+# g, beta repeated to every value head.
+_TPU_VARIANTS = {**{name: name for name in tpu.VARIANTS}, "retnet": "mamba2", "sla": "kda"}
+if set(_TPU_VARIANTS) != set(_args.GATE):
+    raise ImportError(f"flat.jax: the TPU path's variants {sorted(_TPU_VARIANTS)} are not the library's "
+                      f"{sorted(_args.GATE)}")
 
 
 def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_state, sequences, options, interpret):
@@ -277,12 +279,12 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
     outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, initial_state),
                        sequences.cu_seqlens, sequences.initial_state_indices is not None, options._asdict())
     given = [name for name, x in sequences._asdict().items() if x is not None]
-    if variant not in _TPU_VARIANTS or given:
-        what = (f"the variant {variant}" if variant not in _TPU_VARIANTS else ", ".join(given))
-        raise ValueError(f"flat: backend: the TPU kernels run {', '.join(_TPU_VARIANTS)} over dense batches, got "
-                         f"{what}; backend='cpu' runs it")
+    if given:
+        raise ValueError(f"flat: backend: the TPU kernels run dense batches, got {', '.join(given)}; backend='cpu' "
+                         "runs it")
     if options.check_values:
-        _check_values((("g", g, True), ("beta", beta, False), ("initial_state", initial_state, False)))
+        _check_values((("g", g, True), ("beta", beta, False), ("b", b, False), ("w", w, False),
+                       ("initial_state", initial_state, False)))
     y = outputs["y"]
     B, T, N, V = y.shape
     K = q.shape[3]
@@ -296,10 +298,10 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
         g = jnp.broadcast_to(g.astype(jnp.float32), (B, T, g.shape[0]))
     if g is not None and g.ndim == 4 and g.shape[3] != K:  # a gate per group of channels, to one per channel
         g = jnp.repeat(g, K // g.shape[3], axis=3)
-    q, k, v = _heads_to(q, N), _heads_to(k, N), _heads_to(v, N)
+    q, k, v, b, w = (None if x is None else _heads_to(x, N) for x in (q, k, v, b, w))
     g, beta = (None if x is None else _heads_to(x.astype(jnp.float32), N) for x in (g, beta))
     scale = options.scale if options.scale is not None else K ** -0.5
-    o, state = tpu.recurrence(_TPU_VARIANTS[variant], q, k, v, g, beta, initial_state,
+    o, state = tpu.recurrence(_TPU_VARIANTS[variant], q, k, v, g, beta, b, w, initial_state,
                               scale=scale, chunk=options.chunk or 64, fast=options.precision == "fast",
                               final=output_final_state, interpret=interpret, out_dtype=y.dtype)
     return o, state
@@ -470,8 +472,8 @@ def _conv_tpu(activation, x, weight, bias, initial_state, output_final_state, se
                   sequences.initial_state_indices is not None)
     given = [name for name, x in sequences._asdict().items() if x is not None]
     if given:
-        raise ValueError(f"flat: backend: the TPU kernels run the convolution over dense batches, got "
-                         f"{', '.join(given)}; backend='cpu' runs it")
+        raise ValueError(f"flat: backend: the TPU kernels run dense batches, got {', '.join(given)}; backend='cpu' "
+                         "runs it")
     B, T, C = x.shape
     W = weight.shape[1]
     if B == 0 or T == 0:

@@ -33,10 +33,11 @@ from jax.experimental.pallas import tpu as pltpu
 # Gate kinds: none (la, deltanet), one value per head and token (mamba2, gated_deltanet), one per
 # channel (gla, kda).
 GATES = {"la": "none", "mamba2": "head", "gla": "channel", "deltanet": "none",
-         "gated_deltanet": "head", "kda": "channel"}
+         "gated_deltanet": "head", "kda": "channel", "gdn2": "channel"}
 VARIANTS = tuple(GATES)
-# The delta rule's variants: u = (I + A)^-1 diag(beta) (v - ...) in place of v (below).
-DELTA = ("deltanet", "gated_deltanet", "kda")
+# Updates other than the additive one: the delta rule's and GDN-2's erase and write gates, whose
+# values u = (I + A)^-1 (vw - ...) take v's place (below).
+UPDATES = {"deltanet": "delta", "gated_deltanet": "delta", "kda": "delta", "gdn2": "erase_write"}
 
 # Rows of a sub-block for the per-channel gate: its pairwise decays are a [G, c, c, K] tensor on the
 # VPU, and its rows are the only ones whose decays are not factored through the carried state.
@@ -48,7 +49,7 @@ class Config(NamedTuple):
     """A call's static shape and options (hashable: custom_vjp's and pallas_call's static part)."""
 
     gate: str  # GATES' kinds
-    delta: bool  # the delta rule's update (DELTA) or the additive one
+    update: str  # "additive", or UPDATES' kinds
     T: int
     N: int
     K: int
@@ -227,31 +228,29 @@ def _inverse(A, c: int):
     return inverse
 
 
-def _delta_values(S, k, v, beta, gam, c: int, fast: bool):
-    """The delta rule's values u [G, c, V] of a sub-block from its S_in, and what its gradient
-    reuses: (u, (I + A)^-1, w = v - (k e^gam) S_in, the scores <k_t, k_s e^(gam_t - gam_s)>)."""
+def _delta_values(S, k, kr, vw, gam, c: int, fast: bool):
+    """The values u [G, c, V] of a sub-block from its S_in, with read keys kr and written values vw
+    (the delta rule's beta k and beta v; GDN-2's b * k and w * v):
+    u = (I + A)^-1 (vw - (kr e^gam) S_in), A_ts = <kr_t, k_s e^(gam_t - gam_s)> for s < t; and
+    (I + A)^-1, which the gradient reuses."""
     decay = None if gam is None else _decays(gam, c)
-    a = jnp.where(_strict(c), _scores(k, k, decay, c, fast), 0.0)
-    inverse = _inverse(beta * a, c)
-    w = v - _dot(k if gam is None else k * jnp.exp(gam), S, (2, 1), fast)
-    return _dot(inverse, beta * w, (2, 1), False), inverse, w, a
+    inverse = _inverse(jnp.where(_strict(c), _scores(kr, k, decay, c, fast), 0.0), c)
+    read = _dot(kr if gam is None else kr * jnp.exp(gam), S, (2, 1), fast)
+    return _dot(inverse, vw - read, (2, 1), False), inverse
 
 
-def _delta_gradient(S, k, u, du, beta, gam, solved, c: int, fast: bool):
-    """Back through u = (I + A)^-1 diag(beta) w: (dv, dbeta [G, c, 1], dk, dk_left, dS_in's term),
-    dk_left the part of dk through k_t's own decay e^gam_t (the decayed read of S_in and the
-    scores' left operand), which the gate's gradient counts with the opposite sign."""
-    inverse, w, a = solved
+def _delta_gradient(S, k, kr, u, du, gam, inverse, c: int, fast: bool):
+    """Back through _delta_values: (dvw, dkr, dk, dS_in's term), dk the gradient through the
+    scores' right operand k_s (whose decay the gate's gradient counts with a minus; kr's, through
+    e^gam_t, with a plus)."""
     decay = None if gam is None else _decays(gam, c)
-    dy = _dot(inverse, du, (1, 1), False)  # (I + A)^-T du
-    dA = -jnp.where(_strict(c), _dot(dy, u, (2, 2), False), 0.0)
-    dbeta = jnp.sum(dy * w, axis=2, keepdims=True) + jnp.sum(dA * a, axis=2, keepdims=True)
-    dw = beta * dy
-    kd = k if gam is None else k * jnp.exp(gam)
-    from_read = -_dot(dw, S, (2, 2), fast)  # d(k e^gam) [G, c, K]
-    left, right = _score_gradients(beta * dA, k, k, decay, fast)
-    dk_left = left + (from_read if gam is None else from_read * jnp.exp(gam))
-    return dw, dbeta, dk_left + right, dk_left, -_dot(kd, dw, (1, 1), fast)
+    dvw = _dot(inverse, du, (1, 1), False)  # (I + A)^-T du
+    dA = -jnp.where(_strict(c), _dot(dvw, u, (2, 2), False), 0.0)
+    dkr, dk = _score_gradients(dA, kr, k, decay, fast)
+    from_read = -_dot(dvw, S, (2, 2), fast)  # d(kr e^gam) [G, c, K]
+    krd = kr if gam is None else kr * jnp.exp(gam)
+    dkr = dkr + (from_read if gam is None else from_read * jnp.exp(gam))
+    return dvw, dkr, dk, -_dot(krd, dvw, (1, 1), fast)
 
 
 # ---- Blocks in and out of VMEM -----------------------------------------------------------------
@@ -302,20 +301,38 @@ def _per_head(ref, valid):
 
 
 def _chunk(cfg: Config, refs: dict, valid):
-    """The chunk's k, v [G, C, K or V], gate prefix and beta (None where the variant has none)."""
+    """The chunk's k, v [G, C, K or V], gate prefix (None without a gate) and the update's own
+    inputs, fp32: {} (additive), beta [G, C, 1] (the delta rule), b [G, C, K] and w [G, C, V]
+    (GDN-2)."""
     G = cfg.heads
     k, v = _heads(refs["k"][0], valid, cfg.K, G), _heads(refs["v"][0], valid, cfg.V, G)
     gam = _gate_prefix(cfg, refs.get("g"), valid)
-    beta = _per_head(refs["beta"], valid) if cfg.delta else None
-    return k, v, gam, beta
+    extra = {}
+    if cfg.update == "delta":
+        extra["beta"] = _per_head(refs["beta"], valid)
+    elif cfg.update == "erase_write":
+        extra["b"] = _heads(refs["b"][0], valid, cfg.K, G).astype(jnp.float32)
+        extra["w"] = _heads(refs["w"][0], valid, cfg.V, G).astype(jnp.float32)
+    return k, v, gam, extra
 
 
-def _values(cfg: Config, S, k, v, beta, gam):
+def _read_write(k, v, extra: dict):
+    """The read keys and written values of the delta rule (beta k, beta v) or GDN-2 (b * k, w * v)."""
+    if "beta" in extra:
+        return extra["beta"] * k, extra["beta"] * v
+    return extra["b"] * k, extra["w"] * v
+
+
+def _values(cfg: Config, S, k, v, extra: dict, gam):
     """A sub-block's values u (v, or the delta rule's) and what the delta rule's gradient reuses."""
-    if not cfg.delta:
+    if cfg.update == "additive":
         return v, None
-    u, *solved = _delta_values(S, k, v, beta, gam, cfg.rows, cfg.fast)
-    return u, solved
+    kr, vw = _read_write(k, v, extra)
+    return _delta_values(S, k, kr, vw, gam, cfg.rows, cfg.fast)
+
+
+def _extra_rows(extra: dict, m: int, c: int) -> dict:
+    return {name: _rows(x, m, c) for name, x in extra.items()}
 
 
 def _forward_kernel(cfg: Config, names: tuple, *refs):
@@ -333,13 +350,13 @@ def _forward_kernel(cfg: Config, names: tuple, *refs):
         refs["states"][0, 0] = state[...]
     valid = _valid(cfg, i)
     G, c = cfg.heads, cfg.rows
-    k, v, gam, beta = _chunk(cfg, refs, valid)
+    k, v, gam, extra = _chunk(cfg, refs, valid)
     q = _heads(refs["q"][0], valid, cfg.K, G) if "q" in refs else None
     S = state[...]
     outputs = []
     for m in range(cfg.chunk // c):
         km, gm = _rows(k, m, c), _rows(gam, m, c)
-        u, _ = _values(cfg, S, km, _rows(v, m, c), _rows(beta, m, c), gm)
+        u, _ = _values(cfg, S, km, _rows(v, m, c), _extra_rows(extra, m, c), gm)
         if q is not None:
             outputs.append(_output(S, _rows(q, m, c), km, u, gm, c, cfg.scale, cfg.fast))
         S = _update(S, km, u, gm, cfg.fast)
@@ -384,38 +401,50 @@ def _gradient_kernel(cfg: Config, names: tuple, *refs):
     G, c, K, V = cfg.heads, cfg.rows, cfg.K, cfg.V
     q = _heads(refs["q"][0], valid, K, G)
     do = _heads(refs["do"][0], valid, V, G)
-    k, v, gam, beta = _chunk(cfg, refs, valid)
+    k, v, gam, extra = _chunk(cfg, refs, valid)
     blocks = cfg.chunk // c
     # Each sub-block's S_in (and S_out last), and values, recomputed from the chunk's starting state.
     starts, values = [refs["states"][0, 0]], []
     for m in range(blocks):
-        values.append(_values(cfg, starts[-1], _rows(k, m, c), _rows(v, m, c), _rows(beta, m, c), _rows(gam, m, c)))
+        values.append(_values(cfg, starts[-1], _rows(k, m, c), _rows(v, m, c), _extra_rows(extra, m, c),
+                              _rows(gam, m, c)))
         starts.append(_update(starts[-1], _rows(k, m, c), values[-1][0], _rows(gam, m, c), cfg.fast))
     dS = dstate[...]
     grads = []
     for m in reversed(range(blocks)):
-        qm, km, gm = _rows(q, m, c), _rows(k, m, c), _rows(gam, m, c)
-        (u, solved), boundary = values[m], jnp.sum(starts[m + 1] * dS, axis=2, keepdims=True)  # [G, K, 1]
+        qm, km, vm, gm, em = _rows(q, m, c), _rows(k, m, c), _rows(v, m, c), _rows(gam, m, c), _extra_rows(extra, m, c)
+        (u, inverse), boundary = values[m], jnp.sum(starts[m + 1] * dS, axis=2, keepdims=True)  # [G, K, 1]
         dq, dk, du, dS_in = _gradient(starts[m], dS, qm, km, u, _rows(do, m, c), gm, c, cfg.scale, cfg.fast)
-        x = qm.astype(jnp.float32) * dq - km.astype(jnp.float32) * dk
-        dbeta = None
-        if cfg.delta:
-            du, dbeta, dk_delta, dk_left, dS_delta = _delta_gradient(starts[m], km, u, du, _rows(beta, m, c), gm,
-                                                                     solved, c, cfg.fast)
-            x = x + km.astype(jnp.float32) * (2 * dk_left - dk_delta)
-            dk, dS_in = dk + dk_delta, dS_in + dS_delta
-        grads.append((dq, dk, du, dbeta, x, jnp.broadcast_to(jnp.swapaxes(boundary, 1, 2), x.shape)))
+        k32 = km.astype(jnp.float32)
+        x = qm.astype(jnp.float32) * dq - k32 * dk
+        dv, dextra = du, {}
+        if cfg.update != "additive":
+            kr, _ = _read_write(k32, vm, em)
+            dvw, dkr, dk_right, dS_read = _delta_gradient(starts[m], km, kr, u, du, gm, inverse, c, cfg.fast)
+            x = x + kr * dkr - k32 * dk_right
+            dS_in = dS_in + dS_read
+            if cfg.update == "delta":  # kr = beta k, vw = beta v
+                beta = em["beta"]
+                dextra["beta"] = jnp.sum(dvw * vm, axis=2, keepdims=True) + jnp.sum(dkr * k32, axis=2, keepdims=True)
+                dv, dk = beta * dvw, dk + beta * dkr + dk_right
+            else:  # kr = b * k, vw = w * v
+                dextra = dict(b=dkr * k32, w=dvw * vm.astype(jnp.float32))
+                dv, dk = dvw * em["w"], dk + dkr * em["b"] + dk_right
+        grads.append(dict(dq=dq, dk=dk, dv=dv, x=x, boundary=jnp.broadcast_to(jnp.swapaxes(boundary, 1, 2), x.shape),
+                          **{"d" + name: value for name, value in dextra.items()}))
         dS = dS_in
     dstate[...] = dS
-    dq, dk, dv, dbeta, x, boundary = (None if grads[0][n] is None else
-                                      jnp.concatenate([g[n] for g in reversed(grads)], axis=1) for n in range(6))
-    _store(refs["dq"], dq, K, G)
-    _store(refs["dk"], dk, K, G)
-    _store(refs["dv"], dv, V, G)
+    grads = {name: jnp.concatenate([g[name] for g in reversed(grads)], axis=1) for name in grads[0]}
+    _store(refs["dq"], grads["dq"], K, G)
+    _store(refs["dk"], grads["dk"], K, G)
+    _store(refs["dv"], grads["dv"], V, G)
     if "dg" in refs:
-        _gate_gradient(cfg, refs["dg"], x, boundary)
+        _gate_gradient(cfg, refs["dg"], grads["x"], grads["boundary"])
     if "dbeta" in refs:
-        refs["dbeta"][0, 0] = jnp.swapaxes(dbeta[:, :, 0], 0, 1)
+        refs["dbeta"][0, 0] = jnp.swapaxes(grads["dbeta"][:, :, 0], 0, 1)
+    if "db" in refs:
+        _store(refs["db"], grads["db"], K, G)
+        _store(refs["dw"], grads["dw"], V, G)
 
     if "dh0" in refs:
         @pl.when(step == cfg.chunks - 1)
@@ -439,9 +468,9 @@ def _specs(cfg: Config, reverse: bool) -> dict:
     state = pl.BlockSpec((1, G, cfg.K, cfg.V), lambda b, h, i: (b, h, 0, 0))  # [B, N, K, V], resident
     chunk_state = pl.BlockSpec((1, 1, G, cfg.K, cfg.V), lambda b, h, i: (b, chunk(i), h, 0, 0))  # [B, chunks, ..]
     gate = tokens(cfg.K) if cfg.gate == "channel" else per_head
-    specs = dict(q=tokens(cfg.K), k=tokens(cfg.K), v=tokens(cfg.V), g=gate, beta=per_head, h0=state, o=tokens(cfg.V),
-                 ht=state, states=chunk_state, do=tokens(cfg.V), dht=state)
-    specs.update({"d" + name: specs[name] for name in ("q", "k", "v", "g", "beta", "h0")})
+    specs = dict(q=tokens(cfg.K), k=tokens(cfg.K), v=tokens(cfg.V), g=gate, beta=per_head, b=tokens(cfg.K),
+                 w=tokens(cfg.V), h0=state, o=tokens(cfg.V), ht=state, states=chunk_state, do=tokens(cfg.V), dht=state)
+    specs.update({"d" + name: specs[name] for name in ("q", "k", "v", "g", "beta", "b", "w", "h0")})
     return specs
 
 
@@ -465,35 +494,35 @@ def _shape(x, dtype=None):
     return None if x is None else jax.ShapeDtypeStruct(x.shape, dtype or x.dtype)
 
 
-def _forward(cfg: Config, out_dtype, q, k, v, g, beta, h0):
+def _forward(cfg: Config, out_dtype, q, k, v, g, beta, b, w, h0):
     B = v.shape[0]
     final = jax.ShapeDtypeStruct((B, cfg.N, cfg.K, cfg.V), jnp.float32) if cfg.final else None
-    out = _call(_forward_kernel, cfg, dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0),
+    out = _call(_forward_kernel, cfg, dict(q=q, k=k, v=v, g=g, beta=beta, b=b, w=w, h0=h0),
                 dict(o=jax.ShapeDtypeStruct((B, cfg.T, cfg.N * cfg.V), out_dtype), ht=final), "state", False)
     return out["o"], out.get("ht")
 
 
-def _backward(cfg: Config, q, k, v, g, beta, h0, do, dht):
+def _backward(cfg: Config, q, k, v, g, beta, b, w, h0, do, dht):
     """The paper's two backward kernels: state passing (each chunk's starting state, [B, chunks, N,
     K, V] fp32; the paper stores bf16, fp32 keeps the fp32 bounds), then the gradients."""
     B = v.shape[0]
-    states = _call(_forward_kernel, cfg, dict(k=k, v=v, g=g, beta=beta, h0=h0),
+    states = _call(_forward_kernel, cfg, dict(k=k, v=v, g=g, beta=beta, b=b, w=w, h0=h0),
                    dict(states=jax.ShapeDtypeStruct((B, cfg.chunks, cfg.N, cfg.K, cfg.V), jnp.float32)), "state",
                    False)["states"]
-    inputs = dict(q=q, k=k, v=v, g=g, beta=beta, states=states, do=do, dht=dht)
+    inputs = dict(q=q, k=k, v=v, g=g, beta=beta, b=b, w=w, states=states, do=do, dht=dht)
     outputs = dict(dq=_shape(q), dk=_shape(k), dv=_shape(v), dg=_shape(g, jnp.float32),
-                   dbeta=_shape(beta, jnp.float32), dh0=_shape(h0, jnp.float32))
+                   dbeta=_shape(beta, jnp.float32), db=_shape(b), dw=_shape(w), dh0=_shape(h0, jnp.float32))
     grads = _call(_gradient_kernel, cfg, inputs, outputs, "dstate", True)
-    return tuple(grads.get(name) for name in ("dq", "dk", "dv", "dg", "dbeta", "dh0"))
+    return tuple(grads.get(name) for name in ("dq", "dk", "dv", "dg", "dbeta", "db", "dw", "dh0"))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _recurrence(cfg: Config, out_dtype, q, k, v, g, beta, h0):
-    return _forward(cfg, out_dtype, q, k, v, g, beta, h0)
+def _recurrence(cfg: Config, out_dtype, q, k, v, g, beta, b, w, h0):
+    return _forward(cfg, out_dtype, q, k, v, g, beta, b, w, h0)
 
 
-def _recurrence_forward(cfg, out_dtype, q, k, v, g, beta, h0):
-    return _forward(cfg, out_dtype, q, k, v, g, beta, h0), (q, k, v, g, beta, h0)
+def _recurrence_forward(cfg, out_dtype, q, k, v, g, beta, b, w, h0):
+    return _forward(cfg, out_dtype, q, k, v, g, beta, b, w, h0), (q, k, v, g, beta, b, w, h0)
 
 
 def _recurrence_backward(cfg, out_dtype, saved, cotangents):
@@ -510,24 +539,27 @@ def _per_head_layout(x, G: int):
     return jnp.swapaxes(x.reshape(B, T, N // G, G), 1, 2)
 
 
-def recurrence(variant: str, q, k, v, g, beta, h0, *, scale: float, chunk: int, fast: bool, final: bool,
+def recurrence(variant: str, q, k, v, g, beta, b, w, h0, *, scale: float, chunk: int, fast: bool, final: bool,
                interpret: bool, out_dtype):
     """o [B, S, N, V] (out_dtype) and the final state [B, N, K, V] fp32 (None unless final) of a
     variant of VARIANTS on arrays of one head count N: q, k [B, S, N, K], v [B, S, N, V]; g [B, S, N, K]
-    (per channel), [B, S, N] (per head), None; beta [B, S, N]
-    fp32 (the delta rule) or None; h0 [B, N, K, V] fp32 or None. Shapes and options are the
-    caller's to have checked (flat.jax.ops checks them as the CPU path)."""
+    (per channel), [B, S, N] (per head), None; beta [B, S, N] fp32 (the delta rule) or None; b
+    [B, S, N, K] and w [B, S, N, V] (GDN-2) or None; h0 [B, N, K, V] fp32 or None. Shapes and options
+    are the caller's to have checked (flat.jax.ops checks them as the CPU path)."""
     B, T, N, K = q.shape
     V = v.shape[3]
     gate = GATES[variant]
     G = head_group(gate, N, K, V)
-    cfg = Config(gate, variant in DELTA, T, N, K, V, G, chunk, float(scale), bool(fast), bool(final), bool(interpret))
+    cfg = Config(gate, UPDATES.get(variant, "additive"), T, N, K, V, G, chunk, float(scale), bool(fast), bool(final),
+                 bool(interpret))
     if gate == "channel":
         g = g.reshape(B, T, N * K)
     elif gate == "head":
         g = _per_head_layout(g, G)
     o, ht = _recurrence(cfg, jnp.dtype(out_dtype), q.reshape(B, T, N * K), k.reshape(B, T, N * K),
-                        v.reshape(B, T, N * V), g, None if beta is None else _per_head_layout(beta, G), h0)
+                        v.reshape(B, T, N * V), g, None if beta is None else _per_head_layout(beta, G),
+                        None if b is None else b.reshape(B, T, N * K), None if w is None else w.reshape(B, T, N * V),
+                        h0)
     return o.reshape(B, T, N, V), ht
 
 
