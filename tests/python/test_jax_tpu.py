@@ -275,6 +275,9 @@ def test_what_the_tpu_kernels_do_not_take():
                                          "initial_state_indices"):
         fj.conv(Q[:, :, 0], jnp.zeros((16, 4)), initial_state=jnp.zeros((3, 16, 3)),
                 initial_state_indices=jnp.array([2, 0]), backend="interpret")
+    q, g = jax.ShapeDtypeStruct((1, 256, 4, 128), jnp.bfloat16), jax.ShapeDtypeStruct((1, 256, 4), jnp.float32)
+    with pytest.raises(Exception):  # check_values' host callback: exported with check_values=False only
+        jax.export.export(jax.jit(lambda q, g: fj.mamba2(q, q, q, g, backend="tpu")[0]), platforms=["tpu"])(q, g)
     with pytest.raises(ValueError, match="flat: backend: expected one of None, 'cpu', 'tpu', 'interpret'"):
         fj.gla(Q, Q, Q, G, backend="gpu")
     with pytest.raises(ValueError, match="flat: backend: 'tpu' runs the Pallas kernels compiled for a TPU, got "
