@@ -324,7 +324,7 @@ def _read_write(k, v, extra: dict):
 
 
 def _values(cfg: Config, S, k, v, extra: dict, gam):
-    """A sub-block's values u (v, or the delta rule's) and what the delta rule's gradient reuses."""
+    """A sub-block's values u (v, or the delta rule's and GDN-2's) and what their gradient reuses."""
     if cfg.update == "additive":
         return v, None
     kr, vw = _read_write(k, v, extra)
