@@ -79,6 +79,16 @@ def test_matches_the_oracle(variant, dtype):
     expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=CHUNK[variant]))
 
 
+@pytest.mark.parametrize("variant", ["gla", "kda"])
+def test_strong_gates(variant):
+    """Per-channel gates down to Kimi Linear's -1,736 per token (docs/variants.md: no NaN or Inf for
+    any finite gate <= 0), on half the channels: no decay is inverted, so the oracle's bounds hold."""
+    p = Problem(variant, "float32", B=1, S=40, H=2, K=16, V=8)
+    rng = np.random.default_rng(7)
+    p.g = round_to(-1736.0 * rng.random(p.g.shape) * (rng.random(p.g.shape) < 0.5), "float32")
+    expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=32))
+
+
 def test_sla_matches_the_oracle():
     """sla: kda with one gate value per group of channels (4 of K = 16 here) and q, k, g, beta shared
     by the value heads, widened and repeated before the kernel."""
