@@ -257,6 +257,14 @@ def _l2norm(x):
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
+def _dense_only(sequences: _args.Sequences) -> None:
+    """The TPU kernels take dense batches: cu_seqlens and the state pools' indices refused."""
+    given = [name for name, array in sequences._asdict().items() if array is not None]
+    if given:
+        raise ValueError(f"flat: backend: the TPU kernels run dense batches, got {', '.join(given)}; backend='cpu' "
+                         "runs it")
+
+
 def _heads_to(x, N: int):
     """x [B, T, Nx, ...] with each head read by N / Nx heads (head n reads n / (N / Nx)): a copy whose
     gradient JAX sums over the heads sharing one."""
@@ -278,19 +286,15 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
     kernels on arrays of one head count N."""
     outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, initial_state),
                        sequences.cu_seqlens, sequences.initial_state_indices is not None, options._asdict())
-    given = [name for name, x in sequences._asdict().items() if x is not None]
-    if given:
-        raise ValueError(f"flat: backend: the TPU kernels run dense batches, got {', '.join(given)}; backend='cpu' "
-                         "runs it")
+    _dense_only(sequences)
     if options.check_values:
         _check_values((("g", g, True), ("beta", beta, False), ("b", b, False), ("w", w, False),
                        ("initial_state", initial_state, False)))
     y = outputs["y"]
     B, T, N, V = y.shape
     K = q.shape[3]
-    final = jax.ShapeDtypeStruct((B, N, K, V), jnp.float32)
     if B == 0 or T == 0:
-        state = jnp.zeros(final.shape, jnp.float32) if initial_state is None else initial_state
+        state = jnp.zeros((B, N, K, V), jnp.float32) if initial_state is None else initial_state
         return jnp.zeros(y.shape, y.dtype), (state if output_final_state else None)
     if options.l2norm_qk:
         q, k = _l2norm(q), _l2norm(k)
@@ -470,10 +474,7 @@ def _conv_tpu(activation, x, weight, bias, initial_state, output_final_state, se
     running it)."""
     _conv_outputs("conv_forward", activation, x, weight, bias, initial_state, sequences.cu_seqlens,
                   sequences.initial_state_indices is not None)
-    given = [name for name, x in sequences._asdict().items() if x is not None]
-    if given:
-        raise ValueError(f"flat: backend: the TPU kernels run dense batches, got {', '.join(given)}; backend='cpu' "
-                         "runs it")
+    _dense_only(sequences)
     B, T, C = x.shape
     W = weight.shape[1]
     if B == 0 or T == 0:
