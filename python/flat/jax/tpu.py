@@ -372,14 +372,15 @@ def _forward_kernel(cfg: Config, names: tuple, *refs):
 
 def _gate_gradient(cfg: Config, ref, x, boundary):
     """The log-gate's gradient into its block: within each sub-block, the suffix sum of x [G, C, K]
-    (q.dq - k.dk, the delta rule's left part of dk counted with a plus) as one dot with a
+    (q.dq - k.dk; with the delta rule and GDN-2 also + kr.dkr for the read keys, whose decay
+    enters as e^gam_t, and k.dk counting only k's other uses) as one dot with a
     triangular matrix of ones, plus the boundary term rowsum(S_out * dS_out) of the sub-block's
     S_out, shared by its rows (boundary [G, C, K], each sub-block's broadcast over its rows): the
     paper's gate gradient, from differentiating the decays' prefix sums."""
     suffix = _ones(cfg.chunk, cfg.rows, upper=True)
-    if cfg.gate == "head":  # one value per head: summed over K
-        ref[0, 0] = _scan(suffix, jnp.swapaxes(jnp.sum(x, axis=2), 0, 1)) + jnp.swapaxes(jnp.sum(boundary, axis=2),
-                                                                                         0, 1)
+    if cfg.gate == "head":  # one value per head: summed over K, [C, G]
+        per_head = lambda y: jnp.swapaxes(jnp.sum(y, axis=2), 0, 1)  # noqa: E731
+        ref[0, 0] = _scan(suffix, per_head(x)) + per_head(boundary)
     else:
         columns = lambda y: jnp.concatenate([y[h] for h in range(cfg.heads)], axis=1)  # noqa: E731 [C, G*K]
         ref[0] = _scan(suffix, columns(x)) + columns(boundary)
@@ -430,8 +431,9 @@ def _gradient_kernel(cfg: Config, names: tuple, *refs):
             else:  # kr = b * k, vw = w * v
                 dextra = dict(b=dkr * k32, w=dvw * vm.astype(jnp.float32))
                 dv, dk = dvw * em["w"], dk + dkr * em["b"] + dk_right
-        grads.append(dict(dq=dq, dk=dk, dv=dv, x=x, boundary=jnp.broadcast_to(jnp.swapaxes(boundary, 1, 2), x.shape),
-                          **{"d" + name: value for name, value in dextra.items()}))
+        grads.append(dict(dq=dq, dk=dk, dv=dv, **{"d" + name: value for name, value in dextra.items()}))
+        if gam is not None:  # the gate's gradient terms, x and the boundary broadcast over the rows
+            grads[-1].update(x=x, boundary=jnp.broadcast_to(jnp.swapaxes(boundary, 1, 2), x.shape))
         dS = dS_in
     dstate[...] = dS
     grads = {name: jnp.concatenate([g[name] for g in reversed(grads)], axis=1) for name in grads[0]}
