@@ -4,6 +4,10 @@ python -m flat.bench --transformers [--quick] [--dtype bf16|f32] [--models M,..]
                      [--json FILE]   (flat/bench/models.py)
 python -m flat.bench --context-parallel [--cp-shape B,T,H,K,V] [--variants V,..] [--dtype bf16|f32] [--repeats N]
                      [--json FILE]   (flat/bench/context_parallel.py)
+python -m flat.bench --tpu [--tpu-shape B,S,N,K,V] [--variants V,..] [--chunk C] [--precision exact|fast]
+                     [--tpu-backend tpu|interpret] [--dtype bf16|f32] [--repeats N] [--json FILE]
+                     (flat/bench/tpu.py: the seed paper's table rows for flat.jax's Pallas TPU kernels, on a
+                     TPU; no timing of ours comes from one)
 
 Times, side by side in one process on the same inputs (gla, bf16, PyTorch's threads):
 
@@ -38,7 +42,7 @@ import os
 
 import torch
 
-from . import context_parallel, kernels, models
+from . import context_parallel, kernels, models, tpu
 
 
 def main(argv=None):
@@ -53,7 +57,15 @@ def main(argv=None):
     parser.add_argument("--context-parallel", action="store_true",
                         help="flat.torch.context_parallel on 1 and 2 processes (flat/bench/context_parallel.py)")
     parser.add_argument("--cp-shape", default="1,16384,4,128,128", help="B,T,H,K,V of --context-parallel")
-    parser.add_argument("--variants", help="with --context-parallel: some of gla,gated_deltanet (default both)")
+    parser.add_argument("--variants", help="with --context-parallel: some of gla,gated_deltanet (default both); "
+                        "with --tpu: some of la,mamba2,gla (default all)")
+    parser.add_argument("--tpu", action="store_true",
+                        help="flat.jax's Pallas TPU kernels at the seed paper's shape (flat/bench/tpu.py)")
+    parser.add_argument("--tpu-shape", default="8,4096,16,128,128", help="B,S,N,K,V of --tpu (the paper's)")
+    parser.add_argument("--chunk", type=int, default=64, help="with --tpu: chunk_size (rows per grid step)")
+    parser.add_argument("--precision", choices=["exact", "fast"], default="exact", help="with --tpu: precision=")
+    parser.add_argument("--tpu-backend", choices=["tpu", "interpret"], default="tpu",
+                        help="with --tpu: interpret runs the kernels in TPU interpret mode (a smoke run, no timing)")
     parser.add_argument("--dtype", choices=["bf16", "f32"],
                         help="bf16 unless given; with --transformers both unless given")
     parser.add_argument("--models", help="with --transformers: some of qwen3_5,mamba2 (default both)")
@@ -73,6 +85,11 @@ def main(argv=None):
             models.write_json(results, args.json)
         return
     args.dtype = args.dtype or "bf16"
+    if args.tpu:
+        rows = tpu.tpu_bench(args)
+        if args.json:
+            tpu.write_json(args, rows, args.json)
+        return
     if args.context_parallel:
         rows = context_parallel.context_parallel_bench(args)
         if args.json:

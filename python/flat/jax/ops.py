@@ -1,6 +1,10 @@
 """flat.jax's operations (the package's docstring says what they are): the FFI calls wrapped in
-``jax.custom_vjp`` and the functions users call, which flat.jax re-exports."""
+``jax.custom_vjp`` and the functions users call, which flat.jax re-exports. The variant functions
+take ``backend=`` (BACKENDS): the recurrence runs the C++ library (the FFI call, on the CPU) or the
+Pallas TPU kernels of flat.jax.tpu, after the same checks of every argument."""
 
+import functools
+import inspect
 from functools import partial
 from typing import Optional
 
@@ -10,6 +14,7 @@ import numpy as np
 
 from .. import _api, _args
 from .. import _core
+from . import tpu
 
 _TARGETS = _core.jax_ffi_targets()
 if not _TARGETS:
@@ -200,8 +205,13 @@ _pool_recurrence.defvjp(_no_gradient, _no_gradient)
 
 
 def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, output_final_state, sequences,
-         options: _api.Options):
+         options: _api.Options, backend=None):
+    backend = _backend(backend, q)
     sequences, pool = _sequences(sequences, initial_state), initial_state
+    if backend != "cpu":
+        return _run_tpu(variant, q, k, v, g, beta, b, w, initial_state=initial_state,
+                        output_final_state=output_final_state, sequences=sequences, options=options,
+                        interpret=backend == "interpret")
     writes = sequences.writes_pool
     if _args.rowless(sequences, pool, q.shape[0]):  # no sequence: the call on the pool's first 0 rows
         initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
@@ -212,6 +222,95 @@ def _run(variant, q, k, v, g=None, beta=None, b=None, w=None, *, initial_state, 
     return o, (pool if writes else final_state if output_final_state else None)
 
 
+def _refuse_values(checks: tuple, *found) -> None:
+    """Raises the library's refusal of a value (src/validate.cpp's refuse_value) for the first bad
+    element of the first array refused, in the library's order: checks ((name, gate, shape), ..),
+    found (bad, flat index, value) for each."""
+    for (name, gate, shape), bad, at, value in zip(checks, found[0::3], found[1::3], found[2::3]):
+        if bool(bad):
+            index = ", ".join(str(int(i)) for i in np.unravel_index(int(at), shape))
+            raise ValueError(f"flat: {name}: expected finite values{' <= 0 (log-space gates)' if gate else ''}, got "
+                             f"{float(value):g} at [{index}]")
+
+
+def _check_values(arrays) -> None:
+    """check_values on the TPU path, as the library checks it on the CPU: for each (name, array,
+    whether a log-space gate) given, in the library's order, the first gate above 0 or non-finite
+    value found on the device, one element of each going to the host in one callback, which raises
+    where the call runs."""
+    checks, found = [], []
+    for name, x, gate in arrays:
+        if x is None or x.size == 0:
+            continue
+        flat = x.reshape(-1).astype(jnp.float32)
+        bad = ~jnp.isfinite(flat) | (flat > 0) if gate else ~jnp.isfinite(flat)
+        at = jnp.argmax(bad)
+        checks.append((name, gate, tuple(x.shape)))
+        found += [bad[at], at, flat[at]]
+    if checks:
+        jax.debug.callback(partial(_refuse_values, tuple(checks)), *found)
+
+
+def _l2norm(x):
+    """use_qk_l2norm_in_kernel: x [.., K] / sqrt(sum x^2 + 1e-6) in fp32 (the library's eps)."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def _dense_only(sequences: _args.Sequences) -> None:
+    """The TPU kernels take dense batches: cu_seqlens and the state pools' indices refused."""
+    given = [name for name, array in sequences._asdict().items() if array is not None]
+    if given:
+        raise ValueError(f"flat: backend: the TPU kernels run dense batches, got {', '.join(given)}; backend='cpu' "
+                         "runs it")
+
+
+def _heads_to(x, N: int):
+    """x [B, T, Nx, ...] with each head read by N / Nx heads (head n reads n / (N / Nx)): a copy whose
+    gradient JAX sums over the heads sharing one."""
+    return x if x.shape[2] == N else jnp.repeat(x, N // x.shape[2], axis=2)
+
+
+# Each variant by flat.jax.tpu's kernels of: retnet is mamba2 with its per-head constant broadcast
+# over S; sla is kda once its grouped gate is widened to one value per channel and its shared q, k,
+# g, beta repeated to every value head.
+_TPU_VARIANTS = {**{name: name for name in tpu.VARIANTS}, "retnet": "mamba2", "sla": "kda"}
+if set(_TPU_VARIANTS) != set(_args.GATE):
+    raise ImportError(f"flat.jax: the TPU path's variants {sorted(_TPU_VARIANTS)} are not the library's "
+                      f"{sorted(_args.GATE)}")
+
+
+def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_state, sequences, options, interpret):
+    """The recurrence by flat.jax.tpu's kernels: the CPU path's checks of shapes, dtypes and options
+    (the library's, without running it), then what the kernels do not take refused, then the
+    kernels on arrays of one head count N."""
+    outputs = _outputs("forward", variant, _recurrence_inputs(q, k, v, g, beta, b, w, initial_state),
+                       sequences.cu_seqlens, sequences.initial_state_indices is not None, options._asdict())
+    _dense_only(sequences)
+    if options.check_values:
+        _check_values((("g", g, True), ("beta", beta, False), ("b", b, False), ("w", w, False),
+                       ("initial_state", initial_state, False)))
+    y = outputs["y"]
+    B, T, N, V = y.shape
+    K = q.shape[3]
+    if B == 0 or T == 0:
+        state = jnp.zeros((B, N, K, V), jnp.float32) if initial_state is None else initial_state
+        return jnp.zeros(y.shape, y.dtype), (state if output_final_state else None)
+    if options.l2norm_qk:
+        q, k = _l2norm(q), _l2norm(k)
+    if variant == "retnet":  # the per-head constant as mamba2's gate, [H] -> [B, T, H]
+        g = jnp.broadcast_to(g.astype(jnp.float32), (B, T, g.shape[0]))
+    if g is not None and g.ndim == 4 and g.shape[3] != K:  # a gate per group of channels, to one per channel
+        g = jnp.repeat(g, K // g.shape[3], axis=3)
+    q, k, v, b, w = (None if x is None else _heads_to(x, N) for x in (q, k, v, b, w))
+    g, beta = (None if x is None else _heads_to(x.astype(jnp.float32), N) for x in (g, beta))
+    scale = options.scale if options.scale is not None else K ** -0.5
+    o, state = tpu.recurrence(_TPU_VARIANTS[variant], q, k, v, g, beta, b, w, initial_state,
+                              scale=scale, chunk=options.chunk or 64, fast=options.precision == "fast",
+                              final=output_final_state, interpret=interpret, out_dtype=y.dtype)
+    return o, state
+
+
 # One function per variant (python/flat/_api.py), as flat.torch's.
 _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                narrow_float=lambda x: jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)),
@@ -219,7 +318,52 @@ _XP = _api.Xp(float32=lambda x: jnp.asarray(x).astype(jnp.float32),
                swap=lambda x: jnp.swapaxes(x, -1, -2), ones=lambda shape: jnp.ones(shape, jnp.float32),
                activations={"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid, "none": lambda z: z})
 
-globals().update(_api.variant_functions(_run, _XP))
+# backend=: "cpu" (the C++ library, through the FFI call), "tpu" (the Pallas kernels compiled by
+# Mosaic: a TPU runs them, jax.export lowers them for one anywhere), "interpret" (the same kernels
+# run by Pallas's TPU interpreter, on any platform: slow, for tests); None picks "tpu" for arrays on
+# a TPU and "cpu" otherwise.
+BACKENDS = (None, "cpu", "tpu", "interpret")
+
+
+def _platform(x) -> str:
+    """The platform x lives on; a traced or host array's is JAX's default backend's."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        return next(iter(x.devices())).platform
+    return jax.default_backend()
+
+
+def _backend(backend, q) -> str:
+    if not (backend is None or isinstance(backend, str)) or backend not in BACKENDS:
+        raise ValueError(f"flat: backend: expected one of {', '.join(map(repr, BACKENDS))} (None: the arrays' "
+                         f"platform's), got {backend!r}")
+    platform = _platform(q)
+    if backend is None:
+        return "tpu" if platform == "tpu" else "cpu"
+    if backend == "tpu" and platform != "tpu" and not isinstance(q, jax.core.Tracer):
+        raise ValueError(f"flat: backend: 'tpu' runs the Pallas kernels compiled for a TPU, got arrays on {platform} "
+                         "(backend='interpret' runs the same kernels in TPU interpret mode there)")
+    return backend
+
+
+def _with_backend(functions: dict, name: str):
+    """The variant function `name` with the keyword backend= added, picking its table in
+    functions ({backend: the variant functions running it})."""
+    chosen = functions[None][name]
+
+    @functools.wraps(chosen)
+    def call(*args, backend=None, **kwargs):
+        if not (backend is None or isinstance(backend, str)) or backend not in functions:
+            _backend(backend, None)
+        return functions[backend][name](*args, **kwargs)
+
+    signature = inspect.signature(chosen)
+    call.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(), inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return call
+
+
+_FUNCTIONS = {backend: _api.variant_functions(partial(_run, backend=backend), _XP) for backend in BACKENDS}
+globals().update({name: _with_backend(_FUNCTIONS, name) for name in _FUNCTIONS[None]})
 
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):
@@ -303,12 +447,17 @@ _pool_conv.defvjp(_no_gradient, _no_gradient)
 
 
 def conv(x, weight, bias=None, initial_state=None, output_final_state=False, activation=None, cu_seqlens=None, *,
-         initial_state_indices=None, final_state_indices=None, token_state_indices=None):
+         initial_state_indices=None, final_state_indices=None, token_state_indices=None, backend=None):
     """The short causal depthwise convolution, as flat.torch.conv (activation None, "silu" or "swish"):
-    with final_state_indices or token_state_indices, (y, the pool initial_state updated)."""
+    with final_state_indices or token_state_indices, (y, the pool initial_state updated). backend:
+    as the variants' (BACKENDS)."""
     activation = _args.conv_activation(activation)
+    backend = _backend(backend, x)
     sequences = _sequences(_args.Sequences(cu_seqlens, initial_state_indices, final_state_indices,
                                            token_state_indices), initial_state)
+    if backend != "cpu":
+        return _conv_tpu(activation, x, weight, bias, initial_state, output_final_state, sequences,
+                         interpret=backend == "interpret")
     writes, pool = sequences.writes_pool, initial_state
     if _args.rowless(sequences, pool, x.shape[0]):  # no sequence: the call on the pool's first 0 rows
         initial_state, sequences, output_final_state = pool[:0], _args.Sequences(), output_final_state and not writes
@@ -318,6 +467,21 @@ def conv(x, weight, bias=None, initial_state=None, output_final_state=False, act
                      sequences.initial_state_indices)
     # Without a state (W = 1) the handler's is absent, shape (0,); an empty batch's has its rank.
     return y, (pool if writes else state if output_final_state and state.ndim > 1 else None)
+
+
+def _conv_tpu(activation, x, weight, bias, initial_state, output_final_state, sequences, interpret):
+    """The convolution by flat.jax.tpu's kernel, after the CPU path's checks (the library's, without
+    running it)."""
+    _conv_outputs("conv_forward", activation, x, weight, bias, initial_state, sequences.cu_seqlens,
+                  sequences.initial_state_indices is not None)
+    _dense_only(sequences)
+    B, T, C = x.shape
+    W = weight.shape[1]
+    if B == 0 or T == 0:
+        state = jnp.zeros((B, C, W - 1), jnp.float32) if initial_state is None else initial_state
+        return jnp.zeros(x.shape, x.dtype), (state if output_final_state and W > 1 else None)
+    return tpu.conv(x, weight, bias, initial_state, silu=activation == "silu", final=bool(output_final_state),
+                    interpret=interpret)
 
 
 # ---- The output norm and gate ----------------------------------------------------------------

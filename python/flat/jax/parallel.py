@@ -45,6 +45,7 @@ the argument and the shard holding it (``_after_checking``), forward or backward
 or op by op. Not yet: ``cu_seqlens`` and state pools (refused), la's ``normalize`` (refused).
 """
 
+from functools import partial
 from types import SimpleNamespace
 
 import jax
@@ -200,13 +201,16 @@ def _context_parallel_conv(conv, axis_name):
     return cp_conv
 
 
-def context_parallel(axis_name) -> SimpleNamespace:
+def context_parallel(axis_name, backend=None) -> SimpleNamespace:
     """flat.jax's variant functions, each running one sequence split along T across the shards of
     the mesh axis `axis_name`, to be called inside jax.shard_map with T sharded over it. See the
     module's docstring (python/flat/jax/parallel.py) and docs/python.md, "Context
-    parallelism"."""
-    functions = _api.variant_functions(_context_parallel_run(ops._run, axis_name), ops._XP)
+    parallelism". backend: each shard's run (the convolution's too), as flat.jax's backend=
+    (ops.BACKENDS; None: the platform's, TPU kernels on a TPU)."""
+    if not (backend is None or isinstance(backend, str)) or backend not in ops.BACKENDS:
+        ops._backend(backend, None)
+    functions = _api.variant_functions(_context_parallel_run(partial(ops._run, backend=backend), axis_name), ops._XP)
     functions["la"] = _api.without_normalize(functions["la"], _NAME)
-    functions["conv"] = _context_parallel_conv(ops.conv, axis_name)
+    functions["conv"] = _context_parallel_conv(partial(ops.conv, backend=backend), axis_name)
     functions["conv"].__doc__ = ops.conv.__doc__
     return SimpleNamespace(**functions)
