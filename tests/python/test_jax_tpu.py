@@ -5,6 +5,8 @@ paper's shape and an awkward one; bad input refused with the CPU path's messages
 
 import json
 import re
+import subprocess
+import sys
 from functools import partial
 
 import jax
@@ -327,3 +329,18 @@ def test_the_tpu_bench_runs_in_interpret_mode(tmp_path):
     assert all(row["us"] > 0 and row["paper_v6e_us"] is None for row in rows)
     with pytest.raises(SystemExit, match="no TPU here"):
         main(["--tpu"])
+
+
+def test_the_tpu_bench_needs_no_pytorch():
+    """A TPU machine may have JAX alone: python -m flat.bench --tpu runs where torch cannot be
+    imported, and every other mode says it needs PyTorch."""
+    script = ("import runpy, sys\n"
+              "sys.modules['torch'] = None  # import torch raises ImportError\n"
+              "sys.argv = ['flat.bench'] + sys.argv[1:]\n"
+              "runpy.run_module('flat.bench', run_name='__main__')\n")
+    tpu = subprocess.run([sys.executable, "-c", script, "--tpu", "--tpu-shape", "1,16,2,16,16", "--variants", "la",
+                          "--chunk", "16", "--tpu-backend", "interpret", "--repeats", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert tpu.returncode == 0, tpu.stderr
+    cpu = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert cpu.returncode == 2 and "every mode but --tpu needs PyTorch" in cpu.stderr, cpu.stderr

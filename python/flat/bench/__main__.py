@@ -40,9 +40,16 @@ import argparse
 import json
 import os
 
-import torch
+from . import tpu
 
-from . import context_parallel, kernels, models, tpu
+# Every mode but --tpu runs on PyTorch; a TPU machine may have JAX alone, and --tpu needs only it.
+try:
+    import torch
+
+    from . import context_parallel, kernels, models
+    _NO_TORCH = None
+except ImportError as missing:
+    _NO_TORCH = str(missing)
 
 
 def main(argv=None):
@@ -76,6 +83,8 @@ def main(argv=None):
     parser.add_argument("--keep-subnormals", action="store_true",
                         help="run the kernels in the CPU's default mode, subnormals kept (FLAT_SUBNORMALS=keep)")
     args = parser.parse_args(argv)
+    if _NO_TORCH is not None and not args.tpu:
+        parser.error(f"every mode but --tpu needs PyTorch: {_NO_TORCH}")
     if args.keep_subnormals:
         # Read by the library once, at its first call, which comes after this.
         os.environ["FLAT_SUBNORMALS"] = "keep"
