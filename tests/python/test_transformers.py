@@ -12,6 +12,7 @@ import contextlib
 import copy
 import importlib
 import inspect
+import re
 import subprocess
 import sys
 import warnings
@@ -23,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 import flat.transformers as flat_tf  # noqa: E402
 from flat.transformers import FAMILIES  # noqa: E402
-from flat.transformers._dispatch import Unservable, dispatcher  # noqa: E402
+from flat.transformers._dispatch import Unservable, _Binding, dispatcher  # noqa: E402
 from torch_fallbacks import plain  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -318,6 +319,29 @@ def test_dispatcher_routes_by_device_and_filters_keywords():
     assert dispatch(cpu, cu_seqlens=cu)[5] is cu
     assert dispatch(cpu, cu_seq_lens_q=cu)[5] is cu
     assert dispatch(cpu, seq_idx=torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.int32))[5].tolist() == [0, 2, 5]
+
+
+def _binding_subject(a, b=2, /, c=3, *, d, e=5, **rest):
+    return None
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((1,), dict(d=4)), ((1, 2, 3), dict(d=4, e=6)), ((1,), dict(c=7, d=4, z=9)), ((1,), dict(d=4, rest=8)),
+    ((), dict(d=4)), ((1, 2, 3, 4), dict(d=4)), ((1,), dict(c=3)), ((1, 2), dict(b=5, d=4)), ((1, 2, 3), dict(c=1, d=4)),
+])
+def test_dispatchers_binding_is_signature_bind(args, kwargs):
+    """The dispatcher's own binding (a call bound once per signature walk, not per call) gives
+    Signature.bind's arguments with defaults, the **kwargs catching what has no name (a
+    positional-only name given by keyword among them), and its errors for what does not bind."""
+    signature = inspect.signature(_binding_subject)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        with pytest.raises(TypeError, match=re.escape(str(e))):
+            _Binding(signature)(args, kwargs)
+        return
+    bound.apply_defaults()
+    assert _Binding(signature)(args, kwargs) == dict(bound.arguments)
 
 
 def test_dispatcher_refuses_an_original_it_cannot_serve():

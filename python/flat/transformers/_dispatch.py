@@ -71,14 +71,57 @@ def _renamed(name: str, takes: Tuple[str, ...]) -> str:
     return name if name in takes else RENAMED.get(name, name)
 
 
-def _arguments(signature: inspect.Signature, takes: Tuple[str, ...], args, kwargs) -> Dict[str, Any]:
+class _Binding:
+    """``signature.bind(*args, **kwargs)`` with its defaults applied, as a dict of the arguments by
+    name, from the parameters walked once here: Signature.bind and apply_defaults take 20-25 us a
+    call, which a decode step pays per layer and kernel function. A call this does not bind plainly
+    (more positional arguments than names, a name given twice or positional-only by keyword, one
+    missing, a keyword the signature lacks) is bound by Signature.bind, for its error. Signatures
+    with *args are refused before (signature_of)."""
+
+    def __init__(self, signature: inspect.Signature):
+        P = inspect.Parameter
+        parameters = list(signature.parameters.values())
+        self.signature = signature
+        self.positional = tuple(p.name for p in parameters if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD))
+        self.positional_only = frozenset(p.name for p in parameters if p.kind is P.POSITIONAL_ONLY)
+        self.var_keyword = next((p.name for p in parameters if p.kind is P.VAR_KEYWORD), None)
+        self.names = frozenset(p.name for p in parameters if p.kind is not P.VAR_KEYWORD)
+        self.defaults = {p.name: p.default for p in parameters
+                         if p.kind is not P.VAR_KEYWORD and p.default is not P.empty}
+        self.required = self.names - self.defaults.keys()
+
+    def __call__(self, args: tuple, kwargs: dict) -> Dict[str, Any]:
+        if len(args) > len(self.positional):
+            return self._bound(args, kwargs)
+        given = dict(zip(self.positional, args))
+        caught = {}
+        for name, value in kwargs.items():
+            if name in self.names and name not in given and name not in self.positional_only:
+                given[name] = value
+            elif self.var_keyword is not None and name not in given and name not in self.names:
+                caught[name] = value
+            else:
+                return self._bound(args, kwargs)
+        if not self.required <= given.keys():
+            return self._bound(args, kwargs)
+        arguments = {**self.defaults, **given}
+        if self.var_keyword is not None:
+            arguments[self.var_keyword] = caught
+        return arguments
+
+    def _bound(self, args: tuple, kwargs: dict) -> Dict[str, Any]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+
+def _arguments(binding: _Binding, takes: Tuple[str, ...], args, kwargs) -> Dict[str, Any]:
     """A call bound to the original's signature, its defaults filled in, as keyword arguments under
     flat.compat's names: the original's own arguments over what its **kwargs caught."""
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
     named, caught = {}, {}
-    for name, value in bound.arguments.items():
-        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+    for name, value in binding(args, kwargs).items():
+        if name == binding.var_keyword:
             caught = value
         else:
             named[_renamed(name, takes)] = value
@@ -178,6 +221,7 @@ def dispatcher(original: Callable, target: Callable, target_name: str, where: st
     ones it does not take dropped; anything else goes to `original` as called. Raises Unservable
     where an argument the original names would be dropped (other than UNUSED)."""
     signature = signature_of(original)
+    binding = _Binding(signature)
     takes = _parameters(target)
     unserved = [name for name, p in signature.parameters.items() if p.kind is not inspect.Parameter.VAR_KEYWORD
                 and _renamed(name, takes) not in takes and name not in UNUSED]
@@ -192,7 +236,7 @@ def dispatcher(original: Callable, target: Callable, target_name: str, where: st
         if x is None or x.device.type != "cpu":
             return original(*args, **kwargs)
         try:
-            arguments = _arguments(signature, takes, args, kwargs)
+            arguments = _arguments(binding, takes, args, kwargs)
             arguments.update(_fixed.get().get(target_name, {}))
             kept = {k: v for k, v in arguments.items() if k in takes and k not in PACKING}
             kept.update(_packing(arguments, target_name, takes, x))
