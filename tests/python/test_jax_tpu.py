@@ -91,10 +91,16 @@ def test_strong_gates(variant):
     expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=32))
 
 
-def test_sla_matches_the_oracle():
-    """sla: kda with one gate value per group of channels (4 of K = 16 here) and q, k, g, beta shared
-    by the value heads, widened and repeated before the kernel."""
-    p = Problem("sla", "float32", B=1, S=40, H=2, K=16, V=8, G=4, heads={"q": 1, "k": 1, "g": 1, "b": 1})
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sla_matches_the_oracle(dtype):
+    """sla: kda with one gate value per group of channels (4 of K = 16 here) on its packed heads:
+    float32 with an initial state, S = 40 (a partial second chunk of 32), one key head's q, k, g,
+    beta shared by R = 4 value heads; bfloat16 without one, S = 33, two key heads of R = 2 and q
+    shared by both (repeated to the two key heads, R = 2 packed)."""
+    initial = dtype == "float32"
+    heads = {"q": 1, "k": 1, "g": 1, "b": 1} if initial else {"q": 1, "k": 2, "g": 2, "b": 2}
+    p = Problem("sla", dtype, B=1 if initial else 2, S=40 if initial else 33, H=4, K=16, V=8, G=4, heads=heads,
+                h0=initial)
     expect_oracle(p, forward_and_gradients(p, arrays(p), chunk_size=32, gate_group=4))
 
 
@@ -179,15 +185,10 @@ def _specs(variant, B, S, N, K, V) -> dict:
     return specs
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", VARIANTS + ("sla",))
-def test_exports_for_the_tpu(variant, shape):
-    """Forward, and forward with backward (three kernels: the forward, state passing, gradients),
-    lowered to Mosaic for the TPU platform without one (check_values, a host callback, is off: an
-    exported module carries none)."""
-    B, S, N, K, V, chunk = SHAPES[shape]
-    specs = _specs(variant, B, S, N, K, V)
-
+def _exported(variant, specs, chunk) -> dict:
+    """The StableHLO text of the forward, and of the forward with backward, exported for the TPU
+    platform, each checked to hold its Mosaic calls (the forward's one; three with the backward: the
+    forward, state passing, gradients)."""
     def forward(arguments):
         return getattr(fj, variant)(**arguments, output_final_state=True, chunk_size=chunk, check_values=False,
                                     backend="tpu")
@@ -196,9 +197,37 @@ def test_exports_for_the_tpu(variant, shape):
         (o, state), pullback = jax.vjp(forward, arguments)
         return o, state, pullback((jnp.ones_like(o), jnp.ones_like(state)))
 
+    texts = {}
     for f, calls in ((forward, 1), (backward, 3)):
-        text = jax.export.export(jax.jit(f), platforms=["tpu"])(specs).mlir_module()
+        texts[f.__name__] = text = jax.export.export(jax.jit(f), platforms=["tpu"])(specs).mlir_module()
         assert text.count("tpu_custom_call") == calls, f"{f.__name__}: {text.count('tpu_custom_call')} Mosaic calls"
+    return texts
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_exports_for_the_tpu(variant, shape):
+    """Lowered to Mosaic for the TPU platform without one (check_values, a host callback, is off: an
+    exported module carries none)."""
+    B, S, N, K, V, chunk = SHAPES[shape]
+    _exported(variant, _specs(variant, B, S, N, K, V), chunk)
+
+
+# sla's: the seed's (keys 256 wide shared by R = 4 value heads of 128, bf16) and an awkward one (three
+# 64-channel gate tiles, R = 2 of 96, chunks of 48 over S = 1000): B, S, value heads N, K, V, chunk, R.
+SLA_SHAPES = {"seed": (8, 4096, 16, 256, 128, 64, 4), "awkward": (3, 1000, 6, 192, 96, 48, 2)}
+
+
+@pytest.mark.parametrize("shape", SLA_SHAPES)
+def test_sla_exports_packed(shape):
+    """sla's own path lowered for the TPU: each key head's R value heads are one head of the kernels,
+    whose final state (the forward kernel's output before XLA unpacks it) is [B, N / R, K, R*V]."""
+    B, S, N, K, V, chunk, R = SLA_SHAPES[shape]
+    specs = _specs("sla", B, S, N, K, V)
+    assert specs["q"].shape[2] == N // R
+    packed = f"tensor<{B}x{N // R}x{K}x{R * V}xf32>"
+    for name, text in _exported("sla", specs, chunk).items():
+        assert packed in text, f"{name}: no packed state {packed}"
 
 
 @pytest.mark.parametrize("shape", [(8, 4096, 2048, 4), (3, 1000, 200, 3)])

@@ -5,6 +5,7 @@ Pallas TPU kernels of flat.jax.tpu, after the same checks of every argument."""
 
 import functools
 import inspect
+import math
 from functools import partial
 from typing import Optional
 
@@ -272,9 +273,9 @@ def _heads_to(x, N: int):
 
 
 # Each variant by flat.jax.tpu's kernels of: retnet is mamba2 with its per-head constant broadcast
-# over S; sla is kda once its grouped gate is widened to one value per channel and its shared q, k,
-# g, beta repeated to every value head.
-_TPU_VARIANTS = {**{name: name for name in tpu.VARIANTS}, "retnet": "mamba2", "sla": "kda"}
+# over S; sla's own (kda's kernels on its packed heads) once its grouped gate is widened to one value
+# per channel.
+_TPU_VARIANTS = {**{name: name for name in tpu.VARIANTS}, "retnet": "mamba2"}
 if set(_TPU_VARIANTS) != set(_args.GATE):
     raise ImportError(f"flat.jax: the TPU path's variants {sorted(_TPU_VARIANTS)} are not the library's "
                       f"{sorted(_args.GATE)}")
@@ -302,8 +303,12 @@ def _run_tpu(variant, q, k, v, g, beta, b, w, *, initial_state, output_final_sta
         g = jnp.broadcast_to(g.astype(jnp.float32), (B, T, g.shape[0]))
     if g is not None and g.ndim == 4 and g.shape[3] != K:  # a gate per group of channels, to one per channel
         g = jnp.repeat(g, K // g.shape[3], axis=3)
-    q, k, v, b, w = (None if x is None else _heads_to(x, N) for x in (q, k, v, b, w))
-    g, beta = (None if x is None else _heads_to(x.astype(jnp.float32), N) for x in (g, beta))
+    # sla's R value heads sharing q, k, g, beta (R: the most value heads each of the four is shared by,
+    # the library's p.pack) are packed into one head of the kernel, so those are read at N / R heads.
+    R = math.gcd(*(N // x.shape[2] for x in (q, k, g, beta))) if variant == "sla" else 1
+    v, b, w = (None if x is None else _heads_to(x, N) for x in (v, b, w))
+    q, k = (_heads_to(x, N // R) for x in (q, k))
+    g, beta = (None if x is None else _heads_to(x.astype(jnp.float32), N // R) for x in (g, beta))
     scale = options.scale if options.scale is not None else K ** -0.5
     o, state = tpu.recurrence(_TPU_VARIANTS[variant], q, k, v, g, beta, b, w, initial_state,
                               scale=scale, chunk=options.chunk or 64, fast=options.precision == "fast",

@@ -1,9 +1,10 @@
 """Pallas TPU kernels of flat's variants, forward and backward: the seed paper's fused
 block-recurrent forward and its two backward kernels (state passing, then the gradients walking the
 chunks last to first), wired with ``jax.custom_vjp``, for the additive variants (la, mamba2, gla;
-retnet is mamba2 with a constant gate) and the delta rule (deltanet, gated_deltanet, kda; sla is kda
-with its gate and keys widened), one kernel body parameterised by the gate's kind and the update;
-and the short causal convolution (its section below).
+retnet is mamba2 with a constant gate) and the delta rule (deltanet, gated_deltanet, kda, gdn2; sla
+is kda with its grouped gate widened and its R value heads packed per key head, below), one kernel
+body parameterised by the gate's kind, the update and the values' width; and the short causal
+convolution (its section below).
 flat.jax.ops dispatches here with ``backend="tpu"`` (Mosaic, for a TPU) or ``backend="interpret"``
 (the same kernels run by Pallas's TPU interpreter, on any platform); docs/tpu.md says what runs and
 how it was checked.
@@ -17,9 +18,15 @@ Layout (one program per batch item, head group and chunk; the chunk axis is sequ
   (mamba2, gated_deltanet), and the delta rule's beta, as [B, N/G, S, G], so a chunk's block [C, G]
   is whole in its last axis.
 - the fp32 state of the program's G heads, [G, K, V], in a VMEM scratch for the whole sequence.
+- sla's packed heads: the R value heads sharing one key head's q, k, g, beta are one head of the
+  kernel whose values are R*V wide: v [B, S, Nk, R*V] (flat's [B, S, Nk*R, V], free), the state
+  [G, K, R*V]. The scores, the chunk solve and the decays are computed once per key head, every
+  product with values or state is one dot R*V wide, and the gradients of q, k, g, beta come out
+  summed over the R value heads by the dots' contraction over R*V.
 
 G heads share each MXU dot (a batched dot_general over the head axis): 8 for the per-channel gate,
-4 otherwise (the paper's), where N allows and G*K, G*V fill the 128 lanes; else all N heads.
+4 otherwise (the paper's), 1 for sla's packed heads, where N allows and G*K, G*V fill the 128
+lanes; else all N heads.
 """
 
 from functools import partial
@@ -31,13 +38,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 # Gate kinds: none (la, deltanet), one value per head and token (mamba2, gated_deltanet), one per
-# channel (gla, kda).
+# channel (gla, kda, gdn2; sla's grouped gate widened by the caller).
 GATES = {"la": "none", "mamba2": "head", "gla": "channel", "deltanet": "none",
-         "gated_deltanet": "head", "kda": "channel", "gdn2": "channel"}
+         "gated_deltanet": "head", "kda": "channel", "gdn2": "channel", "sla": "channel"}
 VARIANTS = tuple(GATES)
 # Updates other than the additive one: the delta rule's and GDN-2's erase and write gates, whose
 # values u = (I + A)^-1 (vw - ...) take v's place (below).
-UPDATES = {"deltanet": "delta", "gated_deltanet": "delta", "kda": "delta", "gdn2": "erase_write"}
+UPDATES = {"deltanet": "delta", "gated_deltanet": "delta", "kda": "delta", "gdn2": "erase_write", "sla": "delta"}
+# Heads per program and MXU dot to start from: the paper's 8 for a per-channel gate, 4 otherwise; 1 for
+# sla, whose packed head's dots are already K x R*V wide (256 x 512 at the seed's shape: the 256-wide
+# MXU filled) and whose state [K, R*V] fp32 is 512 KiB of VMEM there, which the backward keeps C/16 + 1
+# times.
+_HEADS = {"channel": 8, "head": 4, "none": 4}
 
 # Rows of a sub-block for the per-channel gate: its pairwise decays are a [G, c, c, K] tensor on the
 # VPU, and its rows are the only ones whose decays are not factored through the carried state.
@@ -71,11 +83,12 @@ class Config(NamedTuple):
         return pl.cdiv(self.T, self.chunk)
 
 
-def head_group(gate: str, N: int, K: int, V: int) -> int:
-    """G, the heads one program and one MXU dot take: the paper's 8 (per-channel gate) or 4, or the
-    largest power of two below it dividing N whose G*K and G*V columns are whole lane tiles; N (a
-    block as wide as the array, which the tiling rule allows) where none is."""
-    G = 8 if gate == "channel" else 4
+def head_group(variant: str, N: int, K: int, V: int) -> int:
+    """G, the heads one program and one MXU dot take: _HEADS' (the paper's 8 for a per-channel gate,
+    4 otherwise; sla's 1), or the largest power of two below it dividing N whose G*K and G*V columns
+    are whole lane tiles; N (a block as wide as the array, which the tiling rule allows) where none
+    is. V is the values' width in the kernel (sla's R*V)."""
+    G = 1 if variant == "sla" else _HEADS[GATES[variant]]
     while G >= 1:
         if N % G == 0 and (G * K) % _LANES == 0 and (G * V) % _LANES == 0:
             return G
@@ -543,15 +556,21 @@ def _per_head_layout(x, G: int):
 
 def recurrence(variant: str, q, k, v, g, beta, b, w, h0, *, scale: float, chunk: int, fast: bool, final: bool,
                interpret: bool, out_dtype):
-    """o [B, S, N, V] (out_dtype) and the final state [B, N, K, V] fp32 (None unless final) of a
-    variant of VARIANTS on arrays of one head count N: q, k [B, S, N, K], v [B, S, N, V]; g [B, S, N, K]
-    (per channel), [B, S, N] (per head), None; beta [B, S, N] fp32 (the delta rule) or None; b
-    [B, S, N, K] and w [B, S, N, V] (GDN-2) or None; h0 [B, N, K, V] fp32 or None. Shapes and options
-    are the caller's to have checked (flat.jax.ops checks them as the CPU path)."""
+    """o [B, S, N*R, V] (out_dtype) and the final state [B, N*R, K, V] fp32 (None unless final) of a
+    variant of VARIANTS: q, k [B, S, N, K], v [B, S, N*R, V]; g [B, S, N, K] (per channel), [B, S, N]
+    (per head), None; beta [B, S, N] fp32 (the delta rule) or None; b [B, S, N, K] and w [B, S, N, V]
+    (GDN-2) or None; h0 [B, N*R, K, V] fp32 or None. R = 1 but for sla, whose value heads n*R..n*R+R-1
+    share key head n's q, k, g, beta: they are packed into one head of the kernel, its values, outputs
+    and state R*V wide side by side (v [B, S, N, R*V], free; h0 and the final state transposed
+    between [B, N, R, K, V] and [B, N, K, R*V] by XLA). Shapes and options are the caller's to have
+    checked (flat.jax.ops checks them as the CPU path)."""
     B, T, N, K = q.shape
-    V = v.shape[3]
+    R = v.shape[2] // N
+    V = R * v.shape[3]
+    if R > 1 and h0 is not None:
+        h0 = jnp.swapaxes(h0.reshape(B, N, R, K, V // R), 2, 3).reshape(B, N, K, V)
     gate = GATES[variant]
-    G = head_group(gate, N, K, V)
+    G = head_group(variant, N, K, V)
     cfg = Config(gate, UPDATES.get(variant, "additive"), T, N, K, V, G, chunk, float(scale), bool(fast), bool(final),
                  bool(interpret))
     if gate == "channel":
@@ -562,7 +581,9 @@ def recurrence(variant: str, q, k, v, g, beta, b, w, h0, *, scale: float, chunk:
                         v.reshape(B, T, N * V), g, None if beta is None else _per_head_layout(beta, G),
                         None if b is None else b.reshape(B, T, N * K), None if w is None else w.reshape(B, T, N * V),
                         h0)
-    return o.reshape(B, T, N, V), ht
+    if R > 1 and ht is not None:
+        ht = jnp.swapaxes(ht.reshape(B, N, K, R, V // R), 2, 3).reshape(B, N * R, K, V // R)
+    return o.reshape(B, T, N * R, V // R), ht
 
 
 # ---- The short causal convolution --------------------------------------------------------------
