@@ -362,7 +362,6 @@ void forward(Variant variant, const ForwardArgs& args, const Options& options, c
   tensors.insert(tensors.end(), {{"y", &args.y}, {"ht", &args.ht}});
   const Backend& backend = backend_for_call(tensors, context);
   check_input_values(backend, args, options, context);
-  if (p.B == 0 || p.S == 0) return validate::pass_states(args.h0, args.ht, p.sequences, p.sequences.count(p.B));
   backend.forward(p, context);
 }
 
@@ -374,12 +373,6 @@ void backward(Variant variant, const BackwardArgs& args, const Options& options,
                                  {"db", &args.db}, {"dw", &args.dw}});
   const Backend& backend = backend_for_call(tensors, context);
   check_input_values(backend, args, options, context);
-  if (p.B == 0 || p.S == 0) {
-    // No token: the states' gradients pass through (dh0 = dht) and a per-head gate's sums are 0.
-    for (const Tensor* grad : {&args.dq, &args.dk, &args.dv, &args.dg, &args.dbeta, &args.db, &args.dw})
-      validate::fill_zero(*grad);
-    return validate::pass_states(args.dht, args.dh0, SequenceLayout{}, p.sequences.count(p.B));
-  }
   backend.backward(p, context);
 }
 

@@ -119,7 +119,6 @@ void conv_forward(const ConvArgs& args, const ConvOptions& options, const Execut
   std::vector<validate::Named> tensors = input_views(args);
   tensors.insert(tensors.end(), {{"y", &args.y}, {"state", &args.state}});
   const Backend& backend = backend_for_call(tensors, context);
-  if (p.B == 0 || p.S == 0) return validate::pass_states(args.state0, args.state, p.sequences, p.sequences.count(p.B));
   backend.conv_forward(p, context);
 }
 
@@ -129,11 +128,6 @@ void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options, con
   tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dstate", &args.dstate}, {"dx", &args.dx},
                                  {"dweight", &args.dweight}, {"dbias", &args.dbias}, {"dstate0", &args.dstate0}});
   const Backend& backend = backend_for_call(tensors, context);
-  if (p.B == 0 || p.S == 0) {
-    // No position: the weight's and the bias's sums are 0, the state's gradient passes through.
-    for (const Tensor* grad : {&args.dx, &args.dweight, &args.dbias}) validate::fill_zero(*grad);
-    return validate::pass_states(args.dstate, args.dstate0, SequenceLayout{}, p.sequences.count(p.B));
-  }
   backend.conv_backward(p, context);
 }
 

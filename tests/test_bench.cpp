@@ -18,9 +18,9 @@
 
 #include "bench.h"
 #include "bench_workload.h"
-#include "params.h"
-#include "backend.h"
+#include "cpu/backend.h"
 #include "cpu/targets.h"
+#include "params.h"
 #include "vector_work.h"
 
 namespace flat::test {

@@ -10,8 +10,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "backend.h"
 #include "bench_workload.h"
+#include "cpu/backend.h"
 #include "cpu/kernels/conv_rows__generic.h"
 #include "cpu/kernels/micro_kernels__generic.h"
 #include "cpu/make_target.h"

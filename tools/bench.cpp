@@ -16,13 +16,13 @@
 #include <sstream>
 #include <thread>
 
-#include "backend.h"
 #include "baseline/baselines.h"
 #include "bench_conv.h"
 #include "bench_norm.h"
 #include "bench_serve.h"
 #include "bench_workload.h"
 #include "ceilings.h"
+#include "cpu/backend.h"
 #include "cpu/run.h"
 #include "cpu/targets.h"
 #include "flat/flat.h"

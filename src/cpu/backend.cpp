@@ -1,5 +1,8 @@
 // The CPU backend: every call on the default target (src/cpu/targets.h), on the context's
-// threads, or on the host framework's parallel-for when the context gives one.
+// threads, or on the host framework's parallel-for when the context gives one. An empty call (no
+// token) runs through the drivers as any other: they pass each state on and sum no gradient.
+#include "cpu/backend.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>

@@ -123,11 +123,12 @@ ConvPartition conv_partition(const ConvParams& p) {
     part.first_row.push_back(part.first_row.back() + one.B * blocks_of(one.S));
   }
   // Whole rows (up to kConvMaxChannelBlock channels); narrower blocks (down to 16 channels) where
-  // the rows of positions alone are fewer than 8 blocks, so that threads have work at any shape.
+  // the rows of positions alone are fewer than 8 blocks, so that threads have work at any shape. A
+  // call of no batch row (B = 0) has no row and no item.
   constexpr int64_t kMinItems = 8;
   int64_t channel_blocks = ceil_div(p.C, kConvMaxChannelBlock);
   const int64_t rows = part.rows();
-  if (rows * channel_blocks < kMinItems)
+  if (rows > 0 && rows * channel_blocks < kMinItems)
     channel_blocks = std::min<int64_t>(ceil_div(p.C, 16), ceil_div(kMinItems, rows));
   part.channel_block = round16(int(ceil_div(p.C, channel_blocks)));
   part.channel_blocks = int(ceil_div(p.C, part.channel_block));
