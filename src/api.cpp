@@ -4,12 +4,12 @@
 #include <cmath>
 #include <numeric>
 #include <sstream>
-#include <tuple>
 #include <vector>
 
 #include "backend.h"
 #include "bf16.h"
 #include "flat/flat.h"
+#include "operations.h"
 #include "params.h"
 #include "validate.h"
 #include "variants.h"
@@ -153,11 +153,6 @@ void check_gradient(const std::string& name, const Tensor& grad, const std::stri
   check_dtype(name, grad, input.dtype, " (the dtype of " + input_name + ")");
 }
 
-std::vector<validate::Named> input_views(const Inputs& in) {
-  return {{"q", &in.q},       {"k", &in.k}, {"v", &in.v}, {"g", &in.g},
-          {"h0", &in.h0},     {"beta", &in.beta}, {"b", &in.b}, {"w", &in.w}};
-}
-
 }  // namespace
 
 Params describe_inputs(Variant variant, const Inputs& in, const Options& options, bool final_states) {
@@ -278,7 +273,7 @@ Params describe_forward(Variant variant, const ForwardArgs& a, const Options& op
   check_tensor("y", a.y, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
   if (a.ht.present()) check_state("ht", a.ht, p, a.sequences, validate::writes_pool(a.sequences));
   validate::check_pool_writes(a.sequences, p.B, p.S, {"h0", &a.h0}, {"ht", &a.ht});
-  validate::check_no_overlap({{"y", &a.y}, {"ht", &a.ht}}, input_views(a), {{"ht", "h0"}});
+  validate::check_no_overlap(named_tensors(a, Tensors::outputs), named_tensors(a, Tensors::inputs), {{"ht", "h0"}});
   p.y = rows_of(a.y);
   p.ht = rows_of(a.ht);
   return p;
@@ -288,25 +283,20 @@ Params describe_backward(Variant variant, const BackwardArgs& a, const Options& 
   Params p = describe_inputs(variant, a, options, false);
   check_tensor("dy", a.dy, {{"B", p.B}, {"S", p.S}, {"N", p.N}, {"V", p.V}});
   if (a.dht.present()) check_state("dht", a.dht, p, a.sequences);
-  check_gradient("dq", a.dq, "q", a.q);
-  check_gradient("dk", a.dk, "k", a.k);
-  check_gradient("dv", a.dv, "v", a.v);
-  // The gradient of each optional input: required with it, refused without it.
-  for (const auto& [name, grad, input_name, input] :
-       {std::tuple{"dg", &a.dg, "g", &a.g}, std::tuple{"dbeta", &a.dbeta, "beta", &a.beta},
-        std::tuple{"db", &a.db, "b", &a.b}, std::tuple{"dw", &a.dw, "w", &a.w}}) {
-    if (input->present()) {
-      check_gradient(name, *grad, input_name, *input);
-    } else if (grad->present()) {
-      fail(name, std::string("given, but there is no ") + input_name);
+  // The gradient of each input (q, k, v, and the optional g, beta, b, w): shaped as it, required
+  // with it, refused without it.
+  for (const TensorField<BackwardArgs>& field : TensorTable<BackwardArgs>::fields) {
+    if (!field.output || field.shape != OutputShape::input) continue;
+    const char* input_name = field_name(field.input);
+    if ((a.*field.input).present()) {
+      check_gradient(field.name, a.*field.member, input_name, a.*field.input);
+    } else if ((a.*field.member).present()) {
+      fail(field.name, std::string("given, but there is no ") + input_name);
     }
   }
   if (a.dh0.present()) check_state("dh0", a.dh0, p, a.sequences);
-  std::vector<validate::Named> inputs = input_views(a);
-  inputs.insert(inputs.end(), {{"dy", &a.dy}, {"dht", &a.dht}});
-  validate::check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dg", &a.dg}, {"dh0", &a.dh0},
-                              {"dbeta", &a.dbeta}, {"db", &a.db}, {"dw", &a.dw}},
-                             inputs, {{"dh0", "dht"}});
+  validate::check_no_overlap(named_tensors(a, Tensors::outputs), named_tensors(a, Tensors::inputs),
+                             {{"dh0", "dht"}});
   p.dy = rows_of(a.dy);
   p.dht = rows_of(a.dht);
   p.dq = rows_of(a.dq);
@@ -327,30 +317,34 @@ namespace {
 // everywhere it reaches, so these are refused. Activations (q, k, v, dy, dht) are not scanned:
 // their NaN and infinities propagate, as in any training framework (README, "Errors").
 // Options::check_values skips the scan.
-void check_input_values(const Backend& backend, const Inputs& in, const Options& options,
+// The inputs whose values are checked, and how, are their table's (TensorField::values).
+template <class Args>
+void check_input_values(const Backend& backend, const Args& args, const Options& options,
                         const ExecutionContext& context) {
   if (!options.check_values) return;
-  backend.check_values("g", in.g, validate::Values::finite_nonpositive, context);
-  for (const auto& [name, tensor] : {std::pair{"beta", &in.beta}, std::pair{"b", &in.b}, std::pair{"w", &in.w}})
-    backend.check_values(name, *tensor, validate::Values::finite, context);
-  const std::span<const int64_t> indices = in.sequences.initial_state_indices;
-  if (indices.empty()) {
-    backend.check_values("h0", in.h0, validate::Values::finite, context);
-    return;
-  }
-  // A pool: only the rows the call reads, each once, as "h0[row]" (the free rows of a serving
-  // pool may hold anything).
-  std::vector<bool> scanned(size_t(in.h0.shape[0]));
-  for (const int64_t row : indices) {
-    if (row < 0 || scanned[size_t(row)]) continue;
-    scanned[size_t(row)] = true;
-    Tensor state = in.h0;
-    state.data = static_cast<char*>(in.h0.data) + row * in.h0.stride[0] * int64_t(sizeof(float));
-    state.rank = 3;
-    std::copy(in.h0.shape.begin() + 1, in.h0.shape.end(), state.shape.begin());
-    std::copy(in.h0.stride.begin() + 1, in.h0.stride.end(), state.stride.begin());
-    state.shape[3] = state.stride[3] = 0;
-    backend.check_values(("h0[" + std::to_string(row) + "]").c_str(), state, validate::Values::finite, context);
+  const std::span<const int64_t> indices = args.sequences.initial_state_indices;
+  for (const TensorField<Args>& field : TensorTable<Args>::fields) {
+    if (!field.values) continue;
+    const Tensor& t = args.*field.member;
+    if (field.member != &Args::h0 || indices.empty()) {
+      backend.check_values(field.name, t, *field.values, context);
+      continue;
+    }
+    // A pool: only the rows the call reads, each once, as "h0[row]" (the free rows of a serving
+    // pool may hold anything).
+    std::vector<bool> scanned(size_t(t.shape[0]));
+    for (const int64_t row : indices) {
+      if (row < 0 || scanned[size_t(row)]) continue;
+      scanned[size_t(row)] = true;
+      Tensor state = t;
+      state.data = static_cast<char*>(t.data) + row * t.stride[0] * int64_t(sizeof(float));
+      state.rank = 3;
+      std::copy(t.shape.begin() + 1, t.shape.end(), state.shape.begin());
+      std::copy(t.stride.begin() + 1, t.stride.end(), state.stride.begin());
+      state.shape[3] = state.stride[3] = 0;
+      backend.check_values((std::string(field.name) + "[" + std::to_string(row) + "]").c_str(), state, *field.values,
+                           context);
+    }
   }
 }
 
@@ -358,28 +352,15 @@ void check_input_values(const Backend& backend, const Inputs& in, const Options&
 
 void forward(Variant variant, const ForwardArgs& args, const Options& options, const ExecutionContext& context) {
   const Params p = describe_forward(variant, args, options);
-  std::vector<validate::Named> tensors = input_views(args);
-  tensors.insert(tensors.end(), {{"y", &args.y}, {"ht", &args.ht}});
-  const Backend& backend = backend_for_call(tensors, context);
+  const Backend& backend = backend_for_call(named_tensors(args, Tensors::all), context);
   check_input_values(backend, args, options, context);
-  if (p.B == 0 || p.S == 0) return validate::pass_states(args.h0, args.ht, p.sequences, p.sequences.count(p.B));
   backend.forward(p, context);
 }
 
 void backward(Variant variant, const BackwardArgs& args, const Options& options, const ExecutionContext& context) {
   const Params p = describe_backward(variant, args, options);
-  std::vector<validate::Named> tensors = input_views(args);
-  tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dht", &args.dht}, {"dq", &args.dq}, {"dk", &args.dk},
-                                 {"dv", &args.dv}, {"dg", &args.dg}, {"dh0", &args.dh0}, {"dbeta", &args.dbeta},
-                                 {"db", &args.db}, {"dw", &args.dw}});
-  const Backend& backend = backend_for_call(tensors, context);
+  const Backend& backend = backend_for_call(named_tensors(args, Tensors::all), context);
   check_input_values(backend, args, options, context);
-  if (p.B == 0 || p.S == 0) {
-    // No token: the states' gradients pass through (dh0 = dht) and a per-head gate's sums are 0.
-    for (const Tensor* grad : {&args.dq, &args.dk, &args.dv, &args.dg, &args.dbeta, &args.db, &args.dw})
-      validate::fill_zero(*grad);
-    return validate::pass_states(args.dht, args.dh0, SequenceLayout{}, p.sequences.count(p.B));
-  }
   backend.backward(p, context);
 }
 

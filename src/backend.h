@@ -1,7 +1,13 @@
 // The boundary between the API and the devices' kernels. The API validates a call (shapes,
 // dtypes, strides, overlaps: nothing that reads a tensor's memory) and describes it as Params or
-// ConvParams or NormGateParams; the backend of the tensors' device checks the values it is asked to and runs the
-// kernels. One Backend per device; this build registers the CPU's (src/cpu/backend.cpp).
+// ConvParams or NormGateParams; the backend of the tensors' device checks the values it is asked
+// to and runs the call. Every call reaches it, an empty one too (B = 0 or S = 0: no token), whose
+// results are the backend's to write as any other's: each final state the initial one, each
+// state's gradient passed through, a gradient summed over the tokens zero.
+//
+// One Backend per device, in src/<device>/backend.*: `flat::<device>::backend()` gives it. CMake's
+// FLAT_BACKENDS lists the backends a build has (the CPU's: src/cpu/backend.cpp), and backend_for
+// finds a device's among them (src/backend.cpp, through the generated flat_backends.inc).
 #pragma once
 
 #include <vector>
@@ -31,15 +37,5 @@ struct Backend {
 const Backend& backend_for(Device device);
 // The backend of a call: its tensors' device (they must all be on one), after checking the context.
 const Backend& backend_for_call(const std::vector<validate::Named>& tensors, const ExecutionContext& context);
-
-namespace cpu {
-const Backend& backend();
-
-struct Target;
-// The backend's forward and backward run as a call runs them (its workers, its subnormal mode),
-// on `target` rather than the default one: flat bench --against.
-void forward_on(const Target& target, const Params& p, const ExecutionContext& context);
-void backward_on(const Target& target, const Params& p, const ExecutionContext& context);
-}  // namespace cpu
 
 }  // namespace flat

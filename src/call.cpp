@@ -1,5 +1,6 @@
-// The calls by name (flat/call.h): each operation's tensors and options as tables of names and
-// fields, one binder from names to the Args and options structs, one parser of option values.
+// The calls by name (flat/call.h): the operations in one table (name, tensors, options, entry
+// point, output shapes), each operation's tensors (src/operations.h) and options as tables of names
+// and fields, one binder from names to the Args and options structs, one parser of option values.
 #include "flat/call.h"
 
 #include <charconv>
@@ -10,6 +11,7 @@
 #include <type_traits>
 
 #include "conv_params.h"
+#include "operations.h"
 #include "params.h"
 
 namespace flat {
@@ -144,8 +146,9 @@ constexpr OptionField<NormGateOptions> kNormGateOptions[] = {
      }},
 };
 
-template <class Struct>
-std::string_view name_of(const OptionField<Struct>& field) {
+// An option's or a tensor's name (OptionField, TensorField).
+template <class Field>
+std::string_view name_of(const Field& field) {
   return field.name;
 }
 
@@ -180,75 +183,11 @@ Struct options_from(std::span<const OptionField<Struct>> fields, const NamedOpti
 // ---- Tensors by name ------------------------------------------------------------------------------
 
 template <class Args>
-struct TensorField {
-  TensorSlot slot;
-  Tensor Args::*member;
-};
-
-constexpr TensorField<ForwardArgs> kForwardTensors[] = {
-    {{"q", false}, &ForwardArgs::q},       {{"k", false}, &ForwardArgs::k},    {{"v", false}, &ForwardArgs::v},
-    {{"g", false}, &ForwardArgs::g},       {{"beta", false}, &ForwardArgs::beta},
-    {{"b", false}, &ForwardArgs::b},       {{"w", false}, &ForwardArgs::w},    {{"h0", false}, &ForwardArgs::h0},
-    {{"y", true}, &ForwardArgs::y},        {{"ht", true}, &ForwardArgs::ht},
-};
-
-constexpr TensorField<BackwardArgs> kBackwardTensors[] = {
-    {{"q", false}, &BackwardArgs::q},     {{"k", false}, &BackwardArgs::k},       {{"v", false}, &BackwardArgs::v},
-    {{"g", false}, &BackwardArgs::g},     {{"beta", false}, &BackwardArgs::beta}, {{"b", false}, &BackwardArgs::b},
-    {{"w", false}, &BackwardArgs::w},     {{"h0", false}, &BackwardArgs::h0},     {{"dy", false}, &BackwardArgs::dy},
-    {{"dht", false}, &BackwardArgs::dht}, {{"dq", true}, &BackwardArgs::dq},      {{"dk", true}, &BackwardArgs::dk},
-    {{"dv", true}, &BackwardArgs::dv},    {{"dg", true}, &BackwardArgs::dg},      {{"dbeta", true}, &BackwardArgs::dbeta},
-    {{"db", true}, &BackwardArgs::db},    {{"dw", true}, &BackwardArgs::dw},      {{"dh0", true}, &BackwardArgs::dh0},
-};
-
-constexpr TensorField<ConvArgs> kConvForwardTensors[] = {
-    {{"x", false}, &ConvArgs::x},      {{"weight", false}, &ConvArgs::weight}, {{"bias", false}, &ConvArgs::bias},
-    {{"state0", false}, &ConvArgs::state0}, {{"y", true}, &ConvArgs::y},        {{"state", true}, &ConvArgs::state},
-};
-
-constexpr TensorField<ConvBackwardArgs> kConvBackwardTensors[] = {
-    {{"x", false}, &ConvBackwardArgs::x},           {{"weight", false}, &ConvBackwardArgs::weight},
-    {{"bias", false}, &ConvBackwardArgs::bias},     {{"state0", false}, &ConvBackwardArgs::state0},
-    {{"dy", false}, &ConvBackwardArgs::dy},         {{"dstate", false}, &ConvBackwardArgs::dstate},
-    {{"dx", true}, &ConvBackwardArgs::dx},          {{"dweight", true}, &ConvBackwardArgs::dweight},
-    {{"dbias", true}, &ConvBackwardArgs::dbias},    {{"dstate0", true}, &ConvBackwardArgs::dstate0},
-};
-
-constexpr TensorField<NormGateArgs> kNormGateForwardTensors[] = {
-    {{"x", false}, &NormGateArgs::x},
-    {{"g", false}, &NormGateArgs::g},
-    {{"weight", false}, &NormGateArgs::weight},
-    {{"y", true}, &NormGateArgs::y},
-};
-
-constexpr TensorField<NormGateBackwardArgs> kNormGateBackwardTensors[] = {
-    {{"x", false}, &NormGateBackwardArgs::x},       {{"g", false}, &NormGateBackwardArgs::g},
-    {{"weight", false}, &NormGateBackwardArgs::weight}, {{"dy", false}, &NormGateBackwardArgs::dy},
-    {{"dx", true}, &NormGateBackwardArgs::dx},      {{"dg", true}, &NormGateBackwardArgs::dg},
-    {{"dweight", true}, &NormGateBackwardArgs::dweight},
-};
-
-template <class Args>
-std::string_view name_of(const TensorField<Args>& field) {
-  return field.slot.name;
-}
-
-// The slots of a table, for tensor_slots().
-template <class Args, size_t n>
-std::span<const TensorSlot> slots_of(const TensorField<Args> (&fields)[n]) {
-  static const std::vector<TensorSlot> slots = [&fields] {
-    std::vector<TensorSlot> out;
-    for (const TensorField<Args>& field : fields) out.push_back(field.slot);
-    return out;
-  }();
-  return slots;
-}
-
-template <class Args>
-Args args_from(std::span<const TensorField<Args>> fields, const NamedCall& call) {
+Args args_from(const NamedCall& call) {
   Args args;
   std::vector<std::string_view> seen;
-  for (const auto& [name, tensor] : call.tensors) args.*find(fields, "tensor", name, seen).member = tensor;
+  for (const auto& [name, tensor] : call.tensors)
+    args.*find(std::span<const TensorField<Args>>(TensorTable<Args>::fields), "tensor", name, seen).member = tensor;
   if constexpr (requires { args.sequences; }) {
     args.sequences = call.sequences;
   } else {
@@ -261,18 +200,29 @@ Args args_from(std::span<const TensorField<Args>> fields, const NamedCall& call)
   return args;
 }
 
-constexpr std::string_view kOperationNames[] = {"forward",       "backward",          "conv_forward",
-                                                "conv_backward", "norm_gate_forward", "norm_gate_backward"};
+template <class Args>
+std::span<const TensorSlot> slots_of() {
+  static const std::vector<TensorSlot> slots = [] {
+    std::vector<TensorSlot> out;
+    for (const TensorField<Args>& field : TensorTable<Args>::fields) out.push_back({field.name, field.output});
+    return out;
+  }();
+  return slots;
+}
 
-template <class Struct>
-std::span<const std::string_view> field_names(std::span<const OptionField<Struct>> fields) {
-  static const std::vector<std::string_view> names = [fields] {
+template <const auto& fields>
+std::span<const std::string_view> option_names_of() {
+  static const std::vector<std::string_view> names = [] {
     std::vector<std::string_view> out;
-    for (const OptionField<Struct>& field : fields) out.push_back(field.name);
+    for (const auto& field : fields) out.push_back(field.name);
     return out;
   }();
   return names;
 }
+
+// ---- Output shapes --------------------------------------------------------------------------------
+
+using Outputs = std::vector<std::pair<std::string_view, Tensor>>;
 
 // A tensor of this dtype and shape with no data: an output's description.
 Tensor shaped(DType dtype, std::initializer_list<int64_t> shape) { return Tensor::contiguous(nullptr, dtype, shape); }
@@ -281,45 +231,146 @@ Tensor shaped_like(const Tensor& t) {
   return Tensor::contiguous(nullptr, t.dtype, std::span<const int64_t>(t.shape.data(), size_t(t.rank)));
 }
 
+// What the outputs not shaped as an input are shaped as (OutputShape), from the call's inputs,
+// validated as the call validates them: the recurrence's values and a state of each family;
+// absent where the call keeps no state (the convolution with W = 1). `final_states`: the call
+// writes final states (a forward).
+struct ProblemShapes {
+  Tensor values = {}, state = {};
+};
+
+ProblemShapes problem_shapes(const Inputs& in, const NamedCall& c, bool final_states) {
+  const Params p = describe_inputs(c.variant, in, recurrence_options(c.options), final_states);
+  return {.values = shaped(in.v.dtype, {p.B, p.S, p.N, p.V}),
+          .state = shaped(DType::f32, {p.sequences.count(p.B), p.N, p.K, p.V})};
+}
+
+ProblemShapes problem_shapes(const ConvInputs& in, const NamedCall& c, bool final_states) {
+  const ConvParams p = describe_conv_inputs(in, conv_options(c.options), final_states);
+  if (p.W == 1) return {};
+  return {.state = shaped(DType::f32, {p.sequences.count(p.B), p.C, p.W - 1})};
+}
+
+// The norm's outputs are its inputs' shapes; its inputs are checked by the call.
+ProblemShapes problem_shapes(const NormGateInputs&, const NamedCall& c, bool) {
+  norm_gate_options(c.options);
+  return {};
+}
+
 // Any address for a tensor the description reads no element of (validation wants one where a
 // tensor has elements).
 void* const kNoData = reinterpret_cast<void*>(alignof(std::max_align_t));
 
+// The outputs of a call of Args (flat::output_shapes), in the table's order, from its inputs: each
+// output whose input (TensorField::input) is there, shaped as its table says.
+template <class Args>
+Outputs outputs_of(const NamedCall& call) {
+  NamedCall c = call;
+  for (auto& [name, tensor] : c.tensors)
+    if (tensor.present() && tensor.data == nullptr) tensor.data = kNoData;
+  const Args args = args_from<Args>(c);
+  constexpr bool final_states = std::is_same_v<Args, ForwardArgs> || std::is_same_v<Args, ConvArgs>;
+  const ProblemShapes shapes = problem_shapes(args, c, final_states);
+  Outputs out;
+  for (const TensorField<Args>& field : TensorTable<Args>::fields) {
+    if (!field.output || (field.input && !(args.*field.input).present())) continue;
+    const Tensor t = field.shape == OutputShape::input    ? shaped_like(args.*field.input)
+                     : field.shape == OutputShape::values ? shapes.values
+                                                          : shapes.state;
+    if (t.present()) out.emplace_back(field.name, t);
+  }
+  return out;
+}
+
+// ---- The operations -------------------------------------------------------------------------------
+
+// An operation of flat/call.h: its name, its tensors (the table of its Args) and options (its
+// options' table), how it runs (flat.h's entry point) and how its outputs are described.
+struct OperationEntry {
+  Operation operation;
+  std::string_view name;
+  std::span<const TensorSlot> (*tensor_slots)();
+  std::span<const std::string_view> (*option_names)();
+  void (*run)(const NamedCall& call, const ExecutionContext& context);
+  Outputs (*outputs)(const NamedCall& call);
+};
+
+constexpr OperationEntry kOperations[] = {
+    {.operation = Operation::forward,
+     .name = "forward",
+     .tensor_slots = slots_of<ForwardArgs>,
+     .option_names = option_names_of<kRecurrenceOptions>,
+     .run = [](const NamedCall& c, const ExecutionContext& context) {
+       forward(c.variant, args_from<ForwardArgs>(c), recurrence_options(c.options), context);
+     },
+     .outputs = outputs_of<ForwardArgs>},
+    {.operation = Operation::backward,
+     .name = "backward",
+     .tensor_slots = slots_of<BackwardArgs>,
+     .option_names = option_names_of<kRecurrenceOptions>,
+     .run = [](const NamedCall& c, const ExecutionContext& context) {
+       backward(c.variant, args_from<BackwardArgs>(c), recurrence_options(c.options), context);
+     },
+     .outputs = outputs_of<BackwardArgs>},
+    {.operation = Operation::conv_forward,
+     .name = "conv_forward",
+     .tensor_slots = slots_of<ConvArgs>,
+     .option_names = option_names_of<kConvOptions>,
+     .run = [](const NamedCall& c, const ExecutionContext& context) {
+       conv_forward(args_from<ConvArgs>(c), conv_options(c.options), context);
+     },
+     .outputs = outputs_of<ConvArgs>},
+    {.operation = Operation::conv_backward,
+     .name = "conv_backward",
+     .tensor_slots = slots_of<ConvBackwardArgs>,
+     .option_names = option_names_of<kConvOptions>,
+     .run = [](const NamedCall& c, const ExecutionContext& context) {
+       conv_backward(args_from<ConvBackwardArgs>(c), conv_options(c.options), context);
+     },
+     .outputs = outputs_of<ConvBackwardArgs>},
+    {.operation = Operation::norm_gate_forward,
+     .name = "norm_gate_forward",
+     .tensor_slots = slots_of<NormGateArgs>,
+     .option_names = option_names_of<kNormGateOptions>,
+     .run = [](const NamedCall& c, const ExecutionContext& context) {
+       norm_gate_forward(args_from<NormGateArgs>(c), norm_gate_options(c.options), context);
+     },
+     .outputs = outputs_of<NormGateArgs>},
+    {.operation = Operation::norm_gate_backward,
+     .name = "norm_gate_backward",
+     .tensor_slots = slots_of<NormGateBackwardArgs>,
+     .option_names = option_names_of<kNormGateOptions>,
+     .run = [](const NamedCall& c, const ExecutionContext& context) {
+       norm_gate_backward(args_from<NormGateBackwardArgs>(c), norm_gate_options(c.options), context);
+     },
+     .outputs = outputs_of<NormGateBackwardArgs>},
+};
+
+// kOperations in the order of flat::Operation: an operation is its entry's index.
+static_assert([] {
+  for (size_t i = 0; i < std::size(kOperations); ++i)
+    if (kOperations[i].operation != Operation(i)) return false;
+  return true;
+}());
+
+const OperationEntry& entry(Operation operation) { return kOperations[size_t(operation)]; }
+
 }  // namespace
 
-std::string_view operation_name(Operation operation) { return kOperationNames[int(operation)]; }
+std::string_view operation_name(Operation operation) { return entry(operation).name; }
 
 Operation parse_operation(std::string_view name) {
-  for (int i = 0; i < int(std::size(kOperationNames)); ++i)
-    if (kOperationNames[i] == name) return Operation(i);
-  throw Error("flat: unknown operation '" + std::string(name) +
-              "' (expected forward, backward, conv_forward, conv_backward, norm_gate_forward or norm_gate_backward)");
+  std::string expected;
+  for (size_t i = 0; i < std::size(kOperations); ++i) {
+    if (kOperations[i].name == name) return kOperations[i].operation;
+    expected += (i == 0 ? "" : i + 1 == std::size(kOperations) ? " or " : ", ") + std::string(kOperations[i].name);
+  }
+  throw Error("flat: unknown operation '" + std::string(name) + "' (expected " + expected + ")");
 }
 
-std::span<const TensorSlot> tensor_slots(Operation operation) {
-  switch (operation) {
-    case Operation::forward: return slots_of(kForwardTensors);
-    case Operation::backward: return slots_of(kBackwardTensors);
-    case Operation::conv_forward: return slots_of(kConvForwardTensors);
-    case Operation::conv_backward: return slots_of(kConvBackwardTensors);
-    case Operation::norm_gate_forward: return slots_of(kNormGateForwardTensors);
-    case Operation::norm_gate_backward: return slots_of(kNormGateBackwardTensors);
-  }
-  return {};
-}
+std::span<const TensorSlot> tensor_slots(Operation operation) { return entry(operation).tensor_slots(); }
 
-std::span<const std::string_view> option_names(Operation operation) {
-  switch (operation) {
-    case Operation::forward:
-    case Operation::backward: return field_names(std::span<const OptionField<Options>>(kRecurrenceOptions));
-    case Operation::conv_forward:
-    case Operation::conv_backward: return field_names(std::span<const OptionField<ConvOptions>>(kConvOptions));
-    case Operation::norm_gate_forward:
-    case Operation::norm_gate_backward:
-      return field_names(std::span<const OptionField<NormGateOptions>>(kNormGateOptions));
-  }
-  return {};
-}
+std::span<const std::string_view> option_names(Operation operation) { return entry(operation).option_names(); }
 
 Options recurrence_options(const NamedOptions& options) {
   return options_from(std::span<const OptionField<Options>>(kRecurrenceOptions), options);
@@ -333,46 +384,22 @@ NormGateOptions norm_gate_options(const NamedOptions& options) {
   return options_from(std::span<const OptionField<NormGateOptions>>(kNormGateOptions), options);
 }
 
-void call(const NamedCall& c, const ExecutionContext& context) {
-  switch (c.operation) {
-    case Operation::forward:
-      return forward(c.variant, args_from(std::span<const TensorField<ForwardArgs>>(kForwardTensors), c),
-                     recurrence_options(c.options), context);
-    case Operation::backward:
-      return backward(c.variant, args_from(std::span<const TensorField<BackwardArgs>>(kBackwardTensors), c),
-                      recurrence_options(c.options), context);
-    case Operation::conv_forward:
-      return conv_forward(args_from(std::span<const TensorField<ConvArgs>>(kConvForwardTensors), c),
-                          conv_options(c.options), context);
-    case Operation::conv_backward:
-      return conv_backward(args_from(std::span<const TensorField<ConvBackwardArgs>>(kConvBackwardTensors), c),
-                           conv_options(c.options), context);
-    case Operation::norm_gate_forward:
-      return norm_gate_forward(args_from(std::span<const TensorField<NormGateArgs>>(kNormGateForwardTensors), c),
-                               norm_gate_options(c.options), context);
-    case Operation::norm_gate_backward:
-      return norm_gate_backward(
-          args_from(std::span<const TensorField<NormGateBackwardArgs>>(kNormGateBackwardTensors), c),
-          norm_gate_options(c.options), context);
-  }
-}
-
+void call(const NamedCall& c, const ExecutionContext& context) { entry(c.operation).run(c, context); }
 
 std::vector<std::pair<std::string_view, Tensor>> output_shapes(Operation operation, Variant variant,
                                                                const std::vector<std::pair<std::string, Tensor>>& inputs,
                                                                const SequenceSizes& sizes, const NamedOptions& options) {
-  NamedCall c{operation, variant, inputs, {}, options};
-  for (auto& [name, tensor] : c.tensors) {
-    if (tensor.present() && tensor.data == nullptr) tensor.data = kNoData;
-    // Only inputs: an output given here is refused as a name the description does not take.
-    for (const TensorSlot& slot : tensor_slots(operation))
+  const OperationEntry& op = entry(operation);
+  // Only inputs: an output given here is refused as a name the description does not take.
+  for (const auto& [name, tensor] : inputs)
+    for (const TensorSlot& slot : op.tensor_slots())
       if (slot.name == name && slot.output)
         throw Error("flat: " + name + ": output_shapes takes the inputs, got the output " + name);
-  }
-  // Sequences of these sizes that any call of them may have: all empty but the last.
+  // Sequences of these sizes that any call of them may have: all empty but the last. Their
+  // tokens are the first input's (q, x).
   const Tensor* first = nullptr;
-  for (const auto& [name, tensor] : c.tensors)
-    if (name == "q" || name == "x") first = &tensor;
+  for (const auto& [name, tensor] : inputs)
+    if (name == op.tensor_slots().front().name) first = &tensor;
   const int64_t S = first && first->rank >= 2 ? first->shape[1] : 0;
   const int64_t B = first && first->rank >= 1 ? first->shape[0] : 0;
   std::vector<int64_t> offsets, rows;
@@ -381,72 +408,7 @@ std::vector<std::pair<std::string_view, Tensor>> output_shapes(Operation operati
     offsets.back() = S;
   }
   if (sizes.initial_state_indices) rows.assign(size_t(sizes.cu_seqlens > 0 ? sizes.cu_seqlens - 1 : B), -1);
-  c.sequences = {offsets, rows, {}, {}};
-
-  std::vector<std::pair<std::string_view, Tensor>> out;
-  const auto like = [&out](std::string_view name, const Tensor& input) {
-    if (input.present()) out.emplace_back(name, shaped_like(input));
-  };
-  switch (operation) {
-    case Operation::forward:
-    case Operation::backward: {
-      const Inputs in = operation == Operation::forward
-                            ? Inputs(args_from(std::span<const TensorField<ForwardArgs>>(kForwardTensors), c))
-                            : Inputs(args_from(std::span<const TensorField<BackwardArgs>>(kBackwardTensors), c));
-      const Params p = describe_inputs(variant, in, recurrence_options(options), operation == Operation::forward);
-      const int64_t count = p.sequences.count(p.B);
-      const Tensor state = shaped(DType::f32, {count, p.N, p.K, p.V});
-      if (operation == Operation::forward) {
-        out.emplace_back("y", shaped(in.v.dtype, {p.B, p.S, p.N, p.V}));
-        out.emplace_back("ht", state);
-        return out;
-      }
-      for (const auto& [name, input] : {std::pair{"dq", &in.q}, std::pair{"dk", &in.k}, std::pair{"dv", &in.v},
-                                        std::pair{"dg", &in.g}, std::pair{"dbeta", &in.beta}, std::pair{"db", &in.b},
-                                        std::pair{"dw", &in.w}})
-        like(name, *input);
-      if (in.h0.present()) out.emplace_back("dh0", state);
-      return out;
-    }
-    case Operation::conv_forward:
-    case Operation::conv_backward: {
-      const ConvInputs in =
-          operation == Operation::conv_forward
-              ? ConvInputs(args_from(std::span<const TensorField<ConvArgs>>(kConvForwardTensors), c))
-              : ConvInputs(args_from(std::span<const TensorField<ConvBackwardArgs>>(kConvBackwardTensors), c));
-      const ConvParams p = describe_conv_inputs(in, conv_options(options), operation == Operation::conv_forward);
-      const int64_t count = p.sequences.count(p.B);
-      const bool has_state = p.W > 1;
-      if (operation == Operation::conv_forward) {
-        like("y", in.x);
-        if (has_state) out.emplace_back("state", shaped(DType::f32, {count, p.C, p.W - 1}));
-        return out;
-      }
-      like("dx", in.x);
-      like("dweight", in.weight);
-      like("dbias", in.bias);
-      if (in.state0.present()) out.emplace_back("dstate0", shaped(DType::f32, {count, p.C, p.W - 1}));
-      return out;
-    }
-    case Operation::norm_gate_forward:
-    case Operation::norm_gate_backward: {
-      norm_gate_options(options);
-      const NormGateInputs in =
-          operation == Operation::norm_gate_forward
-              ? NormGateInputs(args_from(std::span<const TensorField<NormGateArgs>>(kNormGateForwardTensors), c))
-              : NormGateInputs(
-                    args_from(std::span<const TensorField<NormGateBackwardArgs>>(kNormGateBackwardTensors), c));
-      if (operation == Operation::norm_gate_forward) {
-        like("y", in.x);
-        return out;
-      }
-      like("dx", in.x);
-      like("dg", in.g);
-      like("dweight", in.weight);
-      return out;
-    }
-  }
-  return out;
+  return op.outputs({operation, variant, inputs, {offsets, rows, {}, {}}, options});
 }
 
 }  // namespace flat

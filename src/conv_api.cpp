@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "conv_params.h"
 #include "flat/flat.h"
+#include "operations.h"
 #include "validate.h"
 
 namespace flat {
@@ -38,10 +39,6 @@ void check_state(const std::string& name, const Tensor& t, const ConvParams& p, 
 
 void check_sequence(const std::string& name, const Tensor& t, const ConvParams& p) {
   check_tensor(name, t, {{"B", p.B}, {"S", p.S}, {"C", p.C}});
-}
-
-std::vector<validate::Named> input_views(const ConvInputs& in) {
-  return {{"x", &in.x}, {"weight", &in.weight}, {"bias", &in.bias}, {"state0", &in.state0}};
 }
 
 }  // namespace
@@ -81,7 +78,8 @@ ConvParams describe_conv_forward(const ConvArgs& a, const ConvOptions& options) 
   check_sequence("y", a.y, p);
   if (a.state.present()) check_state("state", a.state, p, a.sequences, validate::writes_pool(a.sequences));
   validate::check_pool_writes(a.sequences, p.B, p.S, {"state0", &a.state0}, {"state", &a.state});
-  validate::check_no_overlap({{"y", &a.y}, {"state", &a.state}}, input_views(a), {{"state", "state0"}});
+  validate::check_no_overlap(named_tensors(a, Tensors::outputs), named_tensors(a, Tensors::inputs),
+                             {{"state", "state0"}});
   p.y = rows_of(a.y);
   p.state = rows_of(a.state);
   return p;
@@ -100,10 +98,7 @@ ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& 
     fail("dbias", "given, but there is no bias");
   }
   if (a.dstate0.present()) check_state("dstate0", a.dstate0, p, a.sequences);
-  std::vector<validate::Named> inputs = input_views(a);
-  inputs.insert(inputs.end(), {{"dy", &a.dy}, {"dstate", &a.dstate}});
-  validate::check_no_overlap(
-      {{"dx", &a.dx}, {"dweight", &a.dweight}, {"dbias", &a.dbias}, {"dstate0", &a.dstate0}}, inputs);
+  validate::check_no_overlap(named_tensors(a, Tensors::outputs), named_tensors(a, Tensors::inputs));
   p.dy = rows_of(a.dy);
   p.dstate = rows_of(a.dstate);
   p.dx = rows_of(a.dx);
@@ -116,24 +111,13 @@ ConvParams describe_conv_backward(const ConvBackwardArgs& a, const ConvOptions& 
 
 void conv_forward(const ConvArgs& args, const ConvOptions& options, const ExecutionContext& context) {
   const ConvParams p = describe_conv_forward(args, options);
-  std::vector<validate::Named> tensors = input_views(args);
-  tensors.insert(tensors.end(), {{"y", &args.y}, {"state", &args.state}});
-  const Backend& backend = backend_for_call(tensors, context);
-  if (p.B == 0 || p.S == 0) return validate::pass_states(args.state0, args.state, p.sequences, p.sequences.count(p.B));
+  const Backend& backend = backend_for_call(named_tensors(args, Tensors::all), context);
   backend.conv_forward(p, context);
 }
 
 void conv_backward(const ConvBackwardArgs& args, const ConvOptions& options, const ExecutionContext& context) {
   const ConvParams p = describe_conv_backward(args, options);
-  std::vector<validate::Named> tensors = input_views(args);
-  tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dstate", &args.dstate}, {"dx", &args.dx},
-                                 {"dweight", &args.dweight}, {"dbias", &args.dbias}, {"dstate0", &args.dstate0}});
-  const Backend& backend = backend_for_call(tensors, context);
-  if (p.B == 0 || p.S == 0) {
-    // No position: the weight's and the bias's sums are 0, the state's gradient passes through.
-    for (const Tensor* grad : {&args.dx, &args.dweight, &args.dbias}) validate::fill_zero(*grad);
-    return validate::pass_states(args.dstate, args.dstate0, SequenceLayout{}, p.sequences.count(p.B));
-  }
+  const Backend& backend = backend_for_call(named_tensors(args, Tensors::all), context);
   backend.conv_backward(p, context);
 }
 

@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "flat/flat.h"
 #include "norm_params.h"
+#include "operations.h"
 #include "validate.h"
 
 namespace flat {
@@ -63,16 +64,12 @@ NormGateParams describe_inputs(const NormGateInputs& in, const NormGateOptions& 
   return p;
 }
 
-std::vector<validate::Named> input_views(const NormGateInputs& in) {
-  return {{"x", &in.x}, {"g", &in.g}, {"weight", &in.weight}};
-}
-
 }  // namespace
 
 NormGateParams describe_norm_gate_forward(const NormGateArgs& a, const NormGateOptions& options) {
   NormGateParams p = describe_inputs(a, options);
   check_rows("y", a.y, p);
-  validate::check_no_overlap({{"y", &a.y}}, input_views(a));
+  validate::check_no_overlap(named_tensors(a, Tensors::outputs), named_tensors(a, Tensors::inputs));
   p.y = rows_of(a.y);
   return p;
 }
@@ -89,9 +86,7 @@ NormGateParams describe_norm_gate_backward(const NormGateBackwardArgs& a, const 
     fail("dg", "given, but there is no g");
   }
   check_weight("dweight", a.dweight, p, p.weight_rows);
-  std::vector<validate::Named> inputs = input_views(a);
-  inputs.push_back({"dy", &a.dy});
-  validate::check_no_overlap({{"dx", &a.dx}, {"dg", &a.dg}, {"dweight", &a.dweight}}, inputs);
+  validate::check_no_overlap(named_tensors(a, Tensors::outputs), named_tensors(a, Tensors::inputs));
   p.dy = rows_of(a.dy);
   p.dx = rows_of(a.dx);
   p.dg = rows_of(a.dg);
@@ -101,20 +96,14 @@ NormGateParams describe_norm_gate_backward(const NormGateBackwardArgs& a, const 
 
 void norm_gate_forward(const NormGateArgs& args, const NormGateOptions& options, const ExecutionContext& context) {
   const NormGateParams p = describe_norm_gate_forward(args, options);
-  std::vector<validate::Named> tensors = input_views(args);
-  tensors.push_back({"y", &args.y});
-  const Backend& backend = backend_for_call(tensors, context);
-  if (int64_t(p.B) * p.S * p.N == 0) return;  // no row
+  const Backend& backend = backend_for_call(named_tensors(args, Tensors::all), context);
   backend.norm_gate_forward(p, context);
 }
 
 void norm_gate_backward(const NormGateBackwardArgs& args, const NormGateOptions& options,
                         const ExecutionContext& context) {
   const NormGateParams p = describe_norm_gate_backward(args, options);
-  std::vector<validate::Named> tensors = input_views(args);
-  tensors.insert(tensors.end(), {{"dy", &args.dy}, {"dx", &args.dx}, {"dg", &args.dg}, {"dweight", &args.dweight}});
-  const Backend& backend = backend_for_call(tensors, context);
-  if (int64_t(p.B) * p.S * p.N == 0) return validate::fill_zero(args.dweight);  // summed over no row
+  const Backend& backend = backend_for_call(named_tensors(args, Tensors::all), context);
   backend.norm_gate_backward(p, context);
 }
 

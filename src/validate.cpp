@@ -1,9 +1,7 @@
 #include "validate.h"
 
 #include <algorithm>
-#include <array>
 #include <climits>
-#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -330,57 +328,6 @@ void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& in
              " are one pool updated in place, so a row one sequence reads may be written by no other; got row " +
              std::to_string(r) + " read by sequence " + std::to_string(i) + " and written by sequence " +
              std::to_string(w.sequence) + (w.array ? " (" + w.name() + ")" : ""));
-  }
-}
-
-namespace {
-
-// The address of element (i0, i1, i2, i3) of a tensor of rank 1 to 4, its indices right-aligned
-// (a rank-3 tensor takes i1, i2, i3).
-char* element(const Tensor& t, std::array<int64_t, 4> index) {
-  int64_t offset = 0;
-  for (int d = 0; d < t.rank; ++d) offset += index[size_t(4 - t.rank + d)] * t.stride[size_t(d)];
-  return static_cast<char*>(t.data) + offset * (t.dtype == DType::bf16 ? 2 : 4);
-}
-
-// The sizes of a tensor's axes right-aligned to 4, the missing leading ones 1.
-std::array<int64_t, 4> aligned_shape(const Tensor& t) {
-  std::array<int64_t, 4> shape{1, 1, 1, 1};
-  for (int d = 0; d < t.rank; ++d) shape[size_t(4 - t.rank + d)] = t.shape[size_t(d)];
-  return shape;
-}
-
-}  // namespace
-
-void fill_zero(const Tensor& t) {
-  if (element_count(t) == 0) return;
-  const std::array<int64_t, 4> n = aligned_shape(t);
-  const size_t run = size_t(n[3]) * (t.dtype == DType::bf16 ? 2 : 4);  // the contiguous last axis
-  for (int64_t a = 0; a < n[0]; ++a)
-    for (int64_t b = 0; b < n[1]; ++b)
-      for (int64_t c = 0; c < n[2]; ++c) std::memset(element(t, {a, b, c, 0}), 0, run);
-}
-
-void pass_states(const Tensor& initial, const Tensor& final, const SequenceLayout& rows, int64_t count) {
-  if (!final.present()) return;
-  // One state: the axes after the leading (row) one, right-aligned to 3.
-  std::array<int64_t, 4> n = aligned_shape(final);
-  n[size_t(4 - final.rank)] = 1;
-  const size_t run = size_t(n[3]) * sizeof(float);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t to = rows.write_row(i), from = initial.present() ? rows.read_row(i) : -1;
-    if (to < 0) continue;
-    const auto at = [](const Tensor& t, int64_t row, int64_t b, int64_t c) {
-      std::array<int64_t, 4> index{0, b, c, 0};
-      index[size_t(4 - t.rank)] = row;
-      return element(t, index);
-    };
-    for (int64_t b = 0; b < n[1]; ++b)
-      for (int64_t c = 0; c < n[2]; ++c) {
-        char* dst = at(final, to, b, c);
-        if (from < 0) std::memset(dst, 0, run);
-        else std::memmove(dst, at(initial, from, b, c), run);
-      }
   }
 }
 

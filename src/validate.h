@@ -97,17 +97,4 @@ void check_indices(const std::string& name, std::span<const int64_t> indices, co
 // place), none that another sequence reads. S: the length of the tensor packing the sequences.
 void check_pool_writes(const Sequences& s, int64_t B, int64_t S, const Named& initial, const Named& final);
 
-// An empty call (no token: B = 0 or S = 0) runs no kernel; the entry points write its results
-// here instead, in host memory (the CPU's tensors).
-//
-// Zeroes every element of a present tensor (bf16 or fp32, any strides): the gradient of a
-// parameter summed over no tokens.
-void fill_zero(const Tensor& t);
-// Each sequence i < count passes its initial state on unchanged, as a sequence of no tokens does:
-// the row rows.write_row(i) of `final` (none for -1) gets the row rows.read_row(i) of `initial`, or
-// zeros where `initial` is absent or the row is -1. States are fp32 [rows, ...]; no row is read
-// after another sequence wrote it (check_pool_writes). A default SequenceLayout passes row i to
-// row i (the states' gradients: dh0 from dht).
-void pass_states(const Tensor& initial, const Tensor& final, const SequenceLayout& rows, int64_t count);
-
 }  // namespace flat::validate

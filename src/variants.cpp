@@ -63,6 +63,15 @@ const VariantInfo& info(Variant variant) {
 
 std::string_view variant_name(Variant variant) { return info(variant).name; }
 
+std::vector<VariantSummary> variant_summaries() {
+  static constexpr std::string_view kGates[] = {"none", "per_sequence", "per_token", "per_channel", "grouped"};
+  static constexpr std::string_view kUpdates[] = {"additive", "delta", "erase_write"};
+  std::vector<VariantSummary> out;
+  for (const VariantInfo& v : kVariants)
+    out.push_back({v.variant, v.name, kGates[int(v.gate)], kUpdates[int(v.update)], v.default_gate_group});
+  return out;
+}
+
 Variant parse_variant(std::string_view name) {
   std::string names;
   for (const VariantInfo& v : kVariants) {

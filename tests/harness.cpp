@@ -12,6 +12,7 @@
 #include "checks.h"
 #include "cpu/recurrence.h"
 #include "cpu/targets.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 
@@ -414,15 +415,16 @@ KernelOutputs run_kernel(const Problem& pr, bool backward, int threads, const cp
 
 ErrorsByTarget compare(const Case& c) { return compare(Problem(c)); }
 
-ErrorsByTarget compare(const Problem& pr, const Implementation& implementation) {
+ErrorsByTarget compare(const Problem& pr, const Implementation& implementation,
+                       const std::vector<const cpu::Target*>& targets) {
   const ref::Outputs want = ref::forward(pr.ref, pr.in);
   const ref::Gradients dwant = ref::backward(pr.ref, pr.in, pr.dy, pr.dht);
   const auto error = [](const std::vector<double>& got, const std::vector<double>& want) {
     return relative_error(got, representable(want, got));
   };
   ErrorsByTarget out;
-  for (const cpu::Target* target : cpu::supported_targets()) {
-    if (!pr.c.on_models && target->software_model) continue;
+  for (const cpu::Target* target : targets) {
+    if (!pr.c.on_models && test::software_model(*target)) continue;
     const KernelOutputs got = run_kernel(pr, true, pr.c.threads, *target, implementation);
     Errors e;
     e.y = error(got.y, want.y);

@@ -13,6 +13,7 @@
 #include "cpu/run.h"
 #include "params.h"
 #include "ref/reference.h"
+#include "tested_targets.h"
 #include "variants.h"
 
 namespace flat {
@@ -52,7 +53,7 @@ struct Case {
   Decay decay = Decay::medium;
   int threads = 2;
   uint64_t seed = 1;
-  // Also on the targets whose unit is a software model (Target::software_model); a sweep over many
+  // Also on the targets whose unit is a software model (test::software_model); a sweep over many
   // lengths runs them at a few of its points.
   bool on_models = true;
 
@@ -151,10 +152,11 @@ Implementation decode_path();
 KernelOutputs run_kernel(const Problem& problem, bool backward, int threads, const cpu::Target& target,
                          const Implementation& implementation = library());
 
-// Runs the oracle once and the implementation on every target this CPU supports, and returns the
-// errors of each.
+// Runs the oracle once and the implementation on `targets` (by default every target of the tests
+// this CPU runs: tested_targets.h), and returns the errors of each.
 ErrorsByTarget compare(const Case& c);
-ErrorsByTarget compare(const Problem& problem, const Implementation& implementation = library());
+ErrorsByTarget compare(const Problem& problem, const Implementation& implementation = library(),
+                       const std::vector<const cpu::Target*>& targets = supported_targets());
 
 void PrintTo(const Case& c, std::ostream* os);
 inline void PrintTo(const Implementation& implementation, std::ostream* os) { *os << implementation.name; }

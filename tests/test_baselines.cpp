@@ -66,7 +66,8 @@ class BaselineVsOracle : public ::testing::TestWithParam<std::tuple<Implementati
 
 TEST_P(BaselineVsOracle, ForwardAndBackward) {
   const auto& [implementation, c] = GetParam();
-  expect_within_bounds(compare(Problem(c), implementation), c.dtype);
+  // On the library's targets, the bench's: the tile unit's models are the tests' alone.
+  expect_within_bounds(compare(Problem(c), implementation, cpu::supported_targets()), c.dtype);
 }
 
 // Same bits for any thread count: each (batch, head) is one thread's work and gradients of shared

@@ -15,6 +15,7 @@
 #include "cpu/conv.h"
 #include "harness.h"
 #include "test_conv_harness.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -168,7 +169,7 @@ void expect_matches_oracle(const ConvCase& c) {
   const ref::ConvGradients dwant = ref::conv_backward(d.problem, d.in, d.dy, d.dstate);
   const Tolerances tol = tolerances(c);
   std::vector<const cpu::Target*> runs{nullptr};  // the public API first
-  for (const cpu::Target* target : cpu::supported_targets()) runs.push_back(target);
+  for (const cpu::Target* target : test::supported_targets()) runs.push_back(target);
   for (const cpu::Target* target : runs) {
     SCOPED_TRACE(target ? target->name : "public API");
     const ConvResults got = run_conv(d, true, c.threads, target);

@@ -16,6 +16,7 @@
 #include "cpu/run.h"
 #include "cpu/targets.h"
 #include "harness.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -151,7 +152,7 @@ TEST_P(SolvesAgree, ToFp32Rounding) {
   c.h0 = c.dht = true;
   fit_gate_group(c);
   const Problem problem(c);  // the solve does not change the problem drawn
-  for (const cpu::Target* target : cpu::supported_targets()) {
+  for (const cpu::Target* target : test::supported_targets()) {
     auto run = [&](Solve solve) {
       Problem with = problem;
       with.c.solve = solve;
@@ -217,7 +218,7 @@ TEST_P(KeptSolves, SameBitsAsSolvingAgain) {
     c.variant = GetParam();
     fit_gate_group(c);
     const Problem problem(c);
-    for (const cpu::Target* target : cpu::supported_targets()) {
+    for (const cpu::Target* target : test::supported_targets()) {
       const KernelOutputs kept = run_kernel(problem, true, 2, *target),
                           again = run_kernel(problem, true, 2, *target, formed_again);
       for (const auto& [name, values] : kKernelOutputs)

@@ -5,6 +5,7 @@
 
 #include "cpu/targets.h"
 #include "harness.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 // On every target: the runs on each thread count bitwise equal the one on a single thread (the
 // outputs are floats widened exactly to double).
 void expect_same_bits(const Problem& problem, std::initializer_list<int> thread_counts) {
-  for (const cpu::Target* target : cpu::supported_targets()) {
+  for (const cpu::Target* target : test::supported_targets()) {
     const KernelOutputs reference = run_kernel(problem, true, 1, *target);
     for (int threads : thread_counts) {
       const KernelOutputs other = run_kernel(problem, true, threads, *target);

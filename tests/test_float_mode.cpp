@@ -16,6 +16,7 @@
 #include "cpu/targets.h"
 #include "flat/flat.h"
 #include "params.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -315,7 +316,7 @@ TEST(FlushSubnormals, HostThreadsGetTheirModeBack) {
 // Each target's kernels compute in the mode (the tests above run the default target).
 TEST(FlushSubnormals, EveryTargetFlushes) {
   SKIP_WITHOUT_FLUSH_MODE();
-  for (const cpu::Target* target : cpu::supported_targets()) {
+  for (const cpu::Target* target : test::supported_targets()) {
     for (Variant variant : {Variant::la, Variant::gated_deltanet}) {
       for (int64_t S : {int64_t{1}, int64_t{70}}) {
         Recurrence r(variant, S, kSubnormal, 1.f);

@@ -19,6 +19,7 @@
 #include "cpu/kernels/tiles__model.h"
 #include "cpu/kernels/vector_math__generic.h"
 #include "cpu/targets.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -47,7 +48,7 @@ bool is_zero(Triangle tri, int i, int p) {
 // target's per-thread scope (the amx target's tile configuration), as the drivers do.
 template <class Check>
 void on_every_target(Check&& check) {
-  for (const cpu::Target* target : cpu::supported_targets()) {
+  for (const cpu::Target* target : test::supported_targets()) {
     SCOPED_TRACE(std::string("target ") + target->name);
     const cpu::ThreadScope scope(*target, false);
     check(*target);
@@ -358,7 +359,7 @@ TEST(MicroKernels, TileTargetsChooseTheUnitPerProduct) {
       if (std::bit_cast<uint32_t>(got[at]) != std::bit_cast<uint32_t>(want[at])) return false;
     return true;
   };
-  for (const cpu::Target* target : cpu::supported_targets()) {
+  for (const cpu::Target* target : test::supported_targets()) {
     if (!target->tile_products) continue;
     SCOPED_TRACE(std::string("target ") + target->name);
     const cpu::Target* vector_target = vector_target_under(target->name);

@@ -14,6 +14,7 @@
 
 #include "cpu/targets.h"
 #include "harness.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -66,7 +67,7 @@ TEST_P(NonFinite, NeverSwallowed) {
 
     element(problem) = value;
     int reached = 0;
-    for (const cpu::Target* target : cpu::supported_targets()) {
+    for (const cpu::Target* target : test::supported_targets()) {
       const KernelOutputs got = run_kernel(problem, true, 2, *target);
       for (size_t o = 0; o < clean.size(); ++o) {
         const auto& [name, values] = kKernelOutputs[o];

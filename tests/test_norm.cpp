@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/norm.h"
 #include "cpu/targets.h"
 #include "harness.h"
-#include "cpu/norm.h"
 #include "ref/norm_reference.h"
 #include "test_norm_harness.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -192,7 +193,7 @@ void expect_matches_oracle(const NormCase& c) {
   const bool bf16 = c.x_dtype == DType::bf16 || c.g_dtype == DType::bf16 || c.y_dtype == DType::bf16;
   const double out_tol = bf16 ? 5e-3 : 1e-5, grad_tol = bf16 ? 1e-2 : 1e-5;
   std::vector<const cpu::Target*> runs{nullptr};  // the public API first
-  for (const cpu::Target* target : cpu::supported_targets()) runs.push_back(target);
+  for (const cpu::Target* target : test::supported_targets()) runs.push_back(target);
   for (const cpu::Target* target : runs) {
     SCOPED_TRACE(target ? target->name : "public API");
     const NormResults got = run_norm(d, c.threads, target);

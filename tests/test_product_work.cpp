@@ -10,11 +10,11 @@
 #include <atomic>
 #include <cstdint>
 
-#include "backend.h"
 #include "bench_workload.h"
 #include "cpu/kernels/conv_rows__generic.h"
 #include "cpu/kernels/micro_kernels__generic.h"
 #include "cpu/make_target.h"
+#include "cpu/on_target.h"
 #include "params.h"
 
 namespace flat::test {
@@ -60,7 +60,7 @@ constexpr cpu::MicroKernels kCountingKernels = [] {
   return kernels;
 }();
 constexpr cpu::Target kCountingTarget = cpu::make_target<kCountingKernels, cpu::conv_generic::ConvRowsGeneric>(
-    {.name = "counting", .products = "the portable target's, counted"});
+    {.name = "counting"});
 
 // The formula's count but where the products take a strict triangle (tri' = L(L-1)/2 pairs) with
 // its diagonal (a triangle of Triangle includes it: tri = L(L+1)/2, L more per column): the delta

@@ -16,6 +16,7 @@
 #include "cpu/tile_support.h"
 #include "harness.h"
 #include "test_conv_harness.h"
+#include "tested_targets.h"
 
 namespace flat::test {
 namespace {
@@ -63,17 +64,20 @@ TEST(Targets, FlatIsaNamesATargetThisCpuRunsOrIsRefused) {
     EXPECT_EQ(&cpu::default_target(), &cpu::choose_target(cpu::requested_target()));
 }
 
-// The tests' model of the tile unit is a target of its own on x86 (the amx target's code on the
-// model) and needs what the amx target needs but the tiles; its stand-in for CPUs without AVX-512,
-// amx_model_avx2 (the tile products on the model, avx2's vector code around them), runs exactly
-// where amx_model does not and AVX2 does, so each such CPU tests the tile paths once; all run only
-// on request (the models always, amx until its speed is measured). On x86, in every build but the
-// sanitized one, which builds the portable target alone (CMakeLists.txt).
+// The tests' model of the tile unit is a target of their own on x86 (the amx target's code on the
+// model), never the library's, and needs what the amx target needs but the tiles; its stand-in for
+// CPUs without AVX-512, amx_model_avx2 (the tile products on the model, avx2's vector code around
+// them), runs exactly where amx_model does not and AVX2 does, so each such CPU tests the tile paths
+// once; all run only on request (the models always, amx until its speed is measured). On x86, in
+// every build but the sanitized one, which builds the portable target alone (CMakeLists.txt).
 TEST(Targets, TheTileModelIsATargetForTheTests) {
-  const cpu::Target* model = cpu::find_target("amx_model");
-  const cpu::Target* stand_in = cpu::find_target("amx_model_avx2");
+  const cpu::Target* model = test::find_target("amx_model");
+  const cpu::Target* stand_in = test::find_target("amx_model_avx2");
   const cpu::Target* amx = cpu::find_target("amx");
   const cpu::Target* avx2 = cpu::find_target("avx2");
+  for (const cpu::Target* t : cpu::compiled_targets()) EXPECT_FALSE(test::software_model(*t)) << t->name;
+  EXPECT_EQ(cpu::find_target("amx_model"), nullptr) << "a model in the library";
+  EXPECT_EQ(cpu::find_target("amx_model_avx2"), nullptr) << "a model in the library";
 #if defined(FLAT_X86_TARGETS)
   ASSERT_NE(model, nullptr);
   ASSERT_NE(stand_in, nullptr);
@@ -85,8 +89,8 @@ TEST(Targets, TheTileModelIsATargetForTheTests) {
   EXPECT_EQ(amx->needs, model->needs | cpu::kCpuAmxBf16);
   EXPECT_EQ(stand_in->needs, avx2->needs);
   EXPECT_EQ(stand_in->replaced_where, model->needs);
-  EXPECT_TRUE(model->tile_products && model->software_model);
-  EXPECT_TRUE(stand_in->tile_products && stand_in->software_model);
+  EXPECT_TRUE(model->tile_products && test::software_model(*model));
+  EXPECT_TRUE(stand_in->tile_products && test::software_model(*stand_in));
   EXPECT_NE(cpu::supported(*model), cpu::supported(*stand_in) || !cpu::supported(*avx2))
       << "one model of the tile unit on a CPU with AVX2";
 #else
@@ -129,7 +133,7 @@ TEST(Targets, DeclaredNeedsAreConsistent) {
   const cpu::Target& portable = *cpu::compiled_targets().front();
   EXPECT_EQ(portable.needs, 0u) << portable.name;
   EXPECT_TRUE(cpu::supported(portable));
-  for (const cpu::Target* t : cpu::compiled_targets()) {
+  for (const cpu::Target* t : test::targets()) {
     if (t->preferred_with & cpu::kCpuBf16DotOutrunsFma) {
       EXPECT_TRUE(t->needs & cpu::kCpuAvx512Bf16) << t->name;
     }

@@ -16,12 +16,13 @@
 #include <vector>
 
 #include "checks.h"
-#include "cpu/conv.h"
 #include "conv_params.h"
+#include "cpu/conv.h"
 #include "cpu/recurrence.h"
 #include "cpu/targets.h"
 #include "harness.h"
 #include "params.h"
+#include "tested_targets.h"
 #include "variants.h"
 
 namespace flat::test {
@@ -227,7 +228,7 @@ TEST_P(VarlenRecurrence, PackedEqualsOneByOne) {
         r.h0 = Array(DType::f32, r.state_shape(count));
         r.h0.fill(rng, -1, 1);
       }
-      for (const cpu::Target* target : cpu::supported_targets()) {
+      for (const cpu::Target* target : test::supported_targets()) {
         SCOPED_TRACE(std::string(variant_name(variant)) + " " + std::string(dtype_name(dtype)) + " K" +
                      std::to_string(shape.K) + " V" + std::to_string(shape.V) + " C" + std::to_string(C) +
                      (with_h0 ? " h0 " : " ") + target->name);
@@ -329,7 +330,7 @@ TEST_P(VarlenPool, ReadsAndWritesIndexedRowsInPlace) {
       std::mt19937 rng(5);
       const Array original = make_pool(r, c, rng);
       const size_t state = original.step(0);
-      for (const cpu::Target* target : cpu::supported_targets()) {
+      for (const cpu::Target* target : test::supported_targets()) {
         SCOPED_TRACE(std::string(variant_name(variant)) + (c.layout.cu.empty() ? " rows" : " cu_seqlens") +
                      (in_place ? " in place " : " two pools ") + target->name);
         // What each written row must hold, from the sequences run alone; every other row as it was.
@@ -492,7 +493,7 @@ TEST_P(VarlenConv, PackedEqualsOneByOne) {
         state0 = Array(DType::f32, c.state_shape(count));
         state0.fill(rng, -1, 1);
       }
-      for (const cpu::Target* target : cpu::supported_targets()) {
+      for (const cpu::Target* target : test::supported_targets()) {
         SCOPED_TRACE(std::to_string(W) + " taps" + (with_state0 ? " state0 " : " ") + target->name);
         ConvArgs a(c.inputs(-1));
         a.state0 = state0.tensor();
@@ -563,7 +564,7 @@ TEST(VarlenConvPool, ReadsAndWritesIndexedRowsInPlace) {
       const size_t row = original.step(0);
       for (int64_t r : pc.reads)
         if (r >= 0) std::memcpy(original.bytes() + size_t(r) * row, values.bytes() + size_t(r) * row, row);
-      for (const cpu::Target* target : cpu::supported_targets()) {
+      for (const cpu::Target* target : test::supported_targets()) {
         SCOPED_TRACE(std::string(pc.layout.cu.empty() ? "rows" : "cu_seqlens") +
                      (in_place ? " in place " : " two pools ") + target->name);
         Array expected = in_place ? original : Array(DType::f32, c.state_shape(pc.P));
@@ -683,7 +684,7 @@ TEST_P(VarlenTokenStates, KeepsEachTokensStateAndRollsBack) {
     run_forward(r, a, target, 1);
     return ht;
   };
-  for (const cpu::Target* target : cpu::supported_targets()) {
+  for (const cpu::Target* target : test::supported_targets()) {
     SCOPED_TRACE(std::string(variant_name(variant)) + " " + target->name);
     Array pool = original, y(DType::f32, r.output_shape(-1));
     ForwardArgs a(r.inputs(-1));
@@ -745,7 +746,7 @@ TEST(VarlenConvTokenStates, KeepsEachTokensState) {
   std::mt19937 rng(10);
   const Array original = pool_with(c.state_shape(step.P), step.reads, rng);
   const size_t row = original.step(0);
-  for (const cpu::Target* target : cpu::supported_targets()) {
+  for (const cpu::Target* target : test::supported_targets()) {
     SCOPED_TRACE(target->name);
     Array pool = original, y(DType::bf16, c.sequence_shape(-1));
     ConvArgs a(c.inputs(-1));

@@ -16,13 +16,13 @@
 #include <sstream>
 #include <thread>
 
-#include "backend.h"
 #include "baseline/baselines.h"
 #include "bench_conv.h"
 #include "bench_norm.h"
 #include "bench_serve.h"
 #include "bench_workload.h"
 #include "ceilings.h"
+#include "cpu/on_target.h"
 #include "cpu/run.h"
 #include "cpu/targets.h"
 #include "flat/flat.h"
@@ -56,6 +56,17 @@ ProductUnit product_unit(const cpu::Target& target) {
   if (target.tile_products) return ProductUnit::bf16_tiles;
   if (target.needs & cpu::kCpuAvx512Bf16) return ProductUnit::bf16_dot;
   return ProductUnit::fp32_fma;
+}
+
+// What the target's chunk products run on, in words: the report's title.
+const char* products_in_words(const cpu::Target& target) {
+  switch (product_unit(target)) {
+    case ProductUnit::bf16_tiles: return "every product on AMX tiles";
+    case ProductUnit::bf16_dot:
+      return "products of bf16 values on bf16 dot products (every product at fast precision), the others on fp32 FMA";
+    case ProductUnit::fp32_fma: break;
+  }
+  return target.needs & cpu::kCpuFma ? "chunk products on fp32 FMA" : "chunk products in portable C++";
 }
 
 // "[3/32] gla backward, fused ... 412.3 ms" on the error stream, one line per measurement.
@@ -362,7 +373,7 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   report.decode_repeats = kDecodeRepeats;
   report.serving_repeats = kServingRepeats;
   report.isa = cpu::default_target().name;
-  report.products = cpu::default_target().products;
+  report.products = products_in_words(cpu::default_target());
   report.product_unit = product_unit(cpu::default_target());
   if (o.against) report.against = o.against->name;
   const std::optional<cpu::Target> vector_work = vector_work_target(cpu::default_target());

@@ -27,8 +27,9 @@ std::string_view operation_name(Operation operation);
 Operation parse_operation(std::string_view name);
 
 // A tensor of an operation: its field's name in the operation's Args (q, h0, dy, state0, ...) and
-// whether the call writes it. The order is the one in which positional front ends pass them (the
-// JAX FFI: the inputs as operands, then the outputs as results).
+// whether the call writes it, from the operation's table (src/operations.h). The order is the one
+// in which positional front ends pass them (the JAX FFI: the inputs as operands, then the outputs
+// as results).
 struct TensorSlot {
   std::string_view name;
   bool output;

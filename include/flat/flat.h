@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace flat {
 
@@ -85,6 +86,23 @@ enum class Variant { la, retnet, mamba2, gla, deltanet, gated_deltanet, kda, gdn
 std::string_view variant_name(Variant variant);
 // Throws flat::Error for an unknown name.
 Variant parse_variant(std::string_view name);
+
+// A variant as the library's table of variants describes it, for front ends that build their
+// functions from it: its name, its gate's shape ("none", "per_sequence", "per_token",
+// "per_channel", "grouped"), its state update ("additive", "delta", "erase_write") and, for a
+// grouped gate, the channels per gate value when Options::gate_group is 0 (0: from g's last axis).
+struct VariantSummary {
+  Variant variant;
+  std::string_view name, gate, update;
+  int default_gate_group;
+};
+// Every variant's, in the order of flat::Variant.
+std::vector<VariantSummary> variant_summaries();
+
+// The CPU target this process's calls run on: FLAT_ISA's, or the best this CPU runs (the
+// targets: docs/algorithm.md). Throws flat::Error naming FLAT_ISA for a target this build or this
+// CPU does not have.
+std::string_view cpu_target();
 
 // How the delta family inverts (I + L) per chunk (all exact; see docs/algorithm.md).
 enum class Solve {

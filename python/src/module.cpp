@@ -21,12 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu/targets.h"
 #include "flat/call.h"
 #include "host_threads.h"
 #include "jax_ffi.h"
 #include "names.h"
-#include "variants.h"
 
 namespace nb = nanobind;
 
@@ -210,10 +208,7 @@ NB_MODULE(_core, m) {
   // The variants' table: name -> (gate, update, default gate group).
   m.def("variants", [] {
     std::vector<std::tuple<std::string, std::string, std::string, int>> out;
-    static const char* kGates[] = {"none", "per_sequence", "per_token", "per_channel", "grouped"};
-    static const char* kUpdates[] = {"additive", "delta", "erase_write"};
-    for (const VariantInfo& v : all_variants())
-      out.emplace_back(v.name, kGates[int(v.gate)], kUpdates[int(v.update)], v.default_gate_group);
+    for (const VariantSummary& v : variant_summaries()) out.emplace_back(v.name, v.gate, v.update, v.default_gate_group);
     return out;
   });
   m.def("precisions", [] {
@@ -221,7 +216,7 @@ NB_MODULE(_core, m) {
     for (Precision p : kPrecisions) out.emplace_back(precision_name(p));
     return out;
   }, "the names precision= takes (flat::Precision), the default first");
-  m.def("target", [] { return std::string(cpu::default_target().name); }, "the CPU target calls run on");
+  m.def("target", [] { return std::string(cpu_target()); }, "the CPU target calls run on (flat::cpu_target)");
   m.def("last_openmp_team", &last_openmp_team, "threads of the last call run on the OpenMP runtime (tests)");
 
   m.def(

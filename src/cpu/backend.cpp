@@ -1,5 +1,7 @@
 // The CPU backend: every call on the default target (src/cpu/targets.h), on the context's
-// threads, or on the host framework's parallel-for when the context gives one.
+// threads, or on the host framework's parallel-for when the context gives one. An empty call (no
+// token) runs through the drivers as any other: each sequence's final state is its initial one,
+// each state's gradient passes through, and a gradient summed over no token is written as zero.
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
@@ -9,6 +11,7 @@
 #include "cpu/conv.h"
 #include "cpu/float_mode.h"
 #include "cpu/norm.h"
+#include "cpu/on_target.h"
 #include "cpu/recurrence.h"
 #include "cpu/values.h"
 

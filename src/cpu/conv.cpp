@@ -113,6 +113,23 @@ void write_states(const ConvParams& p, std::vector<float>& scratch) {
   }
 }
 
+// The backward of a call of no position (S = 0: every sequence empty): no block runs; each
+// sequence's state gradient passes through (dstate0 = dstate, zeros without it) and the weight's
+// and the bias's sums over no position are zero.
+void backward_of_no_position(const ConvParams& p) {
+  const int K = p.W - 1;
+  for (int64_t i = 0; p.dstate0.present() && i < p.sequences.count(p.B); ++i)
+    for (int c = 0; c < p.C; ++c) {
+      float* to = reinterpret_cast<float*>(p.dstate0.row(i, c, 0));
+      if (p.dstate.present()) std::memmove(to, p.dstate.row(i, c, 0), sizeof(float) * size_t(K));
+      else std::fill(to, to + K, 0.0f);
+    }
+  for (int c = 0; c < p.C; ++c) {
+    std::fill(p.dweight + int64_t(c) * p.dweight_stride, p.dweight + int64_t(c) * p.dweight_stride + p.W, 0.0f);
+    if (p.dbias) p.dbias[c] = 0.0f;
+  }
+}
+
 }  // namespace
 
 ConvPartition conv_partition(const ConvParams& p) {
@@ -123,11 +140,12 @@ ConvPartition conv_partition(const ConvParams& p) {
     part.first_row.push_back(part.first_row.back() + one.B * blocks_of(one.S));
   }
   // Whole rows (up to kConvMaxChannelBlock channels); narrower blocks (down to 16 channels) where
-  // the rows of positions alone are fewer than 8 blocks, so that threads have work at any shape.
+  // the rows of positions alone are fewer than 8 blocks, so that threads have work at any shape. A
+  // call of no batch row (B = 0) has no row and no item.
   constexpr int64_t kMinItems = 8;
   int64_t channel_blocks = ceil_div(p.C, kConvMaxChannelBlock);
   const int64_t rows = part.rows();
-  if (rows * channel_blocks < kMinItems)
+  if (rows > 0 && rows * channel_blocks < kMinItems)
     channel_blocks = std::min<int64_t>(ceil_div(p.C, 16), ceil_div(kMinItems, rows));
   part.channel_block = round16(int(ceil_div(p.C, channel_blocks)));
   part.channel_blocks = int(ceil_div(p.C, part.channel_block));
@@ -158,6 +176,7 @@ void conv_forward(const ConvParams& p, const Run& run) {
 }
 
 void conv_backward(const ConvParams& p, const Run& run) {
+  if (p.S == 0) return backward_of_no_position(p);
   const ConvKernels& kernels = run.target.conv;
   const ConvPartition part = conv_partition(p);
   const PackedTaps taps(p);

@@ -7,19 +7,9 @@
 #include <cstddef>
 
 #include "conv_params.h"
+#include "cpu/kernels/conv_packing.h"
 
 namespace flat::cpu {
-
-// Per-channel tables (taps, partial sums, the leaves' rings) are laid out by groups of 16
-// channels, the K values of a group one vector after the other: value k of channel c at
-// packed_index(c, k, K). A vector kernel then reaches all of a group's values from one pointer.
-// Internal linkage: the ISA translation units include this too, each with its own flags.
-namespace {
-inline size_t packed_index(int c, int k, int K) {
-  return (size_t(c / 16) * size_t(K) + size_t(k)) * 16 + size_t(c % 16);
-}
-inline size_t packed_size(int channels, int K) { return size_t((channels + 15) / 16) * size_t(K) * 16; }
-}  // namespace
 
 // The taps packed once per call: tap w of channel c at packed_index(c, w, W + 1), the bias at
 // packed_index(c, W, W + 1) (zero when the call has none); channels past C are zero.

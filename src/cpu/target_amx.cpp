@@ -14,7 +14,6 @@ namespace flat::cpu {
 const Target& target_amx() {
   static constexpr Target target = make_target<micro_kernels__amx, conv_avx512::ConvRowsAvx512<true>>(
       {.name = "amx",
-       .products = "every product on AMX tiles",
        .needs = kCpuAvx512 | kCpuAvx512Bf16 | kCpuAmxBf16,
        // Measured on a Sapphire/Emerald Rapids Xeon: at exact precision, the default, the delta
        // family runs at 0.78-0.96 of avx512's speed (docs/performance.md, "The amx target on an

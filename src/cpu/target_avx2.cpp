@@ -12,7 +12,7 @@ namespace flat::cpu {
 
 const Target& target_avx2() {
   static constexpr Target target = make_target<micro_kernels__avx2, conv_generic::ConvRowsGeneric>(
-      {.name = "avx2", .products = "chunk products on fp32 FMA (AVX2)", .needs = kCpuAvx2 | kCpuFma});
+      {.name = "avx2", .needs = kCpuAvx2 | kCpuFma});
   return target;
 }
 

@@ -9,7 +9,7 @@ namespace flat::cpu {
 
 const Target& target_avx512() {
   static constexpr Target target = make_target<micro_kernels__avx512, conv_avx512::ConvRowsAvx512<false>>(
-      {.name = "avx512", .products = "chunk products on fp32 FMA", .needs = kCpuAvx512});
+      {.name = "avx512", .needs = kCpuAvx512});
   return target;
 }
 

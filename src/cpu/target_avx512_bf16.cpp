@@ -16,8 +16,6 @@ const Target& target_avx512_bf16() {
   // avx512, whose products are all on fp32 FMA, is as fast.
   static constexpr Target target = make_target<micro_kernels__avx512_bf16, conv_avx512::ConvRowsAvx512<true>>(
       {.name = "avx512_bf16",
-       .products = "products of bf16 values on bf16 dot products (every product at fast precision), the others on "
-                   "fp32 FMA",
        .needs = kCpuAvx512 | kCpuAvx512Bf16,
        .preferred_with = kCpuBf16DotOutrunsFma});
   return target;

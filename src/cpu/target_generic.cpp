@@ -8,7 +8,7 @@ namespace flat::cpu {
 
 const Target& target_generic() {
   static constexpr Target target = make_target<micro_kernels__generic, conv_generic::ConvRowsGeneric>(
-      {.name = "generic", .products = "chunk products in portable C++"});
+      {.name = "generic"});
   return target;
 }
 

@@ -154,3 +154,5 @@ const Target& default_target() {
 }
 
 }  // namespace flat::cpu
+
+std::string_view flat::cpu_target() { return cpu::default_target().name; }

@@ -3,10 +3,10 @@
 // with the target's flags, which instantiates the chunk stages (src/cpu/stages/) and the
 // convolution's and the output norm's leaves (src/cpu/conv_leaf.h, src/cpu/norm_leaf.h) on its
 // own microkernels (src/cpu/kernels/) and
-// returns a Target, which says what it needs from the CPU and where it is preferred. CMake passes
-// the list on (flat_cpu_targets.inc), and from it come the dispatch below, the name flat bench
-// prints and the targets the tests run. targets.cpp reads the CPU's features and picks the target
-// a call runs on.
+// returns a Target, which says what it needs from the CPU (src/cpu/cpu_features.h) and where it
+// is preferred. CMake passes the list on (flat_cpu_targets.inc), and from it come the dispatch
+// below and the targets flat bench and the tests run. targets.cpp reads the CPU's features and
+// picks the target a call runs on.
 #pragma once
 
 #include <cstdint>
@@ -15,61 +15,14 @@
 #include <vector>
 
 #include "cpu/conv_kernels.h"
+#include "cpu/cpu_features.h"
 #include "cpu/float_mode.h"
-#include "cpu/kernels/product.h"
+#include "cpu/kernels/micro_kernels.h"
 #include "cpu/norm_kernels.h"
 #include "cpu/sequence_kernels.h"
 #include "validate.h"
 
 namespace flat::cpu {
-
-// A target's primitives, as the chunk stages call them (its Ops) and the microkernel tests check
-// them (contracts in src/cpu/kernels/: gemm_f32_1xn__generic.h, elementwise_f32__generic.h,
-// diagonal_f32_1xk__generic.h).
-struct MicroKernels {
-  // The kernel of a product so described (src/cpu/kernels/product.h): the target's choice by the
-  // operands (bf16 values on bf16 dot-product units where it has them, exactly), the layout, the
-  // size.
-  using ChooseGemm = GemmKernel (*)(const GemmDesc& d);
-  ChooseGemm gemm;
-  // The kernel of products that share B (SharedBProduct), where the target's packs B: null for a
-  // target whose kernels read B as it lies, whose products then run one by one (TableOps).
-  using ChooseGemmSharedB = GemmSharedBKernel (*)(const SharedBDesc& d);
-  ChooseGemmSharedB gemm_shared_b = nullptr;
-  void (*transpose)(int rows, int cols, const float* src, int lds, float* dst, int ldd);
-  void (*exp)(float* x, int n);
-  float (*dot)(const float* a, const float* b, int n);
-  void (*diagonal_scores)(int n, int K, const float* q, const float* k, const float* a, float* A, int lda, float* f);
-  void (*diagonal_gradients)(int n, int K, const float* q, const float* k, const float* a, const float* dA, int lda,
-                             float* dq, float* dk, float* f);
-};
-
-// What a target may need from the CPU and its OS, one bit each (targets.cpp reads them once, from
-// GCC's runtime: the instructions, and the OS saving the registers they use).
-using CpuFeatures = uint32_t;
-enum CpuFeature : CpuFeatures {
-  kCpuFma = 1u << 0,
-  kCpuAvx2 = 1u << 1,
-  kCpuAvx512f = 1u << 2,
-  kCpuAvx512bw = 1u << 3,
-  kCpuAvx512dq = 1u << 4,
-  kCpuAvx512vl = 1u << 5,
-  kCpuAvx512Bf16 = 1u << 6,
-  // Not a CPUID bit: vdpbf16ps at twice the FLOP rate of the fp32 FMA units, as on every AMD core
-  // with AVX512-BF16 (Zen 4 and Zen 5: a 512-bit vdpbf16ps per cycle and port pair where an FMA
-  // does half the products). Intel's (Cooper Lake, Sapphire Rapids and later) run it at most at
-  // the FMA's rate; measured on a Sapphire Rapids at half (`flat bench`: 226 against 445 GFLOP/s).
-  kCpuBf16DotOutrunsFma = 1u << 7,
-  // The tile unit with bf16 products (CPUID AMX-TILE and AMX-BF16), its state saved by the OS
-  // (XCR0's XTILECFG and XTILEDATA) and this process granted its use (Linux's
-  // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once, before any tile instruction).
-  kCpuAmxBf16 = 1u << 8,
-};
-// The AVX-512 subsets the avx512 microkernels use.
-constexpr CpuFeatures kCpuAvx512 = kCpuAvx512f | kCpuAvx512bw | kCpuAvx512dq | kCpuAvx512vl | kCpuFma;
-
-// This CPU's features (none off x86). Read once.
-CpuFeatures cpu_features();
 
 // The value scan's leaves (src/cpu/values.cpp): whether any of n contiguous elements breaks the
 // rule (src/cpu/kernels/any_broken__generic.h, compiled with the target's flags).
@@ -78,28 +31,27 @@ struct ValueKernels {
   bool (*any_broken_bf16)(const uint16_t* row, int64_t n, validate::Values rule);
 };
 
+// A target: what it says of itself (its name, the CPU features it needs and where it is the
+// default), then its tables, which make_target (src/cpu/make_target.h) fills from its
+// microkernels.
 struct Target {
   const char* name;
-  const char* products;  // what its chunk products run on, in words (flat bench's title)
-  CpuFeatures needs;           // runs where the CPU has all of these
-  CpuFeatures preferred_with;  // taken by default (where it runs) only when the CPU has these too
+  CpuFeatures needs = 0;           // runs where the CPU has all of these
+  CpuFeatures preferred_with = 0;  // taken by default (where it runs) only when the CPU has these too
   // A stand-in's: it does not run where the CPU has all of these, as the target it stands in for
   // runs there (amx_model_avx2 for amx_model); 0 for the others.
-  CpuFeatures replaced_where;
+  CpuFeatures replaced_where = 0;
   // Why the target runs only where FLAT_ISA names it, never as the default (a software model of a
   // unit, for the tests; a kernel whose speed is not measured yet); null where it may be the default.
-  const char* only_on_request;
+  const char* only_on_request = nullptr;
   // Its chunk products run on the tile unit (kernels/gemm_bf16_32x32__amx.h), whose DAZ and FTZ
   // ignore the call's subnormal mode and which splits fp32 operands into bf16 parts.
   bool tile_products = false;
-  // Its unit is a software model (the tile unit's, kernels/tiles__model.h): the same answers as the
-  // hardware, a few hundred times slower; the tests' long sweeps run it at a few of their points.
-  bool software_model = false;
-  SequenceKernels sequence;
-  ConvKernels conv;
-  NormGateKernels norm;
-  MicroKernels micro;
-  ValueKernels values;
+  SequenceKernels sequence = {};
+  ConvKernels conv = {};
+  NormGateKernels norm = {};
+  MicroKernels micro = {};
+  ValueKernels values = {};
   // The per-thread scope: entered by the drivers on each worker thread before its range of work
   // and left after it, for state a target keeps per thread (a tile configuration); may be null.
   void (*enter_thread)() = nullptr;

@@ -1,6 +1,7 @@
 // What a target on the model of the tile unit says of itself (target_amx_model.cpp,
-// target_amx_model_avx2.cpp): for the tests, never the default, its chunk products on the model's
-// tiles, the tile configuration loaded on the model per worker range. Include only in those units
+// target_amx_model_avx2.cpp, built into the tests alone: CMakeLists.txt's FLAT_TILE_MODEL_TARGETS):
+// never the default, its chunk products on the model's tiles, the tile configuration loaded on the
+// model per worker range. Include only in those units
 // (internal linkage, a copy per target compiled with its flags).
 #pragma once
 
@@ -11,15 +12,12 @@
 namespace flat::cpu {
 namespace {
 
-constexpr TargetInfo tile_model_info(const char* name, const char* products, CpuFeatures needs,
-                                     CpuFeatures replaced_where = 0) {
+constexpr Target tile_model_target(const char* name, CpuFeatures needs, CpuFeatures replaced_where = 0) {
   return {.name = name,
-          .products = products,
           .needs = needs,
           .replaced_where = replaced_where,
           .only_on_request = "a model of the tile unit, for the tests",
           .tile_products = true,
-          .software_model = true,
           .enter_thread = [] { ModelTiles::configure(kGemmTiles); },
           .leave_thread = [] { ModelTiles::release(); }};
 }

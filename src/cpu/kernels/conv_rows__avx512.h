@@ -22,9 +22,10 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/conv_kernels.h"
+#include "cpu/kernels/conv_packing.h"
 #include "cpu/kernels/lanes__avx512.h"
 #include "cpu/kernels/vector_math__avx512.h"
+#include "flat/flat.h"
 
 namespace flat::cpu::conv_avx512 {
 namespace {

@@ -15,9 +15,10 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu/conv_kernels.h"
 #include "bf16.h"
+#include "cpu/kernels/conv_packing.h"
 #include "cpu/kernels/vector_math__generic.h"
+#include "flat/flat.h"
 
 namespace flat::cpu::conv_generic {
 namespace {

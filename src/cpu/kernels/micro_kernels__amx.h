@@ -1,4 +1,4 @@
-// The amx target's microkernels, as its table (src/cpu/targets.h): the tile product on the AMX
+// The amx target's microkernels, as its table (micro_kernels.h): the tile product on the AMX
 // instructions (micro_kernels__amx_tiles.h), the rest avx512's (avx512_bf16's too).
 #pragma once
 

@@ -8,7 +8,7 @@
 #pragma once
 
 #include "cpu/kernels/gemm_bf16_32x32__amx.h"
-#include "cpu/targets.h"
+#include "cpu/kernels/micro_kernels.h"
 
 namespace flat::cpu {
 namespace {

@@ -1,4 +1,4 @@
-// The avx2 target's microkernels, as its table (src/cpu/targets.h): every product on the fp32 FMA
+// The avx2 target's microkernels, as its table (micro_kernels.h): every product on the fp32 FMA
 // tile, products of bf16 values too (no bf16 dot products without AVX-512); the transpose, exp,
 // dot and the diagonal blocks 8 lanes at a time.
 #pragma once
@@ -6,7 +6,7 @@
 #include "cpu/kernels/diagonal_f32_8xk__avx2.h"
 #include "cpu/kernels/elementwise_f32_8__avx2.h"
 #include "cpu/kernels/gemm_f32_6x16__avx2.h"
-#include "cpu/targets.h"
+#include "cpu/kernels/micro_kernels.h"
 
 namespace flat::cpu {
 namespace {

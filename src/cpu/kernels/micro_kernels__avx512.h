@@ -1,4 +1,4 @@
-// The avx512 target's microkernels, as its table (src/cpu/targets.h): every product on the fp32
+// The avx512 target's microkernels, as its table (micro_kernels.h): every product on the fp32
 // FMA tile. avx512_bf16 shares the others (avx512_micro_kernels_with, its own choice of product
 // kernel: kernels/micro_kernels__avx512_bf16.h).
 #pragma once
@@ -6,7 +6,7 @@
 #include "cpu/kernels/diagonal_f32_16xk__avx512.h"
 #include "cpu/kernels/elementwise_f32_16__avx512.h"
 #include "cpu/kernels/gemm_f32_6x64__avx512.h"
-#include "cpu/targets.h"
+#include "cpu/kernels/micro_kernels.h"
 
 namespace flat::cpu {
 namespace {

@@ -1,4 +1,4 @@
-// The avx512_bf16 target's microkernels, as its table (src/cpu/targets.h): avx512's, with the
+// The avx512_bf16 target's microkernels, as its table (micro_kernels.h): avx512's, with the
 // products whose operands are all bf16 values on vdpbf16ps, exactly, and under Precision::fast
 // every product, its operands rounded to bf16 once; every other on fp32 FMA
 // (kernels/gemm_bf16_6x64__avx512bf16.h says why).

@@ -1,11 +1,11 @@
-// The generic target's microkernels, as its table (src/cpu/targets.h): portable C++, vectorised by
+// The generic target's microkernels, as its table (micro_kernels.h): portable C++, vectorised by
 // the compiler for the instruction set the including unit is compiled for.
 #pragma once
 
 #include "cpu/kernels/diagonal_f32_1xk__generic.h"
 #include "cpu/kernels/elementwise_f32__generic.h"
 #include "cpu/kernels/gemm_f32_1xn__generic.h"
-#include "cpu/targets.h"
+#include "cpu/kernels/micro_kernels.h"
 
 namespace flat::cpu {
 namespace {
