@@ -60,8 +60,9 @@ TEST(Targets, FlatIsaNamesATargetThisCpuRunsOrIsRefused) {
   }
   for (std::string_view name : {"avx1024", "AVX2", "Generic", "amx ", "generic,avx2"}) expect_refused(name);
   const cpu::Target* asked = cpu::find_target(cpu::requested_target());
-  if (cpu::requested_target().empty() || (asked && cpu::supported(*asked)))
+  if (cpu::requested_target().empty() || (asked && cpu::supported(*asked))) {
     EXPECT_EQ(&cpu::default_target(), &cpu::choose_target(cpu::requested_target()));
+  }
 }
 
 // The tests' model of the tile unit is a target of their own on x86 (the amx target's code on the
