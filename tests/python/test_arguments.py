@@ -289,9 +289,9 @@ def test_unknown_option_names_are_refused_by_both_bindings(option, value, expect
                    ([], [], [], []), _core.options("forward", dict(chunk=16, **{option: value})), 1, "flat")
 
 def test_none_is_no_solve_or_precision_name_anywhere():
-    """solve=None and precision=None are refused by name in flat.torch and flat.jax, as flat.nn's
-    layers refuse precision=None: None is none of the names, and leaving the argument out gives the
-    default."""
+    """solve=None and precision=None are refused by name in flat.torch, flat.jax and flat.nn's
+    layers (with the layer's name): None is none of the names, and leaving the argument out gives
+    the default."""
     inputs = recurrence_inputs("deltanet", 1, 4)
     _, jnp, fj = jax_modules()
     for option in ("solve", "precision"):
@@ -301,8 +301,11 @@ def test_none_is_no_solve_or_precision_name_anywhere():
         with pytest.raises(ValueError, match=message):
             fj.deltanet(**{n: jnp.asarray(x) for n, x in inputs.items()}, **{option: None})
     from flat.nn import LAYERS
-    with pytest.raises(ValueError, match=re.escape("precision: expected 'exact' or 'fast', got None")):
-        LAYERS["deltanet"](hidden_size=32, num_heads=2, precision=None)
+    for option in ("solve", "precision"):
+        message = re.escape(f"flat.nn.DeltaNet: {option}: expected a name, got None (leave the argument out for "
+                            "its default)")
+        with pytest.raises(ValueError, match=message):
+            LAYERS["deltanet"](hidden_size=32, num_heads=2, **{option: None})
 
 
 # ---- accepted_state_indices ---------------------------------------------------------------------

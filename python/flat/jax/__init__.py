@@ -20,9 +20,8 @@ the same functions with one sequence split along T across the shards of a mesh a
 ``jax.shard_map``.
 """
 
-from .ops import (accepted_state_indices, conv, deltanet, gated_deltanet, gdn2, gla, kda, la, mamba2, retnet,
-                  rms_norm_gated, sla)
+from . import ops
+from .ops import *  # noqa: F401,F403  ops.__all__: a function per variant, conv, rms_norm_gated, accepted_state_indices
 from .parallel import context_parallel
 
-__all__ = ["la", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda", "gdn2", "sla", "conv",
-           "rms_norm_gated", "accepted_state_indices", "context_parallel"]
+__all__ = [*ops.__all__, "context_parallel"]

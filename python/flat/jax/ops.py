@@ -369,6 +369,9 @@ def _with_backend(functions: dict, name: str):
 
 _FUNCTIONS = {backend: _api.variant_functions(partial(_run, backend=backend), _XP) for backend in BACKENDS}
 globals().update({name: _with_backend(_FUNCTIONS, name) for name in _FUNCTIONS[None]})
+# The package's exports: the variants' functions (one per row of flat.VARIANTS, their names written
+# nowhere in flat.jax) and the rest.
+__all__ = [*_FUNCTIONS[None], "conv", "rms_norm_gated", "accepted_state_indices"]
 
 
 def accepted_state_indices(token_state_indices, cu_seqlens, num_accepted):

@@ -37,14 +37,18 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-# Gate kinds: none (la, deltanet), one value per head and token (mamba2, gated_deltanet), one per
-# channel (gla, kda, gdn2; sla's grouped gate widened by the caller).
-GATES = {"la": "none", "mamba2": "head", "gla": "channel", "deltanet": "none",
-         "gated_deltanet": "head", "kda": "channel", "gdn2": "channel", "sla": "channel"}
+from .._args import GATE, UPDATE
+
+# The kernels' gate kinds, by the library's (flat.VARIANTS): none (la, deltanet), one value per head
+# and token (mamba2, gated_deltanet), one per channel (gla, kda, gdn2, sla: a grouped gate is widened
+# to one value per channel by the caller). A gate of one value per head for the whole sequence
+# (retnet) is not a kind of the kernels: the caller broadcasts it over S and runs mamba2's.
+_GATE_KINDS = {"none": "none", "per_token": "head", "per_channel": "channel", "grouped": "channel"}
+GATES = {name: _GATE_KINDS[gate] for name, gate in GATE.items() if gate in _GATE_KINDS}
 VARIANTS = tuple(GATES)
-# Updates other than the additive one: the delta rule's and GDN-2's erase and write gates, whose
-# values u = (I + A)^-1 (vw - ...) take v's place (below).
-UPDATES = {"deltanet": "delta", "gated_deltanet": "delta", "kda": "delta", "gdn2": "erase_write", "sla": "delta"}
+# Updates other than the additive one, by the library's: the delta rule's and GDN-2's erase and
+# write gates, whose values u = (I + A)^-1 (vw - ...) take v's place (below).
+UPDATES = {name: update for name, update in UPDATE.items() if name in GATES and update != "additive"}
 # Heads per program and MXU dot to start from: the paper's 8 for a per-channel gate, 4 otherwise; 1 for
 # sla, whose packed head's dots are already K x R*V wide (256 x 512 at the seed's shape: the 256-wide
 # MXU filled) and whose state [K, R*V] fp32 is 512 KiB of VMEM there, which the backward keeps C/16 + 1

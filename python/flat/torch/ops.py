@@ -333,7 +333,11 @@ _XP = _api.Xp(float32=lambda x: x.float(), narrow_float=lambda x: x.dtype in (to
                ones=lambda shape: torch.ones(shape, dtype=torch.float32),
                activations={"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid, "none": lambda z: z})
 
-globals().update(_api.variant_functions(_run, _XP))
+# The variants' functions, one per row of the library's table (flat.VARIANTS), and the package's
+# exports with them: a new variant is exported with its name written nowhere in flat.torch.
+_VARIANT_FUNCTIONS = _api.variant_functions(_run, _XP)
+globals().update(_VARIANT_FUNCTIONS)
+__all__ = [*_VARIANT_FUNCTIONS, "conv", "rms_norm_gated", "accepted_state_indices"]
 
 
 def accepted_state_indices(token_state_indices: Tensor, cu_seqlens: Tensor, num_accepted: Tensor) -> Tensor:
