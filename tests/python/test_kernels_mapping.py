@@ -18,6 +18,7 @@ kernels = pytest.importorskip("kernels")
 
 import flat.kernels  # noqa: E402
 import flat.torch  # noqa: E402
+from flat.nn.ops import reference_recurrence  # noqa: E402
 from test_transformers import FP32, build, relative, tokens  # noqa: E402
 from torch_fallbacks import GRAD  # noqa: E402
 
@@ -101,26 +102,12 @@ def _loss_and_gradients(model, ids):
 
 def _gated_delta_rule_float64(query, key, value, g, beta, initial_state=None, output_final_state=False,
                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **_):
-    """transformers' ``torch_chunk_gated_delta_rule`` token by token in its inputs' dtype: H_t =
-    exp(g_t) (I - beta_t k_t k_t^T) H_{t-1} + beta_t k_t v_t^T, o_t = K^-1/2 H_t^T q_t (q, k L2-normalised
-    first where asked; a query and key head serves HV / H consecutive value heads)."""
+    """transformers' ``torch_chunk_gated_delta_rule`` token by token in its inputs' dtype: flat.nn's
+    plain-PyTorch reference recurrence (the same heads sharing, L2 norm and K^-1/2 scale)."""
     assert cu_seqlens is None, "one sequence a row only"
-    B, T, H, K = key.shape
-    HV = value.shape[2]
-    if use_qk_l2norm_in_kernel:
-        query, key = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (query, key))
-    query = query.repeat_interleave(HV // H, dim=2) * K ** -0.5
-    key = key.repeat_interleave(HV // H, dim=2)
-    state = (torch.zeros(B, HV, K, value.shape[-1], dtype=value.dtype) if initial_state is None
-             else initial_state.to(value.dtype))
-    outputs = []
-    for t in range(T):
-        k_t = key[:, t]
-        state = state * g[:, t].exp()[..., None, None]
-        error = value[:, t] - torch.einsum("bhk,bhkv->bhv", k_t, state)
-        state = state + k_t[..., None] * (beta[:, t, :, None] * error)[..., None, :]
-        outputs.append(torch.einsum("bhk,bhkv->bhv", query[:, t], state))
-    return torch.stack(outputs, 1), state if output_final_state else None
+    return reference_recurrence("gated_deltanet", query, key, value, g, beta, initial_state=initial_state,
+                                output_final_state=output_final_state,
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
 def _reference_loss_and_gradients(family, model, ids):
