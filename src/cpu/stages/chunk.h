@@ -87,7 +87,7 @@ struct Chunk {
     dgate = arena.take<float>(CK);
     for (float** t : {&scores, &dscores}) *t = arena.take<float>(CC);
     for (float** t : {&ks, &pre}) *t = arena.take<float>(size_t(kDiagBlock) * K);
-    for (float** t : {&q_rstd, &k_rstd, &diag, &beta}) *t = arena.take<float>(size_t(C));
+    for (float** t : {&q_rstd, &k_rstd, &diag, &beta, &key_decays}) *t = arena.take<float>(size_t(C));
     for (float** t : {&q_factor, &k_factor, &bt_factor, &qg_factor, &kd_factor, &bp_factor})
       *t = arena.take<float>(size_t(C));
     if (factored_qk)
@@ -153,6 +153,7 @@ struct Chunk {
   float *post, *qs;             // [C, K] F_ir and queries_i * F_ir for the queries after it
   float* panel;                 // [C, K] product scratch, and the solves' (solve_scratch)
   float* pair;                  // [K] running pairwise factor
+  float* key_decays;            // [C] a scalar gate's F_ij from each key j <= i to the query i
   float* gate_carry;            // [K] gate-gradient terms carried along the chunk
   double* log_total;            // [W] the chunk's log-gates summed: log P_{L-1}
   // For the backward's terms whose decay factors would take them through the flushed subnormal

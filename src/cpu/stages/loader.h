@@ -49,6 +49,14 @@ void l2norm_backward(const float* x_hat, float rstd, float* d, int K) {
 
 constexpr int kCacheLine = 64;  // bytes, on every x86 core
 
+// a [W] = each of the W / G values of `groups` over its G channels. A loop per group: an index
+// divided per channel (c / G, G known only at run time) took a tenth of sla's backward beside its
+// products (G = 64) on an EPYC Zen 3.
+inline void spread_groups(const float* groups, int G, float* a, int W) {
+  for (int x = 0; x < W / G; ++x)
+    for (int c = 0; c < G; ++c) a[size_t(x) * G + c] = groups[x];
+}
+
 template <class Ops>
 struct Loader {
   const Params& p;
@@ -102,11 +110,16 @@ struct Loader {
           load_row(p.g, item.b, t0 + i, item.shared(p.group_g), a, W);
         } else {
           load_row(p.g, item.b, t0 + i, item.shared(p.group_g), ch.pair, W / G);
-          for (int c = 0; c < W; ++c) a[c] = ch.pair[c / G];
+          spread_groups(ch.pair, G, a, W);
         }
         for (int c = 0; c < W; ++c) ch.log_total[c] += a[c];
         if (keep_logs) std::memcpy(ch.log_decay + size_t(i) * W, a, sizeof(float) * W);
-        Ops::exp(a, W);
+        if (G == 1) {
+          Ops::exp(a, W);
+        } else {
+          Ops::exp(ch.pair, W / G);  // once per group, not per channel
+          spread_groups(ch.pair, G, a, W);
+        }
       }
       float* prefix = ch.prefix + size_t(i) * W;
       if (i == 0) {

@@ -32,16 +32,24 @@ void block_factors(Chunk& ch, const float* queries, const float* keys, int j0, i
 }
 
 // Scalar gate: D_ij = F_ij for j <= i (j < i when strict), 0 elsewhere, applied in place, with
-// row i's factor and column j's (either absent: 1).
+// row i's factor and column j's (either absent: 1). Row by row, F_i. = F_{i-1}. * a_i over the keys
+// before i and F_ii = 1: whole rows of vectors, where a running product along each row (f *= a_j,
+// one dependent multiply per pair) took a fifth of mamba2's forward beside its products, in cache,
+// on an EPYC Zen 3.
 void apply_scalar_decay(Chunk& ch, float* m, bool strict, const float* row_factor = nullptr,
                         const float* column_factor = nullptr) {
   const int C = ch.C, L = ch.L;
+  float* F = ch.key_decays;
   for (int i = 0; i < L; ++i) {
+    const float a = ch.decay[i];
+    for (int j = 0; j < i; ++j) F[j] *= a;
+    F[i] = 1.0f;
     float* row = m + size_t(i) * C;
-    float f = row_factor ? row_factor[i] : 1.0f;
-    for (int j = i; j >= 0; --j) {
-      row[j] *= column_factor ? f * column_factor[j] : f;
-      f *= ch.decay[j];
+    const float f = row_factor ? row_factor[i] : 1.0f;
+    if (column_factor) {
+      for (int j = 0; j <= i; ++j) row[j] *= f * F[j] * column_factor[j];
+    } else {
+      for (int j = 0; j <= i; ++j) row[j] *= f * F[j];
     }
     for (int j = i + 1; j < L; ++j) row[j] = 0.f;
     if (strict) row[i] = 0.f;
