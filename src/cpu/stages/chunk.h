@@ -260,7 +260,10 @@ Item item_at(const Params& p, int64_t index) {
 }
 
 // to = P_{L-1} * from: a state's [K, VW] rows scaled by the chunk's total decay (to may be from).
+// Without a gate P_{L-1} = 1, and in place there is nothing to do (a pass over the state that was a
+// tenth of la's forward beside its products, in cache, on an EPYC Zen 3).
 void decay_state(const Chunk& ch, const float* from, float* to) {
+  if (!ch.gated && from == to) return;
   const float* total = ch.gate_row(ch.prefix, ch.L - 1);
   for (int c = 0; c < ch.K; ++c) {
     const float f = total[ch.W == 1 ? 0 : c];
