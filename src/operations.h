@@ -6,6 +6,8 @@
 // the gradients' inputs and the value checks (src/api.cpp, conv_api.cpp, norm_api.cpp).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <iterator>
 #include <optional>
 #include <vector>
@@ -39,35 +41,57 @@ struct TensorField {
 template <class Args>
 struct TensorTable;
 
+// The inputs an operation's forward and backward share, written once for both tables: the
+// recurrence's (ForwardArgs and BackwardArgs hold them as fields of Inputs), the convolution's
+// (of ConvInputs) and the output norm's (of NormGateInputs).
+template <class A>
+constexpr TensorField<A> recurrence_inputs[] = {
+    {"q", &A::q},
+    {"k", &A::k},
+    {"v", &A::v},
+    {.name = "g", .member = &A::g, .values = validate::Values::finite_nonpositive},
+    {.name = "beta", .member = &A::beta, .values = validate::Values::finite},
+    {.name = "b", .member = &A::b, .values = validate::Values::finite},
+    {.name = "w", .member = &A::w, .values = validate::Values::finite},
+    {.name = "h0", .member = &A::h0, .values = validate::Values::finite},
+};
+template <class A>
+constexpr TensorField<A> conv_inputs[] = {
+    {"x", &A::x},
+    {"weight", &A::weight},
+    {"bias", &A::bias},
+    {"state0", &A::state0},
+};
+template <class A>
+constexpr TensorField<A> norm_gate_inputs[] = {
+    {"x", &A::x},
+    {"g", &A::g},
+    {"weight", &A::weight},
+};
+
+// A table: the shared inputs, then the operation's own rows.
+template <class A, size_t N, size_t M>
+constexpr std::array<TensorField<A>, N + M> shared_then(const TensorField<A> (&shared)[N],
+                                                       const TensorField<A> (&own)[M]) {
+  std::array<TensorField<A>, N + M> out{};
+  for (size_t i = 0; i < N; ++i) out[i] = shared[i];
+  for (size_t i = 0; i < M; ++i) out[N + i] = own[i];
+  return out;
+}
+
 template <>
 struct TensorTable<ForwardArgs> {
   using A = ForwardArgs;
-  static constexpr TensorField<A> fields[] = {
-      {"q", &A::q},
-      {"k", &A::k},
-      {"v", &A::v},
-      {.name = "g", .member = &A::g, .values = validate::Values::finite_nonpositive},
-      {.name = "beta", .member = &A::beta, .values = validate::Values::finite},
-      {.name = "b", .member = &A::b, .values = validate::Values::finite},
-      {.name = "w", .member = &A::w, .values = validate::Values::finite},
-      {.name = "h0", .member = &A::h0, .values = validate::Values::finite},
+  static constexpr auto fields = shared_then<A>(recurrence_inputs<A>, {
       {"y", &A::y, true, OutputShape::values},
       {"ht", &A::ht, true, OutputShape::state},
-  };
+  });
 };
 
 template <>
 struct TensorTable<BackwardArgs> {
   using A = BackwardArgs;
-  static constexpr TensorField<A> fields[] = {
-      {"q", &A::q},
-      {"k", &A::k},
-      {"v", &A::v},
-      {.name = "g", .member = &A::g, .values = validate::Values::finite_nonpositive},
-      {.name = "beta", .member = &A::beta, .values = validate::Values::finite},
-      {.name = "b", .member = &A::b, .values = validate::Values::finite},
-      {.name = "w", .member = &A::w, .values = validate::Values::finite},
-      {.name = "h0", .member = &A::h0, .values = validate::Values::finite},
+  static constexpr auto fields = shared_then<A>(recurrence_inputs<A>, {
       {"dy", &A::dy},
       {"dht", &A::dht},
       {"dq", &A::dq, true, OutputShape::input, &A::q},
@@ -78,62 +102,48 @@ struct TensorTable<BackwardArgs> {
       {"db", &A::db, true, OutputShape::input, &A::b},
       {"dw", &A::dw, true, OutputShape::input, &A::w},
       {"dh0", &A::dh0, true, OutputShape::state, &A::h0},
-  };
+  });
 };
 
 template <>
 struct TensorTable<ConvArgs> {
   using A = ConvArgs;
-  static constexpr TensorField<A> fields[] = {
-      {"x", &A::x},
-      {"weight", &A::weight},
-      {"bias", &A::bias},
-      {"state0", &A::state0},
+  static constexpr auto fields = shared_then<A>(conv_inputs<A>, {
       {"y", &A::y, true, OutputShape::input, &A::x},
       {"state", &A::state, true, OutputShape::state},
-  };
+  });
 };
 
 template <>
 struct TensorTable<ConvBackwardArgs> {
   using A = ConvBackwardArgs;
-  static constexpr TensorField<A> fields[] = {
-      {"x", &A::x},
-      {"weight", &A::weight},
-      {"bias", &A::bias},
-      {"state0", &A::state0},
+  static constexpr auto fields = shared_then<A>(conv_inputs<A>, {
       {"dy", &A::dy},
       {"dstate", &A::dstate},
       {"dx", &A::dx, true, OutputShape::input, &A::x},
       {"dweight", &A::dweight, true, OutputShape::input, &A::weight},
       {"dbias", &A::dbias, true, OutputShape::input, &A::bias},
       {"dstate0", &A::dstate0, true, OutputShape::state, &A::state0},
-  };
+  });
 };
 
 template <>
 struct TensorTable<NormGateArgs> {
   using A = NormGateArgs;
-  static constexpr TensorField<A> fields[] = {
-      {"x", &A::x},
-      {"g", &A::g},
-      {"weight", &A::weight},
+  static constexpr auto fields = shared_then<A>(norm_gate_inputs<A>, {
       {"y", &A::y, true, OutputShape::input, &A::x},
-  };
+  });
 };
 
 template <>
 struct TensorTable<NormGateBackwardArgs> {
   using A = NormGateBackwardArgs;
-  static constexpr TensorField<A> fields[] = {
-      {"x", &A::x},
-      {"g", &A::g},
-      {"weight", &A::weight},
+  static constexpr auto fields = shared_then<A>(norm_gate_inputs<A>, {
       {"dy", &A::dy},
       {"dx", &A::dx, true, OutputShape::input, &A::x},
       {"dg", &A::dg, true, OutputShape::input, &A::g},
       {"dweight", &A::dweight, true, OutputShape::input, &A::weight},
-  };
+  });
 };
 
 // The name of a field of Args' table (the input an output follows).
