@@ -35,10 +35,19 @@ void block_factors(Chunk& ch, const float* queries, const float* keys, int j0, i
 // row i's factor and column j's (either absent: 1). Row by row, F_i. = F_{i-1}. * a_i over the keys
 // before i and F_ii = 1: whole rows of vectors, where a running product along each row (f *= a_j,
 // one dependent multiply per pair) took a fifth of mamba2's forward beside its products, in cache,
-// on an EPYC Zen 3.
+// on an EPYC Zen 3. Without a gate or factors (la, deltanet on fp32 FMA units) every factor is 1:
+// only the causal mask is written.
 void apply_scalar_decay(Chunk& ch, float* m, bool strict, const float* row_factor = nullptr,
                         const float* column_factor = nullptr) {
   const int C = ch.C, L = ch.L;
+  if (!ch.gated && !row_factor && !column_factor) {
+    for (int i = 0; i < L; ++i) {
+      float* row = m + size_t(i) * C;
+      for (int j = i + 1; j < L; ++j) row[j] = 0.f;
+      if (strict) row[i] = 0.f;
+    }
+    return;
+  }
   float* F = ch.key_decays;
   for (int i = 0; i < L; ++i) {
     const float a = ch.decay[i];
