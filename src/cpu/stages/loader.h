@@ -16,28 +16,37 @@
 namespace flat::cpu::stages {
 namespace {
 
+// Rows x_t [L, K] of q or k (tokens t0 .. t0 + L - 1 of one head), with `l2norm` normalised:
 // x_hat = x rstd with rstd = 1 / sqrt(sum x^2 + eps), for every finite row: a row whose sum of
 // squares overflows is first scaled by a power of two s (cpu/rescale.h), rstd = s / sqrt(...).
 // Where `rows` is given, x_hat = (x s) r is also split as factor * rows for the products
 // (ScaledRows): with r = 1 / sqrt(sum + eps) = m 2^e (m in [0.5, 1)), rows = x s 2^e, bf16 values
 // when x is (powers of two scale them exactly), and factor = m; factor * rows rounds to x_hat's
 // own bits.
+// In three walks over the chunk, every row widened, then every row's sum of squares, then the
+// scalings: each sum is a chain of dependent FMAs, and the chains of rows in turn overlap, where
+// each row's scaling waiting on its own sum held the next row back.
 template <class Ops>
-void load_normalised_row(const RowView& view, int b, int t, int head, bool l2norm, float* dst,
-                         float* rstd, int K, float* rows = nullptr, float* factor = nullptr) {
-  load_row(view, b, t, head, dst, K);
+void load_normalised_rows(const RowView& view, int b, int t0, int head, int L, bool l2norm, float* x, float* rstd,
+                          int K, float* rows = nullptr, float* factor = nullptr) {
+  for (int i = 0; i < L; ++i) load_row(view, b, t0 + i, head, x + size_t(i) * K, K);
   if (!l2norm) return;
-  float sum = Ops::dot(dst, dst, K), eps = kL2NormEps;
-  const float s = rescale_overflowed_row(dst, K, sum, eps, [](const float* x, int n) { return Ops::dot(x, x, n); });
-  const float r = 1.0f / __builtin_sqrtf(sum + eps);
-  if (rows) {
-    int e = 0;
-    *factor = __builtin_frexpf(r, &e);
-    const float power = __builtin_ldexpf(1.0f, e);
-    for (int c = 0; c < K; ++c) rows[c] = dst[c] * power;
+  for (int i = 0; i < L; ++i) rstd[i] = Ops::dot(x + size_t(i) * K, x + size_t(i) * K, K);
+  for (int i = 0; i < L; ++i) {
+    float* xi = x + size_t(i) * K;
+    float sum = rstd[i], eps = kL2NormEps;
+    const float s = rescale_overflowed_row(xi, K, sum, eps, [](const float* y, int n) { return Ops::dot(y, y, n); });
+    const float r = 1.0f / __builtin_sqrtf(sum + eps);
+    if (rows) {
+      int e = 0;
+      factor[i] = __builtin_frexpf(r, &e);
+      const float power = __builtin_ldexpf(1.0f, e);
+      float* row = rows + size_t(i) * K;
+      for (int c = 0; c < K; ++c) row[c] = xi[c] * power;
+    }
+    for (int c = 0; c < K; ++c) xi[c] *= r;
+    rstd[i] = r * s;
   }
-  for (int c = 0; c < K; ++c) dst[c] *= r;
-  *rstd = r * s;
 }
 
 // Gradient through x_hat = x * rstd: dx = rstd * (dx_hat - x_hat <x_hat, dx_hat>), in place.
@@ -63,16 +72,12 @@ struct Loader {
   const Item& item;
 
   void queries(Chunk& ch, int t0) const {
-    for (int i = 0; i < ch.L; ++i)
-      load_normalised_row<Ops>(p.q, item.b, t0 + i, item.shared(p.group_q), p.l2norm_qk, ch.q + size_t(i) * ch.K,
-                               ch.q_rstd + i, ch.K, ch.factored_qk ? ch.q_rows + size_t(i) * ch.K : nullptr,
-                               ch.q_factor + i);
+    load_normalised_rows<Ops>(p.q, item.b, t0, item.shared(p.group_q), ch.L, p.l2norm_qk, ch.q, ch.q_rstd, ch.K,
+                              ch.factored_qk ? ch.q_rows : nullptr, ch.q_factor);
   }
   void keys(Chunk& ch, int t0) const {
-    for (int i = 0; i < ch.L; ++i)
-      load_normalised_row<Ops>(p.k, item.b, t0 + i, item.shared(p.group_k), p.l2norm_qk, ch.k + size_t(i) * ch.K,
-                               ch.k_rstd + i, ch.K, ch.factored_qk ? ch.k_rows + size_t(i) * ch.K : nullptr,
-                               ch.k_factor + i);
+    load_normalised_rows<Ops>(p.k, item.b, t0, item.shared(p.group_k), ch.L, p.l2norm_qk, ch.k, ch.k_rstd, ch.K,
+                              ch.factored_qk ? ch.k_rows : nullptr, ch.k_factor);
   }
   void values(Chunk& ch, int t0) const {
     for (int i = 0; i < ch.L; ++i) item.load_wide(p.v, t0 + i, p.group_v, ch.v + size_t(i) * ch.VW, ch.V);
