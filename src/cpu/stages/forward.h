@@ -51,10 +51,11 @@ void store_output(const Params& p, const Item& item, int t0, const Chunk& ch) {
   for (int i = 0; i < ch.L; ++i) item.store_wide(p.y, t0 + i, 1, ch.out + size_t(i) * ch.VW, ch.V, p.scale);
 }
 
-// y of the loaded chunk, out holding (q * P) H0 (state_products): scale * ((q * P) H0 + A values).
+// y of the loaded chunk, out holding (q * P) H0 (state_products): scale * ((q * P) H0 + A values);
+// the scores A formed here unless `scores_formed` (prepare_delta).
 template <class Ops>
-void output(const Params& p, const Item& item, int t0, Chunk& ch) {
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
+void output(const Params& p, const Item& item, int t0, Chunk& ch, bool scores_formed = false) {
+  if (!scores_formed) intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   gemm_nn<Ops>(ch, ch.L, ch.VW, ch.L, ch.scores, ch.C, ch.values(), ch.VW, ch.out, ch.VW, true, Triangle::a_lower,
                Operands::f32, ch.values_values);
   store_output(p, item, t0, ch);
@@ -68,16 +69,16 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch) {
 // with factors, which go on the update's B (gemm_scaled_tn).
 template <class Ops>
 void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, float* H_end,
-                       bool write_y) {
+                       bool write_y, bool scores_formed) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
   const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
   decay_state(ch, H0, H_end);
   if (!write_y || kd.factor || kd.values != Operands::f32) {
-    if (write_y) output<Ops>(p, item, t0, ch);
+    if (write_y) output<Ops>(p, item, t0, ch, scores_formed);
     gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H_end, VW, true);
     return;
   }
-  intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
+  if (!scores_formed) intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   const SharedBProduct products[2] = {{L, ch.scores, C, ch.out, VW, Layout::rows, Triangle::a_lower},
                                       {K, kd.rows, K, H_end, VW, Layout::columns, Triangle::none}};
   Ops::gemm_shared_b(chunk_products(ch, Operands::f32, ch.values_values, true), 2, products, VW, L, ch.values(), VW);
@@ -124,11 +125,11 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
       prefetch_next<Ops>(p, first, count, i, t0, t0 + ch.C, parts);
       const float* H0 = records.state(states, i, c);
-      if (ch.delta) prepare_delta<Ops>(p, ch);
+      const bool scores_formed = ch.delta && prepare_delta<Ops>(p, ch, write_y);
       state_products<Ops>(ch, H0, write_y);
       if (ch.delta) delta_values<Ops>(p, ch);
       if (ch.delta && solves) keep_solve(p, ch, records.solve(solves, i, c));
-      output_and_update<Ops>(p, item, t0, ch, H0, records.state(states, i, c + 1), write_y);
+      output_and_update<Ops>(p, item, t0, ch, H0, records.state(states, i, c + 1), write_y, scores_formed);
     }
   if (p.ht.present())
     for (int i = 0; i < count; ++i) item_at(p, first + i).store_state(p.ht, records.state(states, i, chunk_count(p)));

@@ -96,6 +96,29 @@ void intra_scores(Chunk& ch, const float* queries, const float* keys, const Scal
     for (int i = 0; i < L; ++i) out[size_t(i) * C + i] = 0.f;
 }
 
+// Scalar gate: intra_scores of two row sets against the chunk's keys, `first` strict (the delta
+// rule's L, from bt) and `second` not (the output's scores, from q), on one transpose of the keys:
+// the two products share B in one call (a target that packs B packs it once,
+// Ops::gemm_shared_b), where each intra_scores transposed the keys again.
+template <class Ops>
+void intra_scores_sharing_keys(Chunk& ch, const ScaledRows& first, float* first_out, const ScaledRows& second,
+                               float* second_out) {
+  const int C = ch.C, K = ch.K, L = ch.L;
+  const ScaledRows& keys = ch.keys;
+  const PackedB keys_t = pack_transposed<Ops>(L, K, keys.rows, K, ch.packed);
+  if (first.values == second.values) {
+    gemm_packed_sharing_b<Ops>(ch, L, L, K, keys_t, K, first.rows, first_out, second.rows, second_out, C,
+                               Triangle::c_lower, keys.values, first.values);
+  } else {
+    gemm_packed<Ops>(ch, L, L, K, first.rows, K, keys_t, first_out, C, false, Triangle::c_lower, first.values,
+                     keys.values);
+    gemm_packed<Ops>(ch, L, L, K, second.rows, K, keys_t, second_out, C, false, Triangle::c_lower, second.values,
+                     keys.values);
+  }
+  apply_scalar_decay(ch, first_out, true, first.factor, keys.factor);
+  apply_scalar_decay(ch, second_out, false, second.factor, keys.factor);
+}
+
 // Adds the strictly causal (j < i) intra-chunk parts of the gradients of the queries and keys
 // given dS, the gradient of intra_scores' output (only j <= i is read). The diagonal dS_ii goes
 // to `diagonal` when given (its share of q * dq and k * dk cancels exactly in the gate gradient,

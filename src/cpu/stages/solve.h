@@ -97,12 +97,18 @@ void delta_rows(const Params& p, Chunk& ch) {
 }
 
 // The rows (delta_rows), L and T: everything of the delta rule that does not depend on the
-// chunk-start state.
+// chunk-start state. With `with_scores`, under a scalar gate, the output's scores too (into
+// ch.scores), on L's transposed keys; returns whether it formed them.
 template <class Ops>
-void prepare_delta(const Params& p, Chunk& ch) {
+bool prepare_delta(const Params& p, Chunk& ch, bool with_scores = false) {
   delta_rows(p, ch);
-  intra_scores<Ops>(ch, ch.bt, ch.k, ch.erase_keys, ch.keys, ch.lower, true);
+  const bool scores = with_scores && ch.W == 1;
+  if (scores)
+    intra_scores_sharing_keys<Ops>(ch, ch.erase_keys, ch.lower, ch.queries, ch.scores);
+  else
+    intra_scores<Ops>(ch, ch.bt, ch.k, ch.erase_keys, ch.keys, ch.lower, true);
   solve<Ops>(p, ch);
+  return scores;
 }
 
 // The new values rv = T (vt - bp H0) with vt = beta v (or w * v), dz holding bp H0 for the
