@@ -1,6 +1,6 @@
 // The stages' workspace arena: arrays laid out as measured, aligned and apart, and, in the
 // sanitizer build, an overrun of one element past any array reported by AddressSanitizer. The
-// scratch a thread keeps from call to call: reused, grown, and never handed out twice at once.
+// scratch kept between calls: reused, grown, and never handed out twice at once.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -95,7 +95,7 @@ TEST(ThreadScratch, AThreadsNextCallReusesItsBufferAndGrowsIt) {
 TEST(ThreadScratch, BuffersInUseAtOnceAreApart) {
   const size_t bytes = 4096;
   ThreadScratch states(ScratchSlot::chunk_states, bytes), solves(ScratchSlot::kept_solves, bytes);
-  ThreadScratch nested(ScratchSlot::chunk_states, bytes);  // the slot is taken: storage of its own
+  ThreadScratch nested(ScratchSlot::chunk_states, bytes);  // the slot's last buffer is taken: another
   const float* starts[] = {states.floats(), solves.floats(), nested.floats()};
   for (const float* a : starts)
     for (const float* b : starts)

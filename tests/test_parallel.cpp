@@ -1,6 +1,6 @@
 // parallel_ranges on the worker threads: every item once, failures passed to the caller, and
 // callers the workers cannot serve (nested, concurrent) served by threads of their own; a child
-// forked once the workers run ends normally; each worker's kept scratch its own.
+// forked once the workers run ends normally; each worker's scratch its own while it runs.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -92,7 +92,7 @@ TEST(ParallelRanges, ThreadsCappedAtAFewPerHardwareThread) {
 // (its copy of the pool names threads it does not have) ends through exit() with status 0. Joining
 // the workers at exit killed it (std::system_error from the pool's destructor, or a crash). The
 // child starts no thread, which ThreadSanitizer refuses after a fork.
-// The backward's per-thread scratch (cpu/buffer.h) on the workers, calls after calls: no two
+// The backward's kept scratch (cpu/buffer.h) on the workers, calls after calls: no two
 // ranges of a call share storage (each range writes its mark over its buffer and finds it
 // intact), and ThreadSanitizer sees no shared state.
 TEST(ParallelRanges, EachWorkersScratchIsItsOwn) {

@@ -1,42 +1,66 @@
 #include "cpu/buffer.h"
 
+#include <mutex>
+#include <vector>
+
 namespace flat::cpu {
 namespace {
 
-struct KeptBuffer {
-  void* data = nullptr;
-  size_t bytes = 0;
-  bool in_use = false;
-  ~KeptBuffer() { std::free(data); }
+struct Kept {
+  void* data;
+  size_t bytes;
 };
 
-thread_local KeptBuffer kept[size_t(ScratchSlot::count)];
+// The kept buffers free to take, per slot, the last returned last. Global storage, no thread's
+// own: a thread that ends leaves nothing behind, and a forked child (whose copy of the workers has
+// no threads) still reaches every buffer, which LeakSanitizer reported as leaked when they were
+// thread_local.
+struct KeptBuffers {
+  std::mutex mutex;
+  std::vector<Kept> free[size_t(ScratchSlot::count)];
+};
+KeptBuffers& kept_buffers() {
+  static auto* buffers = new KeptBuffers;  // never destroyed: the workers outlive static destructors
+  return *buffers;
+}
 
 }  // namespace
 
-ThreadScratch::ThreadScratch(ScratchSlot slot, size_t bytes) {
+ThreadScratch::ThreadScratch(ScratchSlot slot, size_t bytes) : slot_(slot) {
   if (bytes == 0) return;
-  KeptBuffer& buffer = kept[size_t(slot)];
-  if (bytes > kKeptScratchBytes || buffer.in_use) {
+  if (bytes > kKeptScratchBytes) {
     own_.emplace(bytes);
     data_ = own_->floats();
     return;
   }
-  if (buffer.bytes < bytes) {
-    std::free(buffer.data);
-    buffer.bytes = 0;
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    buffer.data = std::aligned_alloc(64, rounded);
-    if (!buffer.data) throw std::bad_alloc();
-    buffer.bytes = rounded;
+  void* smaller = nullptr;
+  {
+    KeptBuffers& kept = kept_buffers();
+    std::lock_guard<std::mutex> lock(kept.mutex);
+    std::vector<Kept>& free = kept.free[size_t(slot)];
+    for (size_t i = free.size(); i-- > 0;)
+      if (free[i].bytes >= bytes) {
+        data_ = static_cast<float*>(free[i].data);
+        bytes_ = free[i].bytes;
+        free.erase(free.begin() + std::ptrdiff_t(i));
+        return;
+      }
+    if (!free.empty()) {  // none large enough: the last returned makes way for a larger one
+      smaller = free.back().data;
+      free.pop_back();
+    }
   }
-  buffer.in_use = true;
-  in_use_ = &buffer.in_use;
-  data_ = static_cast<float*>(buffer.data);
+  std::free(smaller);
+  bytes_ = (bytes + 63) / 64 * 64;
+  data_ = static_cast<float*>(std::aligned_alloc(64, bytes_));
+  if (!data_) throw std::bad_alloc();
 }
 
 ThreadScratch::~ThreadScratch() {
-  if (in_use_) *in_use_ = false;
+  if (!data_ || own_) return;
+  KeptBuffers& kept = kept_buffers();
+  std::lock_guard<std::mutex> lock(kept.mutex);
+  kept.free[size_t(slot_)].push_back({data_, bytes_});
 }
 
 }  // namespace flat::cpu

@@ -1,5 +1,5 @@
-// Aligned scratch memory for the drivers: per call (AlignedBuffer), or kept by a thread from call
-// to call (ThreadScratch).
+// Aligned scratch memory for the drivers: per call (AlignedBuffer), or kept between calls for a
+// thread's part of one (ThreadScratch).
 #pragma once
 
 #include <cstddef>
@@ -22,22 +22,21 @@ struct AlignedBuffer {
   void* data;
 };
 
-// What a thread keeps a buffer for: one per purpose, so the buffers of one call are apart.
+// What a kept buffer is for: one list per purpose, so the buffers of one call are apart.
 enum class ScratchSlot { chunk_states, kept_solves, count };
 
-// A slot's kept buffer is at most this large; a call that needs more allocates for itself alone.
+// A kept buffer is at most this large; a call that needs more allocates for itself alone.
 constexpr size_t kKeptScratchBytes = size_t(64) << 20;
 
-// 64-byte aligned, uninitialised storage for one call, from the calling thread's buffer for `slot`
-// (grown to `bytes` where it is smaller) while that lasts. The backward's chunk-start states and
-// kept solves are tens of MiB a thread (29 MiB at the bench's shape, S = 4096): allocated afresh
-// every call, their pages came back from the kernel each time, faulted in and zeroed page by page
-// (about 2,900 faults a call and thread), 5-10% of gated_deltanet's backward beside its products
-// on an EPYC Zen 3. So, as oneDNN's scratchpad in its library mode, each thread keeps the largest
-// buffer it has needed per slot, up to kKeptScratchBytes (a training loop's calls reuse it; the
-// pool's workers live as long as the process, so it stays until then). A slot already in use on
-// this thread, or a request above the limit, gets storage of its own for the call. Of 0 bytes,
-// none (floats() null).
+// 64-byte aligned, uninitialised storage for one thread's part of a call, taken from the buffers
+// kept for `slot` between calls (the last returned that is large enough; where none is, the last
+// returned is freed and a larger one allocated) and returned to them at its end. The backward's
+// chunk-start states and kept solves are tens of MiB a thread (29 MiB at the bench's shape,
+// S = 4096): allocated afresh every call, their pages came back from the kernel each time,
+// faulted in and zeroed page by page (about 2,900 faults a call and thread). So, as oneDNN's
+// scratchpad in its library mode, the library keeps them: as many per slot as threads have used
+// at once, each up to kKeptScratchBytes (a request above it is the call's own), for the process's
+// life. Of 0 bytes, none (floats() null).
 class ThreadScratch {
  public:
   ThreadScratch(ScratchSlot slot, size_t bytes);
@@ -47,9 +46,10 @@ class ThreadScratch {
   float* floats() const { return data_; }
 
  private:
+  ScratchSlot slot_;
   float* data_ = nullptr;
-  bool* in_use_ = nullptr;              // the kept slot's flag, where data_ is the kept buffer
-  std::optional<AlignedBuffer> own_;    // else the call's own storage
+  size_t bytes_ = 0;                  // a kept buffer's size
+  std::optional<AlignedBuffer> own_;  // or the call's own storage
 };
 
 }  // namespace flat::cpu
