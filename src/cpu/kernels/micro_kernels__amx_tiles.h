@@ -21,8 +21,10 @@ namespace {
 // 2026-12-04) DeltaNet's backward at exact, whose products mostly have fp32 operands on both
 // sides, spent as much in the tile products and their packing as avx512 spent in its FMA
 // products, and the delta family ran at 0.74-0.99 of avx512's speed; products with a one-part
-// operand made la, RetNet and Mamba-2 1.3-1.4x faster. To be confirmed per product on an AMX Xeon
-// (the commands in docs/performance.md, issue 48).
+// operand made la, RetNet and Mamba-2 1.3-1.4x faster. With this choice, on the same kind of Xeon
+// (2026-12-07, docs/performance.md, "The amx target as the default"), forward + backward at exact
+// ran x1.10-1.51 of avx512's speed where a product has an operand of bf16 values, and x0.98-1.03
+// (the same code: within the runs' noise) where none has (kda, gdn2, SLA).
 constexpr bool on_tiles(const SharedBDesc& d) {
   return amx_parts_of(d.a_values, d) == 1 || amx_parts_of(d.b_values, d) == 1;
 }
