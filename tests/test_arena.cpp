@@ -63,43 +63,44 @@ TEST(ArenaDeathTest, OneElementOverrunIsReported) { GTEST_SKIP() << "red zones e
 bool aligned64(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 // Fills [bytes] with `mark` and reads it back: the whole size is storage of its own.
-void expect_writable(const ThreadScratch& scratch, size_t bytes, float mark) {
+void expect_writable(const KeptScratch& scratch, size_t bytes, float mark) {
   const size_t n = bytes / sizeof(float);
   for (size_t i = 0; i < n; ++i) scratch.floats()[i] = mark;
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(scratch.floats()[i], mark) << "element " << i;
 }
 
-TEST(ThreadScratch, AThreadsNextCallReusesItsBufferAndGrowsIt) {
+TEST(KeptScratch, AThreadsNextCallReusesItsBufferAndGrowsIt) {
   const float* kept = nullptr;
   {
-    ThreadScratch first(ScratchSlot::chunk_states, 1000);
+    KeptScratch first(ScratchSlot::chunk_states, 1000);
     ASSERT_NE(first.floats(), nullptr);
     EXPECT_TRUE(aligned64(first.floats()));
     expect_writable(first, 1000, 1.0f);
     kept = first.floats();
   }
   {
-    ThreadScratch smaller(ScratchSlot::chunk_states, 400);
+    KeptScratch smaller(ScratchSlot::chunk_states, 400);
     EXPECT_EQ(smaller.floats(), kept);
   }
   {
-    ThreadScratch larger(ScratchSlot::chunk_states, size_t(3) << 20);
+    KeptScratch larger(ScratchSlot::chunk_states, size_t(3) << 20);
     EXPECT_TRUE(aligned64(larger.floats()));
     expect_writable(larger, size_t(3) << 20, 2.0f);
     kept = larger.floats();
   }
-  ThreadScratch again(ScratchSlot::chunk_states, size_t(3) << 20);
+  KeptScratch again(ScratchSlot::chunk_states, size_t(3) << 20);
   EXPECT_EQ(again.floats(), kept);
 }
 
-TEST(ThreadScratch, BuffersInUseAtOnceAreApart) {
+TEST(KeptScratch, BuffersInUseAtOnceAreApart) {
   const size_t bytes = 4096;
-  ThreadScratch states(ScratchSlot::chunk_states, bytes), solves(ScratchSlot::kept_solves, bytes);
-  ThreadScratch nested(ScratchSlot::chunk_states, bytes);  // the slot's last buffer is taken: another
+  KeptScratch states(ScratchSlot::chunk_states, bytes), solves(ScratchSlot::kept_solves, bytes);
+  KeptScratch nested(ScratchSlot::chunk_states, bytes);  // the slot's last buffer is taken: another
   const float* starts[] = {states.floats(), solves.floats(), nested.floats()};
   for (const float* a : starts)
-    for (const float* b : starts)
+    for (const float* b : starts) {
       if (a != b) EXPECT_TRUE(a + bytes / sizeof(float) <= b || b + bytes / sizeof(float) <= a);
+    }
   EXPECT_NE(states.floats(), nested.floats());
   EXPECT_NE(states.floats(), solves.floats());
   EXPECT_TRUE(aligned64(nested.floats()));
@@ -108,21 +109,21 @@ TEST(ThreadScratch, BuffersInUseAtOnceAreApart) {
   for (size_t i = 0; i < bytes / sizeof(float); ++i) ASSERT_EQ(nested.floats()[i], 3.0f);
 }
 
-TEST(ThreadScratch, ARequestAboveTheLimitIsTheCallsOwnAndTheKeptBufferStays) {
+TEST(KeptScratch, ARequestAboveTheLimitIsTheCallsOwnAndTheKeptBufferStays) {
   const float* kept = nullptr;
   {
-    ThreadScratch small(ScratchSlot::kept_solves, 256);
+    KeptScratch small(ScratchSlot::kept_solves, 256);
     kept = small.floats();
   }
   {
-    ThreadScratch huge(ScratchSlot::kept_solves, kKeptScratchBytes + 64);
+    KeptScratch huge(ScratchSlot::kept_solves, kKeptScratchBytes + 64);
     EXPECT_NE(huge.floats(), kept);
     EXPECT_TRUE(aligned64(huge.floats()));
     huge.floats()[(kKeptScratchBytes + 64) / sizeof(float) - 1] = 5.0f;
   }
-  ThreadScratch after(ScratchSlot::kept_solves, 256);
+  KeptScratch after(ScratchSlot::kept_solves, 256);
   EXPECT_EQ(after.floats(), kept);
-  ThreadScratch none(ScratchSlot::chunk_states, 0);
+  KeptScratch none(ScratchSlot::chunk_states, 0);
   EXPECT_EQ(none.floats(), nullptr);
 }
 

@@ -100,7 +100,7 @@ TEST(ParallelRanges, EachWorkersScratchIsItsOwn) {
   for (int call = 0; call < 4; ++call)
     cpu::parallel_ranges(8, {4}, [&](int64_t begin, int64_t) {
       const size_t n = size_t(1) << 16;
-      cpu::ThreadScratch scratch(cpu::ScratchSlot::chunk_states, n * sizeof(float));
+      cpu::KeptScratch scratch(cpu::ScratchSlot::chunk_states, n * sizeof(float));
       for (size_t i = 0; i < n; ++i) scratch.floats()[i] = float(begin);
       std::this_thread::yield();
       bool same = true;

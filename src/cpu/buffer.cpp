@@ -15,9 +15,15 @@ struct Kept {
 // own: a thread that ends leaves nothing behind, and a forked child (whose copy of the workers has
 // no threads) still reaches every buffer, which LeakSanitizer reported as leaked when they were
 // thread_local.
+struct SlotBuffers {
+  std::vector<Kept> free;  // the last returned last
+  // The slot's buffers, free or taken: free's capacity is kept at least this, so that returning a
+  // buffer (~KeptScratch) never allocates.
+  size_t count = 0;
+};
 struct KeptBuffers {
   std::mutex mutex;
-  std::vector<Kept> free[size_t(ScratchSlot::count)];
+  SlotBuffers slots[size_t(ScratchSlot::count)];
 };
 KeptBuffers& kept_buffers() {
   static auto* buffers = new KeptBuffers;  // never destroyed: the workers outlive static destructors
@@ -26,7 +32,7 @@ KeptBuffers& kept_buffers() {
 
 }  // namespace
 
-ThreadScratch::ThreadScratch(ScratchSlot slot, size_t bytes) : slot_(slot) {
+KeptScratch::KeptScratch(ScratchSlot slot, size_t bytes) : slot_(slot) {
   if (bytes == 0) return;
   if (bytes > kKeptScratchBytes) {
     own_.emplace(bytes);
@@ -37,7 +43,8 @@ ThreadScratch::ThreadScratch(ScratchSlot slot, size_t bytes) : slot_(slot) {
   {
     KeptBuffers& kept = kept_buffers();
     std::lock_guard<std::mutex> lock(kept.mutex);
-    std::vector<Kept>& free = kept.free[size_t(slot)];
+    SlotBuffers& buffers = kept.slots[size_t(slot)];
+    std::vector<Kept>& free = buffers.free;
     for (size_t i = free.size(); i-- > 0;)
       if (free[i].bytes >= bytes) {
         data_ = static_cast<float*>(free[i].data);
@@ -48,6 +55,9 @@ ThreadScratch::ThreadScratch(ScratchSlot slot, size_t bytes) : slot_(slot) {
     if (!free.empty()) {  // none large enough: the last returned makes way for a larger one
       smaller = free.back().data;
       free.pop_back();
+    } else {  // one more buffer: room for it in the list first (a failure here changes nothing)
+      free.reserve(buffers.count + 1);
+      ++buffers.count;
     }
   }
   std::free(smaller);
@@ -56,11 +66,11 @@ ThreadScratch::ThreadScratch(ScratchSlot slot, size_t bytes) : slot_(slot) {
   if (!data_) throw std::bad_alloc();
 }
 
-ThreadScratch::~ThreadScratch() {
+KeptScratch::~KeptScratch() {
   if (!data_ || own_) return;
   KeptBuffers& kept = kept_buffers();
   std::lock_guard<std::mutex> lock(kept.mutex);
-  kept.free[size_t(slot_)].push_back({data_, bytes_});
+  kept.slots[size_t(slot_)].free.push_back({data_, bytes_});  // within the capacity reserved when it was made
 }
 
 }  // namespace flat::cpu

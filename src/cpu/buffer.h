@@ -1,5 +1,5 @@
 // Aligned scratch memory for the drivers: per call (AlignedBuffer), or kept between calls for a
-// thread's part of one (ThreadScratch).
+// thread's part of one (KeptScratch).
 #pragma once
 
 #include <cstddef>
@@ -37,12 +37,12 @@ constexpr size_t kKeptScratchBytes = size_t(64) << 20;
 // scratchpad in its library mode, the library keeps them: as many per slot as threads have used
 // at once, each up to kKeptScratchBytes (a request above it is the call's own), for the process's
 // life. Of 0 bytes, none (floats() null).
-class ThreadScratch {
+class KeptScratch {
  public:
-  ThreadScratch(ScratchSlot slot, size_t bytes);
-  ~ThreadScratch();
-  ThreadScratch(const ThreadScratch&) = delete;
-  ThreadScratch& operator=(const ThreadScratch&) = delete;
+  KeptScratch(ScratchSlot slot, size_t bytes);
+  ~KeptScratch();
+  KeptScratch(const KeptScratch&) = delete;
+  KeptScratch& operator=(const KeptScratch&) = delete;
   float* floats() const { return data_; }
 
  private:

@@ -226,8 +226,8 @@ void recurrence_backward(const Params& p, const Run& run) {
   work.ranges(run, [&](int64_t begin, int64_t end) {
     const size_t group = kLockstepBackwardItems;
     AlignedBuffer workspace(kernels.workspace_bytes(p)), dH(state_bytes(p) * group);
-    ThreadScratch states(ScratchSlot::chunk_states, state_bytes(p) * size_t(chunk_count(longest) + 1) * group);
-    ThreadScratch solves(ScratchSlot::kept_solves, solves_bytes * group);  // none for the additive family
+    KeptScratch states(ScratchSlot::chunk_states, state_bytes(p) * size_t(chunk_count(longest) + 1) * group);
+    KeptScratch solves(ScratchSlot::kept_solves, solves_bytes * group);  // none for the additive family
     for (int64_t item = begin; item < end;) {
       const int64_t problem = item / work.per_problem, first = item % work.per_problem;
       // Heads of one batch row only: another row's share no pages with them.
