@@ -65,6 +65,20 @@ void apply_scalar_decay(Chunk& ch, float* m, bool strict, const float* row_facto
   }
 }
 
+// Scalar gate: out_ij = queries_i . keys_j for j <= i on the keys' rows transposed (keys_t, packed
+// once by the caller), then the decays and both sides' factors (apply_scalar_decay); `raw` as in
+// intra_scores (below).
+template <class Ops>
+void scalar_gate_scores(Chunk& ch, const ScaledRows& queries, const ScaledRows& keys, PackedB keys_t, float* out,
+                        bool strict, float* raw = nullptr) {
+  const int C = ch.C, L = ch.L;
+  gemm_packed<Ops>(ch, L, L, ch.K, queries.rows, ch.K, keys_t, out, C, false, Triangle::c_lower, queries.values,
+                   keys.values);
+  if (raw)
+    for (int i = 0; i < L; ++i) std::memcpy(raw + size_t(i) * C, out + size_t(i) * C, sizeof(float) * size_t(i + 1));
+  apply_scalar_decay(ch, out, strict, queries.factor, keys.factor);
+}
+
 // out_ij = <queries_i * F_ij, keys_j> for j <= i (j < i when strict), 0 elsewhere: [L, L], from the
 // rows [L, K] (`queries`, `keys`) and, where the gate is scalar (the decay applied to the
 // product), as the products read them (`queries_read`, `keys_read`: bf16 rows, their factors applied
@@ -75,11 +89,8 @@ void intra_scores(Chunk& ch, const float* queries, const float* keys, const Scal
                   const ScaledRows& keys_read, float* out, bool strict, float* raw = nullptr) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (ch.W == 1) {
-    gemm_nt<Ops>(ch, L, L, K, queries_read.rows, K, keys_read.rows, K, out, C, false, Triangle::c_lower,
-                 queries_read.values, keys_read.values);
-    if (raw)
-      for (int i = 0; i < L; ++i) std::memcpy(raw + size_t(i) * C, out + size_t(i) * C, sizeof(float) * size_t(i + 1));
-    apply_scalar_decay(ch, out, strict, queries_read.factor, keys_read.factor);
+    scalar_gate_scores<Ops>(ch, queries_read, keys_read, pack_transposed<Ops>(L, K, keys_read.rows, K, ch.packed),
+                            out, strict, raw);
     return;
   }
   for (int i = 0; i < L; ++i) zero(out + size_t(i) * C, size_t(L));
@@ -106,15 +117,13 @@ void intra_scores_sharing_keys(Chunk& ch, const ScaledRows& first, float* first_
   const int C = ch.C, K = ch.K, L = ch.L;
   const ScaledRows& keys = ch.keys;
   const PackedB keys_t = pack_transposed<Ops>(L, K, keys.rows, K, ch.packed);
-  if (first.values == second.values) {
-    gemm_packed_sharing_b<Ops>(ch, L, L, K, keys_t, K, first.rows, first_out, second.rows, second_out, C,
-                               Triangle::c_lower, keys.values, first.values);
-  } else {
-    gemm_packed<Ops>(ch, L, L, K, first.rows, K, keys_t, first_out, C, false, Triangle::c_lower, first.values,
-                     keys.values);
-    gemm_packed<Ops>(ch, L, L, K, second.rows, K, keys_t, second_out, C, false, Triangle::c_lower, second.values,
-                     keys.values);
+  if (first.values != second.values) {  // products of two kinds: one call each
+    scalar_gate_scores<Ops>(ch, first, keys, keys_t, first_out, true);
+    scalar_gate_scores<Ops>(ch, second, keys, keys_t, second_out, false);
+    return;
   }
+  gemm_packed_sharing_b<Ops>(ch, L, L, K, keys_t, K, first.rows, first_out, second.rows, second_out, C,
+                             Triangle::c_lower, keys.values, first.values);
   apply_scalar_decay(ch, first_out, true, first.factor, keys.factor);
   apply_scalar_decay(ch, second_out, false, second.factor, keys.factor);
 }
