@@ -99,7 +99,9 @@ TEST(KeptScratch, BuffersInUseAtOnceAreApart) {
   const float* starts[] = {states.floats(), solves.floats(), nested.floats()};
   for (const float* a : starts)
     for (const float* b : starts) {
-      if (a != b) EXPECT_TRUE(a + bytes / sizeof(float) <= b || b + bytes / sizeof(float) <= a);
+      if (a != b) {
+        EXPECT_TRUE(a + bytes / sizeof(float) <= b || b + bytes / sizeof(float) <= a);
+      }
     }
   EXPECT_NE(states.floats(), nested.floats());
   EXPECT_NE(states.floats(), solves.floats());
