@@ -259,10 +259,22 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
                                "percent_of_product_peak", "thread_scaling", "speedup_over_unfused",
                                "speedup_over_recurrent"})
       expect_positive(k[number], what + " " + number);
-    // The roofline: the larger of the bytes at the copy bandwidth and the FLOPs at the product
-    // unit's peak, both all threads, and the pass's time against it.
+    // The roofline: the larger of the bytes at the copy bandwidth and the FLOPs at the peak of the
+    // unit each runs on by the pass's product census (the forward's, the backward's and their sum;
+    // where the build has the counting stages), or all at the product peak without one (decode),
+    // both all threads, and the pass's time against it.
     const double memory_ms = k["fused"]["bytes"].number / (ceilings["copy_gb_per_s"]["all_threads"].number * 1e6);
-    const double products_ms = k["fused"]["flops"].number / (json["product_peak_gflop_per_s"].number * 1e6);
+    const double flops = k["fused"]["flops"].number;
+    const Json& fma_flops = k["fused"]["fma_flops"];
+    double products_ms = flops / (json["product_peak_gflop_per_s"].number * 1e6);
+    if (vector_work && i < 3) {
+      ASSERT_EQ(fma_flops.kind, Json::Kind::number) << what;
+      EXPECT_TRUE(fma_flops.number >= 0 && fma_flops.number <= flops) << what << ": " << fma_flops.number;
+      products_ms = (flops - fma_flops.number) / (json["product_unit_peak_gflop_per_s"].number * 1e6) +
+                    fma_flops.number / (ceilings["fp32_fma_gflop_per_s"]["all_threads"].number * 1e6);
+    } else {
+      EXPECT_TRUE(fma_flops.is_null()) << what;
+    }
     EXPECT_NEAR(k["memory_ms"].number, memory_ms, 1e-4 * memory_ms) << what;
     EXPECT_NEAR(k["products_ms"].number, products_ms, 1e-4 * products_ms) << what;
     EXPECT_EQ(k["roofline_ms"].number, std::max(k["memory_ms"].number, k["products_ms"].number)) << what;
@@ -270,8 +282,7 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
     EXPECT_NEAR(k["percent_of_roofline"].number, 100 * k["roofline_ms"].number / k["fused"]["ms"].number,
                 1e-4 * k["percent_of_roofline"].number)
         << what;
-    EXPECT_NEAR(k["percent_of_product_peak"].number,
-                100 * k["fused"]["gflop_per_s"].number / json["product_peak_gflop_per_s"].number,
+    EXPECT_NEAR(k["percent_of_product_peak"].number, 100 * products_ms / k["fused"]["ms"].number,
                 1e-4 * k["percent_of_product_peak"].number)
         << what;
     // The vector work of the forward and the backward (and their sum), against the memory time.
@@ -292,25 +303,40 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
     EXPECT_NEAR(kernels[2]["vector_work"]["ms"].number,
                 kernels[0]["vector_work"]["ms"].number + kernels[1]["vector_work"]["ms"].number,
                 1e-3 * kernels[2]["vector_work"]["ms"].number);
+    EXPECT_NEAR(kernels[2]["fused"]["fma_flops"].number,
+                kernels[0]["fused"]["fma_flops"].number + kernels[1]["fused"]["fma_flops"].number,
+                1e-6 * kernels[2]["fused"]["flops"].number);
   }
   // The product unit: the tile unit's for a target with tile products, the bf16 dot products' for
-  // one that needs them, the FMA units' otherwise; its peak among the ceilings.
+  // one that needs them, the FMA units' otherwise; its peak among the ceilings, and the roof of a
+  // pass without a census (the dot products': the faster of them and the FMA units).
   const cpu::Target& target = cpu::default_target();
   const double fma = ceilings["fp32_fma_gflop_per_s"]["all_threads"].number;
+  double unit_peak = fma, census_free_peak = fma;
   if (target.tile_products) {
     EXPECT_EQ(json["product_unit"].text, "bf16 tiles");
-    const double tiles_peak = ceilings["bf16_tile_gflop_per_s"]["all_threads"].number;
-    EXPECT_NEAR(json["product_peak_gflop_per_s"].number, tiles_peak, 1e-5 * tiles_peak);
+    unit_peak = census_free_peak = ceilings["bf16_tile_gflop_per_s"]["all_threads"].number;
   } else if (target.needs & cpu::kCpuAvx512Bf16) {
     EXPECT_EQ(json["product_unit"].text, "bf16 dot products");
-    const double dot_peak = std::max(fma, ceilings["bf16_dot_gflop_per_s"]["all_threads"].number);
-    EXPECT_NEAR(json["product_peak_gflop_per_s"].number, dot_peak, 1e-5 * dot_peak);
+    unit_peak = ceilings["bf16_dot_gflop_per_s"]["all_threads"].number;
+    census_free_peak = std::max(fma, unit_peak);
   } else {
     EXPECT_EQ(json["product_unit"].text, "fp32 FMA");
-    EXPECT_NEAR(json["product_peak_gflop_per_s"].number, fma, 1e-5 * fma);
   }
-  EXPECT_NE(table.find("| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | memory ms | products ms | bound | "
-                       "% of roofline | % of product peak | vector work ms | vector work / memory |"),
+  EXPECT_NEAR(json["product_unit_peak_gflop_per_s"].number, unit_peak, 1e-5 * unit_peak);
+  EXPECT_NEAR(json["product_peak_gflop_per_s"].number, census_free_peak, 1e-5 * census_free_peak);
+  // gla at exact precision: on a target of fp32 FMA alone every FLOP there; on the tiles its
+  // products of bf16 values (v) but not its diagonal blocks.
+  if (vector_work && !target.tile_products && !(target.needs & cpu::kCpuAvx512Bf16)) {
+    EXPECT_EQ(kernels[0]["fused"]["fma_flops"].number, kernels[0]["fused"]["flops"].number);
+  }
+  if (vector_work && target.tile_products)
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_GT(kernels[i]["fused"]["fma_flops"].number, 0) << passes[i];
+      EXPECT_LT(kernels[i]["fused"]["fma_flops"].number, kernels[i]["fused"]["flops"].number) << passes[i];
+    }
+  EXPECT_NE(table.find("| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | memory ms | products ms | on FMA | "
+                       "bound | % of roofline | % of product peak | vector work ms | vector work / memory |"),
             std::string::npos)
       << table;
 
@@ -446,6 +472,58 @@ TEST(Bench, VectorWorkTargetsZeroTheProducts) {
                                 [](float x) { return std::isfinite(x); }))
             << what << " " << name;
       }
+    }
+  }
+}
+
+// The product census on every target this CPU runs: the multiply-adds the formula counts
+// (tests/test_product_work.cpp; la has no delta rule's extras), each product on the unit the
+// target's table takes it to. On a target with a product unit (bf16 tiles, bf16 dot products):
+// every one of la's there at fast precision, and at exact those of its forward on the tiles (each
+// has an operand of bf16 values); at exact its backward's (the scaled output gradients' products of
+// fp32 values on FMA) and on the dot products both passes' (only products of bf16 values on both
+// sides there) split between the two; none of kda's on the tiles at exact (fp32 operands on both
+// sides of each). On the other targets every one on FMA.
+TEST(Bench, ProductCensusCountsEachProductOnItsUnit) {
+  const bool built = tool::vector_work_target(cpu::default_target()).has_value();
+  tool::BenchOptions o;
+  o.B = 1, o.S = 150, o.N = 2, o.K = 32, o.V = 48;
+  for (const cpu::Target* target : cpu::supported_targets()) {
+    const bool unit = target->tile_products || (target->needs & cpu::kCpuAvx512Bf16);
+    const auto census = [&](Variant variant, Precision precision, bool backward) {
+      o.precision = precision;
+      tool::Workload w(o, variant);
+      const Options options = w.options(o);
+      const std::optional<tool::ProductCensus> counted = tool::product_census(*target, [&](const cpu::Target& counting) {
+        backward ? cpu::backward_on(counting, describe_backward(variant, w.backward_args(), options), {})
+                 : cpu::forward_on(counting, describe_forward(variant, w.forward_args(), options), {});
+      });
+      EXPECT_EQ(counted.has_value(), built) << target->name;
+      return std::pair{counted.value_or(tool::ProductCensus{}), tool::chunk_flops(info(variant), w.sh, backward) / 2};
+    };
+    for (bool backward : {false, true}) {
+      const std::string what = std::string(target->name) + (backward ? " backward" : " forward");
+      for (Precision precision : {Precision::fast, Precision::exact}) {
+        const auto [la, formula] = census(Variant::la, precision, backward);
+        if (!built) continue;
+        EXPECT_EQ(double(la.on_unit + la.on_fma), formula) << what;
+        if (!unit) {
+          EXPECT_EQ(la.on_unit, 0) << what;
+          EXPECT_EQ(la.fma_share(), 1.0) << what;
+        } else if (precision == Precision::fast || (target->tile_products && !backward)) {
+          EXPECT_EQ(la.on_fma, 0) << what;
+          EXPECT_EQ(la.fma_share(), 0.0) << what;
+        } else {
+          EXPECT_GT(la.on_unit, 0) << what;
+          EXPECT_GT(la.on_fma, 0) << what;
+        }
+      }
+      const auto [kda, formula] = census(Variant::kda, Precision::exact, backward);
+      if (!built) continue;
+      if (target->tile_products || !unit) {
+        EXPECT_EQ(kda.on_unit, 0) << what << " kda";
+      }
+      EXPECT_GT(kda.on_fma, 0) << what << " kda";
     }
   }
 }

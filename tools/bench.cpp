@@ -61,7 +61,9 @@ ProductUnit product_unit(const cpu::Target& target) {
 // What the target's chunk products run on, in words: the report's title.
 const char* products_in_words(const cpu::Target& target) {
   switch (product_unit(target)) {
-    case ProductUnit::bf16_tiles: return "every product on AMX tiles";
+    case ProductUnit::bf16_tiles:
+      return "products with an operand of bf16 values on AMX tiles (every product at fast precision), the others on "
+             "fp32 FMA";
     case ProductUnit::bf16_dot:
       return "products of bf16 values on bf16 dot products (every product at fast precision), the others on fp32 FMA";
     case ProductUnit::fp32_fma: break;
@@ -218,7 +220,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
   };
   auto timing = [](std::optional<double> s, double flops, double bytes) -> std::optional<Timing> {
     if (!s) return std::nullopt;
-    return Timing{*s, flops, bytes};
+    return Timing{*s, flops, bytes, std::nullopt};
   };
 
   // A pass (the backward when `backward`, else the forward, of `params`) on `target` through the
@@ -230,7 +232,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     const double s = measure(what, repeats, [&] {
       backward ? cpu::backward_on(target, params, context) : cpu::forward_on(target, params, context);
     });
-    return Timing{s, counts.flops, counts.bytes};
+    return Timing{s, counts.flops, counts.bytes, counts.fma_flops};
   };
   // The same on the bench's target with its chunk products zeroed (tools/vector_work.h): the pass's
   // vector work. Absent where the build has no such stages.
@@ -239,6 +241,19 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     if (!vector_work) return std::nullopt;
     return on_driver(what + ", vector work alone (products zeroed, results wrong)", *vector_work, backward, params,
                      o.repeats, counts);
+  };
+
+  // The pass's FLOPs on fp32 FMA: `flops` split as its product census (tools/vector_work.h), one run
+  // on the bench's target with each product counted by the unit it runs on, splits its
+  // multiply-adds. Absent where the build has no counting stages.
+  auto fma_flops_of = [&](bool backward, const Params& params, double flops) -> std::optional<double> {
+    ExecutionContext context;
+    context.threads = threads;
+    const std::optional<ProductCensus> census = product_census(cpu::default_target(), [&](const cpu::Target& counting) {
+      backward ? cpu::backward_on(counting, params, context) : cpu::forward_on(counting, params, context);
+    });
+    if (!census) return std::nullopt;
+    return flops * census->fma_share();
   };
 
   enum class Pass { forward, backward, decode };
@@ -265,8 +280,9 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     KernelResult k;
     k.variant = name;
     k.pass = label;
-    k.fused = {measure(label + ", fused", repeats, run_fused(threads)), flops, bytes};
+    k.fused = {measure(label + ", fused", repeats, run_fused(threads)), flops, bytes, std::nullopt};
     const Params& params = backward ? bp : fp;
+    if (pass != Pass::decode) k.fused.fma_flops = fma_flops_of(backward, params, flops);
     if (o.against)
       for (auto [timing, target] : {std::pair{&k.compared, &cpu::default_target()}, {&k.against, o.against}})
         *timing = on_driver(label + ", fused on " + target->name + " (driver)", *target, backward, params, repeats,
@@ -317,7 +333,7 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
         progress.start(name + " " + weak->pass + ", " + what);
         const double s = run_fused(flush);
         progress.finish(s);
-        return Timing{s, weak->fused.flops, weak->fused.bytes};
+        return Timing{s, weak->fused.flops, weak->fused.bytes, weak->fused.fma_flops};
       };
       const Timing model = timed("model gates", true), kept = timed("model gates, subnormals kept", false);
       const bool is_backward = weak == &backward;

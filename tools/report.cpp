@@ -10,7 +10,9 @@
 namespace flat::tool {
 
 Timing operator+(const Timing& a, const Timing& b) {
-  return {a.seconds + b.seconds, a.flops + b.flops, a.bytes + b.bytes};
+  std::optional<double> fma_flops;
+  if (a.fma_flops && b.fma_flops) fma_flops = *a.fma_flops + *b.fma_flops;
+  return {a.seconds + b.seconds, a.flops + b.flops, a.bytes + b.bytes, fma_flops};
 }
 
 namespace {
@@ -104,21 +106,40 @@ const char* unit_name(ProductUnit unit) {
 
 namespace {
 
-// The all-thread peak of the unit, GFLOP/s. The bf16 dot-product unit's products of fp32 values
-// run on the FMA units, so its roof is the faster of the two (the FMA's on Intel, the dot
-// products' on AMD).
-double product_peak(const BenchReport& r) {
+// The all-thread peak of the unit alone, GFLOP/s (the FMA's where the CPU lacks it).
+double unit_peak(const BenchReport& r) {
   const Ceilings& c = r.ceilings;
   switch (r.product_unit) {
     case ProductUnit::fp32_fma: break;
     case ProductUnit::bf16_dot:
-      if (c.bf16_gflops) return std::max(c.fp32_gflops.all, c.bf16_gflops->all);
+      if (c.bf16_gflops) return c.bf16_gflops->all;
       break;
     case ProductUnit::bf16_tiles:
       if (c.tile_bf16_gflops) return c.tile_bf16_gflops->all;
       break;
   }
   return c.fp32_gflops.all;
+}
+
+// The roof of a pass with no product census: every FLOP at the unit's peak, where the bf16
+// dot-product unit's roof is the faster of it and the FMA units (its products of fp32 values run
+// on the FMA units: the FMA's on Intel, the dot products' on AMD).
+double product_peak(const BenchReport& r) {
+  if (r.product_unit == ProductUnit::bf16_dot) return std::max(r.ceilings.fp32_gflops.all, unit_peak(r));
+  return unit_peak(r);
+}
+
+// Seconds of a pass's FLOPs at the peak of the unit each runs on: with a product census, those on
+// fp32 FMA at its peak and the rest at the product unit's; without, every one at product_peak.
+double product_seconds(const BenchReport& r, const Timing& t) {
+  if (!t.fma_flops) return t.flops / (product_peak(r) * 1e9);
+  return (t.flops - *t.fma_flops) / (unit_peak(r) * 1e9) + *t.fma_flops / (r.ceilings.fp32_gflops.all * 1e9);
+}
+
+// The share of a pass's FLOPs on fp32 FMA, by its census.
+std::optional<double> fma_share(const Timing& t) {
+  if (!t.fma_flops || t.flops <= 0) return std::nullopt;
+  return *t.fma_flops / t.flops;
 }
 
 std::optional<double> vector_work_over_memory(const KernelResult& k, const Standing& s) {
@@ -130,12 +151,11 @@ std::optional<double> vector_work_over_memory(const KernelResult& k, const Stand
 
 Standing standing(const BenchReport& r, const Timing& t) {
   const Ceilings& c = r.ceilings;
-  const double peak = product_peak(r);
   Standing s;
   s.memory_seconds = t.bytes / (c.copy_gbs.all * 1e9);
-  s.product_seconds = t.flops / (peak * 1e9);
+  s.product_seconds = product_seconds(r, t);
   s.percent_of_roofline = s.roofline_seconds() / t.seconds * 100;
-  s.percent_of_product_peak = t.gflops() / peak * 100;
+  s.percent_of_product_peak = s.product_seconds / t.seconds * 100;
   if (c.bf16_gflops) s.percent_of_bf16_peak = t.gflops() / c.bf16_gflops->all * 100;
   if (c.tile_bf16_gflops) s.percent_of_tile_peak = t.gflops() / c.tile_bf16_gflops->all * 100;
   return s;
@@ -167,21 +187,25 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
 
   out << format("\nFused kernels on %s at %s precision, %d threads, median of %d runs after a warm-up (fwd+bwd: "
                 "the sum of the two; decode: one token, the state read from h0 and written to ht, median of %d "
-                "runs). Memory: the pass's bytes at the copy bandwidth; products: its FLOPs at the %s peak "
-                "(%.1f GFLOP/s); the roofline is the larger. Vector work: the pass with its products replaced by "
-                "a kernel that only zeroes their outputs (timing only, its results wrong), through the driver's "
-                "entry:\n\n",
+                "runs). Memory: the pass's bytes at the copy bandwidth; products: its FLOPs at the peak of the unit "
+                "each runs on, by the pass's product census (a run with each product counted by the unit the "
+                "target's table chooses for it, and the diagonal blocks on fp32 FMA; on FMA: the share of its "
+                "FLOPs there): %s %.1f GFLOP/s, fp32 FMA %.1f GFLOP/s (without a census, every FLOP at %.1f "
+                "GFLOP/s); the roofline is the larger. Vector work: the pass with its products replaced by a kernel "
+                "that only zeroes their outputs (timing only, its results wrong), through the driver's entry:\n\n",
                 r.isa.c_str(), r.precision.c_str(), r.threads, r.repeats, r.decode_repeats, unit_name(r.product_unit),
-                product_peak(r));
-  out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | memory ms | products ms | bound | % of roofline "
-         "| % of product peak | vector work ms | vector work / memory |\n"
-         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n";
+                unit_peak(r), c.fp32_gflops.all, product_peak(r));
+  out << "| variant | pass | time ms | GFLOP/s | GB/s | FLOP/B | memory ms | products ms | on FMA | bound "
+         "| % of roofline | % of product peak | vector work ms | vector work / memory |\n"
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n";
   for (const KernelResult& k : r.kernels) {
     const Timing& t = k.fused;
     const Standing s = standing(r, t);
-    out << format("| %-6s | %-8s | %s | %7.1f | %6.1f | %6.1f | %s | %s | %-7s | %5.1f | %5.1f | %s | %s |\n",
+    const std::optional<double> on_fma = fma_share(t);
+    out << format("| %-6s | %-8s | %s | %7.1f | %6.1f | %6.1f | %s | %s | %s | %-7s | %5.1f | %5.1f | %s | %s |\n",
                   k.variant.c_str(), k.pass.c_str(), ms(t.seconds).c_str(), t.gflops(), t.gbs(), t.intensity(),
                   ms(s.memory_seconds).c_str(), ms(s.product_seconds).c_str(),
+                  cell(on_fma ? std::optional<double>(*on_fma * 100) : std::nullopt, "%.0f%%").c_str(),
                   s.compute_bound() ? "compute" : "memory", s.percent_of_roofline, s.percent_of_product_peak,
                   ms(seconds(k.vector_work)).c_str(), cell(vector_work_over_memory(k, s), "x%.2f").c_str());
   }
@@ -269,7 +293,7 @@ std::string json_rate(const Rate& r) {
 std::string json_timing(const std::optional<Timing>& t) {
   if (!t) return "null";
   return "{\"ms\": " + json_number(t->seconds * 1e3) + ", \"flops\": " + json_number(t->flops) +
-         ", \"bytes\": " + json_number(t->bytes) + ", \"gflop_per_s\": " + json_number(t->gflops()) +
+         ", \"fma_flops\": " + json_number(t->fma_flops) + ", \"bytes\": " + json_number(t->bytes) + ", \"gflop_per_s\": " + json_number(t->gflops()) +
          ", \"gb_per_s\": " + json_number(t->gbs()) + ", \"flop_per_byte\": " + json_number(t->intensity()) + "}";
 }
 
@@ -305,6 +329,7 @@ void write_json(const BenchReport& r, std::ostream& out) {
                 r.chunk, r.threads, r.repeats, r.baseline_repeats, r.decode_repeats);
   out << "  \"isa\": " << json_string(r.isa) << ",\n";
   out << "  \"product_unit\": " << json_string(unit_name(r.product_unit))
+      << ", \"product_unit_peak_gflop_per_s\": " << json_number(unit_peak(r))
       << ", \"product_peak_gflop_per_s\": " << json_number(product_peak(r)) << ",\n";
   out << "  \"against\": " << (r.against.empty() ? "null" : json_string(r.against)) << ",\n";
   out << "  \"ceilings\": {\n";

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <vector>
 
 namespace flat::tool {
@@ -14,6 +15,9 @@ struct Timing {
   double seconds = 0;
   double flops = 0;
   double bytes = 0;  // what it must move to and from memory
+  // Of `flops`, those the pass runs on fp32 FMA rather than on its target's product unit (the
+  // bench's product census, tools/vector_work.h); absent where no census was taken.
+  std::optional<double> fma_flops;
 
   double gflops() const { return flops / seconds * 1e-9; }
   double gbs() const { return bytes / seconds * 1e-9; }
