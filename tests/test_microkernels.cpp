@@ -64,18 +64,21 @@ class OnTheTileModel {
 };
 
 // One product to check: its description and operands, A (stored by rows or columns, zero where
-// the triangle says) and B with padded leading dimensions, so strides are not widths.
+// the triangle says) and B (by rows or columns) with padded leading dimensions, so strides are not
+// widths.
 struct GemmCase {
   int m, n, k;
   GemmDesc d;
-  int lda, ldb, ldc, a_rs, a_cs;
+  int lda, ldb, ldc, a_rs, a_cs, b_rs, b_cs;
   std::vector<float> a, b;
 
   float a_at(int i, int p) const { return a[size_t(i) * a_rs + size_t(p) * a_cs]; }
+  float b_at(int p, int j) const { return b[size_t(p) * b_rs + size_t(j) * b_cs]; }
   void run(cpu::GemmKernel kernel, float* c) const { kernel(d, m, n, k, a.data(), lda, b.data(), ldb, c, ldc); }
   std::string name() const {
     return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
            " tri=" + std::to_string(int(d.triangle)) + (d.a == Layout::columns ? " A^T" : " A") +
+           (d.b == Layout::columns ? " B^T" : " B") +
            (d.accumulate ? " +=" : " =") + (d.a_values == Operands::f32 ? " A f32" : " A bf16") +
            (d.b_values == Operands::f32 ? " B f32 " : " B bf16 ") + std::string(precision_name(d.precision)) +
            (d.bf16_outputs ? " for bf16 outputs" : "");
@@ -85,11 +88,12 @@ struct GemmCase {
 // A's elements from draw_a, B's from draw_b.
 template <class DrawA, class DrawB>
 GemmCase gemm_case(int m, int n, int k, const GemmDesc& d, DrawA&& draw_a, DrawB&& draw_b) {
-  const bool a_transposed = d.a == Layout::columns;
-  const int lda = a_transposed ? m + 3 : k + 5;
-  GemmCase g{m, n, k, d, lda, n + 2, n + 1, a_transposed ? 1 : lda, a_transposed ? lda : 1, {}, {}};
+  const bool a_transposed = d.a == Layout::columns, b_transposed = d.b == Layout::columns;
+  const int lda = a_transposed ? m + 3 : k + 5, ldb = b_transposed ? k + 4 : n + 2;
+  GemmCase g{m,   n,   k,   d,  lda, ldb, n + 1, a_transposed ? 1 : lda, a_transposed ? lda : 1, b_transposed ? 1 : ldb,
+             b_transposed ? ldb : 1, {}, {}};
   g.a.resize(size_t(a_transposed ? k : m) * lda + 1);
-  g.b.resize(size_t(k) * g.ldb + 1);
+  g.b.resize(size_t(b_transposed ? n : k) * ldb + 1);
   for (float& x : g.a) x = draw_a();
   for (float& x : g.b) x = draw_b();
   for (int i = 0; i < m; ++i)
@@ -134,8 +138,10 @@ constexpr GemmDesc kBf16Values{.a_values = Operands::bf16_values, .b_values = Op
 constexpr GemmDesc kBf16A{.a_values = Operands::bf16_values}, kBf16B{.b_values = Operands::bf16_values};
 constexpr GemmDesc kBf16AForBf16Outputs{.a_values = Operands::bf16_values, .bf16_outputs = true};
 
+// B stored by columns too where `reads_b_by_columns` (the target's, MicroKernels) says the kernel
+// reads it so.
 void check_gemm(cpu::MicroKernels::ChooseGemm choose, const GemmDesc& kind, bool on_tiles = false,
-                const GemmSizes& sizes = {}) {
+                const GemmSizes& sizes = {}, cpu::MicroKernels::ReadsBByColumns reads_b_by_columns = nullptr) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const auto draw_as = [&](Operands held) {
@@ -146,61 +152,67 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, const GemmDesc& kind, bool
       for (int k : sizes.k)
         for (Triangle tri : {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower})
           for (bool a_transposed : {false, true})
-            for (bool accumulate : {false, true}) {
-              const GemmCase g = gemm_case(m, n, k,
-                                           {.a_values = kind.a_values,
-                                            .b_values = kind.b_values,
-                                            .precision = kind.precision,
-                                            .bf16_outputs = kind.bf16_outputs,
-                                            .a = a_transposed ? Layout::columns : Layout::rows,
-                                            .accumulate = accumulate,
-                                            .triangle = tri},
-                                           draw_as(kind.a_values), draw_as(kind.b_values));
-              const ProductError error = product_error(on_tiles, g.d);
-              const int ldc = g.ldc;
-              std::vector<float> c(size_t(m) * ldc);
-              for (int i = 0; i < m; ++i)
-                for (int j = 0; j < ldc; ++j) c[size_t(i) * ldc + j] = j < n ? uniform(rng) : kPoison;
-              const std::vector<float> c0 = c;
-              g.run(choose(g.d), c.data());
-              const std::string what = g.name();
-              for (int i = 0; i < m; ++i) {
-                for (int j = 0; j < n; ++j) {
-                  if (tri == Triangle::c_lower && j > i) continue;
-                  const double start = accumulate ? c0[size_t(i) * ldc + j] : 0.0;
-                  double want = start, magnitude = std::abs(start);
-                  for (int p = 0; p < k; ++p) {
-                    const double term = double(g.a_at(i, p)) * double(g.b[size_t(p) * g.ldb + j]);
-                    want += term;
-                    magnitude += std::abs(term);
+            for (bool b_transposed : {false, true})
+              for (bool accumulate : {false, true}) {
+                const GemmDesc d{.a_values = kind.a_values,
+                                 .b_values = kind.b_values,
+                                 .precision = kind.precision,
+                                 .bf16_outputs = kind.bf16_outputs,
+                                 .a = a_transposed ? Layout::columns : Layout::rows,
+                                 .b = b_transposed ? Layout::columns : Layout::rows,
+                                 .accumulate = accumulate,
+                                 .triangle = tri};
+                if (b_transposed && !(reads_b_by_columns && reads_b_by_columns(cpu::call_desc(d)))) continue;
+                const GemmCase g = gemm_case(m, n, k, d, draw_as(kind.a_values), draw_as(kind.b_values));
+                const ProductError error = product_error(on_tiles, g.d);
+                const int ldc = g.ldc;
+                std::vector<float> c(size_t(m) * ldc);
+                for (int i = 0; i < m; ++i)
+                  for (int j = 0; j < ldc; ++j) c[size_t(i) * ldc + j] = j < n ? uniform(rng) : kPoison;
+                const std::vector<float> c0 = c;
+                g.run(choose(g.d), c.data());
+                const std::string what = g.name();
+                for (int i = 0; i < m; ++i) {
+                  for (int j = 0; j < n; ++j) {
+                    if (tri == Triangle::c_lower && j > i) continue;
+                    const double start = accumulate ? c0[size_t(i) * ldc + j] : 0.0;
+                    double want = start, magnitude = std::abs(start);
+                    for (int p = 0; p < k; ++p) {
+                      const double term = double(g.a_at(i, p)) * double(g.b_at(p, j));
+                      want += term;
+                      magnitude += std::abs(term);
+                    }
+                    const double bound = ((k * error.terms + 2) * kUnit + error.relative) * magnitude;
+                    ASSERT_LE(std::abs(double(c[size_t(i) * ldc + j]) - want), bound)
+                        << what << " at (" << i << ", " << j << ")";
                   }
-                  const double bound = ((k * error.terms + 2) * kUnit + error.relative) * magnitude;
-                  ASSERT_LE(std::abs(double(c[size_t(i) * ldc + j]) - want), bound)
-                      << what << " at (" << i << ", " << j << ")";
+                  for (int j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i) * ldc + j])) << what << ": padding written";
                 }
-                for (int j = n; j < ldc; ++j) ASSERT_TRUE(std::isnan(c[size_t(i) * ldc + j])) << what << ": padding written";
               }
-            }
 }
 
 TEST(MicroKernels, GemmMatchesFloat64) {
   on_every_target([](const cpu::Target& t) {
-    for (const GemmDesc& kind : {kF32Exact, kF32ForBf16Outputs}) check_gemm(t.micro.gemm, kind, t.tile_products);
+    for (const GemmDesc& kind : {kF32Exact, kF32ForBf16Outputs})
+      check_gemm(t.micro.gemm, kind, t.tile_products, {}, t.micro.reads_b_by_columns);
   });
 }
 
 TEST(MicroKernels, GemmAtFastPrecisionMatchesFloat64) {
-  on_every_target([](const cpu::Target& t) { check_gemm(t.micro.gemm, kF32Fast, t.tile_products); });
+  on_every_target(
+      [](const cpu::Target& t) { check_gemm(t.micro.gemm, kF32Fast, t.tile_products, {}, t.micro.reads_b_by_columns); });
 }
 
 TEST(MicroKernels, GemmOfBf16ValuesMatchesFloat64) {
   on_every_target([](const cpu::Target& t) {
-    for (const GemmDesc& kind : {kBf16Values, kBf16A, kBf16B}) check_gemm(t.micro.gemm, kind, t.tile_products);
+    for (const GemmDesc& kind : {kBf16Values, kBf16A, kBf16B})
+      check_gemm(t.micro.gemm, kind, t.tile_products, {}, t.micro.reads_b_by_columns);
   });
 }
 
 // The tile product's own edges: C tiles of 16 and blocks of 32 rows and columns, row groups of 64,
-// steps of 32 k and panels of 256; single rows and columns, an odd k within a pair.
+// steps of 32 k and panels of 256; single rows and columns, an odd k within a pair. (B by columns:
+// TileGemmReadsBEitherWayAlike here, and the sweeps above on the tile targets.)
 TEST(MicroKernels, TileGemmOnTheModelMatchesFloat64) {
   const OnTheTileModel model;
   const GemmSizes edges{.m = {1, 15, 16, 17, 33, 64, 97}, .n = {1, 16, 17, 33, 65}, .k = {0, 1, 2, 31, 32, 33, 257}};
@@ -209,6 +221,48 @@ TEST(MicroKernels, TileGemmOnTheModelMatchesFloat64) {
   // One operand of bf16 values: one part of it, the passes with the other's parts alone.
   for (const GemmDesc& kind : {kBf16Values, kBf16A, kBf16B, kBf16AForBf16Outputs})
     check_gemm(OnTheTileModel::choose, kind, true, edges);
+}
+
+// The tile product packs B by columns into the very words it packs by rows: the same C, bit for
+// bit, for B stored either way, on the model (in this unit's portable packing, and in the amx_model
+// target's 16 lanes at a time where it runs) and on the hardware where this CPU has the tiles.
+TEST(MicroKernels, TileGemmReadsBEitherWayAlike) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const auto draw = [&] { return uniform(rng); };
+  const auto check = [&](cpu::GemmKernel kernel) {
+    for (const GemmDesc& kind : {kF32Exact, kF32Fast, kF32ForBf16Outputs, kBf16B})
+      for (int m : {1, 33})
+        for (int n : {1, 17, 32, 65})
+          for (int k : {1, 31, 33, 300})
+            for (Triangle tri : {Triangle::none, Triangle::c_lower}) {
+              GemmDesc d = kind;
+              d.triangle = tri;
+              const GemmCase by_rows = gemm_case(m, n, k, d, draw, draw);
+              d.b = Layout::columns;
+              GemmCase by_columns = gemm_case(m, n, k, d, draw, draw);
+              by_columns.a = by_rows.a;
+              for (int p = 0; p < k; ++p)
+                for (int j = 0; j < n; ++j)
+                  by_columns.b[size_t(j) * by_columns.ldb + p] = by_rows.b[size_t(p) * by_rows.ldb + j];
+              std::vector<float> c_rows(size_t(m) * by_rows.ldc, kPoison), c_columns = c_rows;
+              by_rows.run(kernel, c_rows.data());
+              by_columns.run(kernel, c_columns.data());
+              for (size_t at = 0; at < c_rows.size(); ++at)
+                ASSERT_EQ(std::bit_cast<uint32_t>(c_rows[at]), std::bit_cast<uint32_t>(c_columns[at]))
+                    << by_columns.name() << " at " << at;
+            }
+  };
+  {
+    const OnTheTileModel model;
+    check(cpu::gemm_bf16_32x32__amx<cpu::ModelTiles>);
+  }
+  for (const cpu::Target* target : test::supported_targets())
+    if (target->tile_products) {
+      SCOPED_TRACE(std::string("target ") + target->name);
+      const cpu::ThreadScope scope(*target, false);
+      check(target->micro.gemm(GemmDesc{.precision = Precision::fast}));
+    }
 }
 
 // Where this CPU runs the amx target: its tile product on the hardware against the same kernel on

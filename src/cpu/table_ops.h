@@ -24,6 +24,13 @@ struct TableOps {
       gemm_each_alone<M.gemm>(d, count, products, n, k, b, ldb);
     }
   }
+  static bool reads_b_by_columns(const SharedBDesc& d) {
+    if constexpr (M.reads_b_by_columns != nullptr) {
+      return M.reads_b_by_columns(d);
+    } else {
+      return false;
+    }
+  }
   static void transpose(int rows, int cols, const float* src, int lds, float* dst, int ldd) {
     M.transpose(rows, cols, src, lds, dst, ldd);
   }

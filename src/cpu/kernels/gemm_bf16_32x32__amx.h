@@ -198,6 +198,33 @@ void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_
   }
 }
 
+// B stored by columns (GemmDesc::b: column j's k at b + j * ldb, consecutive) packed as pack_amx_b
+// lays B out: each column's 32 k of a step as 16 pair words (as pack_amx_a packs a row of A), and
+// each 16 columns' words transposed, word (q, j) then column j's k 2q and 2q + 1. The words are
+// those pack_amx_b makes of the same values by rows.
+template <int Parts>
+void pack_amx_b_columns(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
+  __m512 words[Parts][16];
+  __m512 x0[Parts], x1[Parts];
+  for (int j0 = 0; j0 < kAmxBlock; j0 += kAmxTile)
+    for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
+      for (int j = 0; j < kAmxTile; ++j) {
+        const bool inside = j0 + j < cols;
+        const float* column = inside ? b + size_t(j0 + j) * ldb + 2 * q0 : b;
+        bf16_parts(_mm512_maskz_loadu_ps(inside ? lanes_from(2 * q0, depth) : 0, column), x0);
+        bf16_parts(_mm512_maskz_loadu_ps(inside ? lanes_from(2 * q0 + 16, depth) : 0, inside ? column + 16 : b), x1);
+        for (int t = 0; t < Parts; ++t)
+          words[t][j] = _mm512_castsi512_ps(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1[t], x0[t])));
+      }
+      for (int t = 0; t < Parts; ++t) {
+        transpose16(words[t]);
+        for (int q = 0; q < kAmxTile; ++q)
+          _mm512_store_ps(out + t * part_words + size_t(q0 + q) * kAmxBlock + j0, words[t][q]);
+      }
+    }
+}
+
 #else
 
 // x's bf16 parts, as the contract above says. A compile-time count: one part is a single rounding,
@@ -236,6 +263,20 @@ void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_
   for (int p = 0; p < depth; ++p)
     for (int j = 0; j < width; ++j) {
       bf16_parts<Parts>(b[size_t(p) * ldb + j], x);
+      for (int t = 0; t < Parts; ++t)
+        out[t * part_words + size_t(p / 2) * kAmxBlock + j] |= uint32_t(x[t]) << (16 * (p & 1));
+    }
+}
+
+template <int Parts>
+void pack_amx_b_columns(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
+  for (int t = 0; t < Parts; ++t) std::fill_n(out + t * part_words, size_t(pairs) * kAmxBlock, 0u);
+  const int width = std::min(cols, kAmxBlock);
+  uint16_t x[Parts];
+  for (int j = 0; j < width; ++j)
+    for (int p = 0; p < depth; ++p) {
+      bf16_parts<Parts>(b[size_t(j) * ldb + p], x);
       for (int t = 0; t < Parts; ++t)
         out[t * part_words + size_t(p / 2) * kAmxBlock + j] |= uint32_t(x[t]) << (16 * (p & 1));
     }
@@ -373,7 +414,10 @@ void gemm_bf16_parts_32x32__amx(const SharedBDesc& d, int count, const SharedBPr
         columns = std::max(columns, product.triangle == Triangle::c_lower ? std::min(n, held[h].end) : n);
       }
       for (int j0 = 0; j0 < columns; j0 += kAmxBlock) {
-        pack_amx_b<BParts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
+        if (d.b == Layout::rows)
+          pack_amx_b<BParts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
+        else
+          pack_amx_b_columns<BParts>(depth, n - j0, pairs, b + size_t(j0) * ldb + k0, ldb, b_pack);
         for (int h = 0; h < held_count; ++h) {
           const SharedBProduct& product = *held[h].product;
           const Triangle tri = product.triangle;

@@ -21,6 +21,12 @@ struct MicroKernels {
   // target whose kernels read B as it lies, whose products then run one by one (TableOps).
   using ChooseGemmSharedB = GemmSharedBKernel (*)(const SharedBDesc& d);
   ChooseGemmSharedB gemm_shared_b = nullptr;
+  // Whether the kernel the target chooses for products so described reads B stored by columns
+  // (GemmDesc::b, B^T's rows [n, k]) as well as by rows: its tile kernel packs B either way, so the
+  // stages' products A B^T need no transposed copy of B. Null where every kernel reads B by rows
+  // (the stages then transpose B for them, Ops::transpose).
+  using ReadsBByColumns = bool (*)(const SharedBDesc& d);
+  ReadsBByColumns reads_b_by_columns = nullptr;
   void (*transpose)(int rows, int cols, const float* src, int lds, float* dst, int ldd);
   void (*exp)(float* x, int n);
   float (*dot)(const float* a, const float* b, int n);

@@ -44,6 +44,7 @@ constexpr MicroKernels tile_micro_kernels() {
   MicroKernels kernels = vector_kernels;
   kernels.gemm = choose_gemm__tiles<Tiles, vector_kernels>;
   kernels.gemm_shared_b = choose_gemm_shared_b__tiles<Tiles, vector_kernels>;
+  kernels.reads_b_by_columns = on_tiles;  // the tile kernel packs B from either layout
   return kernels;
 }
 

@@ -18,10 +18,13 @@ enum class Triangle : uint8_t { none, a_lower, a_upper, c_lower };
 enum class Operands : uint8_t { f32, bf16_values };
 
 // How A is stored: by rows (A [m, k], row i at a + i * lda) or by columns (A^T stored [k, m],
-// column p of A at a + p * lda: the products A^T B of the state update and the backward).
+// column p of A at a + p * lda: the products A^T B of the state update and the backward). And B:
+// by rows ([k, n], row p at b + p * ldb) or by columns (B^T stored [n, k], column j at b + j * ldb:
+// the products A B^T, for a kernel that packs B and so reads it either way,
+// MicroKernels::reads_b_by_columns).
 enum class Layout : uint8_t { rows, columns };
 
-// One chunk product C[m, n] (+)= A B with B row-major [k, n], described: a target chooses its
+// One chunk product C[m, n] (+)= A B, described: a target chooses its
 // kernel by it (MicroKernels::gemm) and the kernel runs it. A new operand type or kernel (fp16,
 // AMX tiles) is a value here and a target's choice, not a new slot in the table.
 struct GemmDesc {
@@ -34,6 +37,7 @@ struct GemmDesc {
   // only be exact far below their rounding (2^-9), so a bf16 unit may take fewer parts.
   bool bf16_outputs = false;
   Layout a = Layout::rows;
+  Layout b = Layout::rows;  // by columns only for a kernel that reads B so (MicroKernels::reads_b_by_columns)
   bool accumulate = false;  // C += A B, else C = A B
   Triangle triangle = Triangle::none;
 };
@@ -66,6 +70,7 @@ struct SharedBDesc {
   Operands b_values = Operands::f32;
   Precision precision = Precision::exact;
   bool bf16_outputs = false;
+  Layout b = Layout::rows;
   bool accumulate = false;
 };
 // The description of one product of a shared-B call `d`.
@@ -75,6 +80,7 @@ constexpr GemmDesc product_desc(const SharedBDesc& d, const SharedBProduct& prod
           .precision = d.precision,
           .bf16_outputs = d.bf16_outputs,
           .a = product.layout,
+          .b = d.b,
           .accumulate = d.accumulate,
           .triangle = product.triangle};
 }
@@ -85,6 +91,7 @@ constexpr SharedBDesc call_desc(const GemmDesc& d) {
           .b_values = d.b_values,
           .precision = d.precision,
           .bf16_outputs = d.bf16_outputs,
+          .b = d.b,
           .accumulate = d.accumulate};
 }
 // Products that share B, described by `d` and each its own: a kernel that packs B packs it once for

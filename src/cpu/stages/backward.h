@@ -186,10 +186,11 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
   gemm_tn<Ops>(ch, L, VW, L, ch.scores, C, ch.dy, VW, dvalues, VW, true, Triangle::a_upper);
   if (ch.delta) delta_backward_dz<Ops>(ch);
   const float* dz = ch.delta ? ch.dz : nullptr;
-  const PackedB values_t = pack_transposed<Ops>(L, VW, ch.values(), VW, ch.packed);
+  const PackedB values_t =
+      transposed_b<Ops>(ch, L, VW, ch.values(), VW, ch.packed, ch.values_values, Operands::f32, Operands::f32);
   gemm_packed_sharing_b<Ops>(ch, L, L, VW, values_t, VW, ch.dy, ch.dscores, dz, ch.dlower, C, Triangle::c_lower,
                              ch.values_values);
-  const PackedB H0_t = pack_transposed<Ops>(K, VW, H0, VW, ch.packed);
+  const PackedB H0_t = transposed_b<Ops>(ch, K, VW, H0, VW, ch.packed, Operands::f32, Operands::f32, Operands::f32);
   gemm_packed_sharing_b<Ops>(ch, L, K, VW, H0_t, VW, ch.dy, ch.panel, dz, ch.dbp, K);
   scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
   if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0, ch.panel);

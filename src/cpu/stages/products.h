@@ -2,8 +2,9 @@
 // src/cpu/kernels/product.h) to the target's gemm (Ops::gemm), which runs each on the kernel it
 // chooses for the description (bf16 dot products where every operand is a bf16 value, on a
 // target that has them). Packing is a step of its own: an
-// operand packed once (PackedB) serves any number of products; A B^T packs B^T into the chunk's
-// `packed` panel and multiplies.
+// operand packed once (PackedB) serves any number of products; A B^T lays B^T out in the chunk's
+// `packed` panel and multiplies, or, where the target's kernel packs B from its columns (the
+// tiles), hands B as it lies.
 //
 // Everything here has internal linkage (an anonymous namespace): each target's translation unit
 // (src/cpu/target_<name>.cpp) compiles its own copy with its own flags, so no out-of-line copy
@@ -22,32 +23,37 @@ namespace {
 // `a_values`, `b_values`: what A and B hold (GemmDesc), f32 unless a caller knows better.
 
 // The description of chunk products sharing B (each product's layout and triangle its own) at the
-// chunk's precision and outputs' dtype.
-inline SharedBDesc chunk_products(const Chunk& ch, Operands a_values, Operands b_values, bool accumulate) {
+// chunk's precision and outputs' dtype, B stored as `b` says.
+inline SharedBDesc chunk_products(const Chunk& ch, Operands a_values, Operands b_values, bool accumulate,
+                                  Layout b = Layout::rows) {
   return {.a_values = a_values,
           .b_values = b_values,
           .precision = ch.precision,
           .bf16_outputs = ch.bf16_outputs,
+          .b = b,
           .accumulate = accumulate};
 }
 // The description of one chunk product.
 inline GemmDesc chunk_product(const Chunk& ch, Operands a_values, Operands b_values, bool accumulate, Triangle tri,
-                              Layout a = Layout::rows) {
+                              Layout a = Layout::rows, Layout b = Layout::rows) {
   return {.a_values = a_values,
           .b_values = b_values,
           .precision = ch.precision,
           .bf16_outputs = ch.bf16_outputs,
           .a = a,
+          .b = b,
           .accumulate = accumulate,
           .triangle = tri};
 }
 
-// C[m, n] (+)= A[m, k] B[k, n], A and B row-major.
+// C[m, n] (+)= A[m, k] B[k, n], A row-major, B row-major (or stored by columns where `b_layout`
+// says so, for a kernel that reads it so: MicroKernels::reads_b_by_columns).
 template <class Ops>
 void gemm_nn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
              int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
-             Operands b_values = Operands::f32) {
-  Ops::gemm(chunk_product(ch, a_values, b_values, accumulate, tri), m, n, k, a, lda, b, ldb, c, ldc);
+             Operands b_values = Operands::f32, Layout b_layout = Layout::rows) {
+  Ops::gemm(chunk_product(ch, a_values, b_values, accumulate, tri, Layout::rows, b_layout), m, n, k, a, lda, b, ldb,
+            c, ldc);
 }
 // C[m, n] (+)= A^T B with A stored [k, m].
 template <class Ops>
@@ -57,18 +63,28 @@ void gemm_tn(const Chunk& ch, int m, int n, int k, const float* a, int lda, cons
   Ops::gemm(chunk_product(ch, a_values, b_values, accumulate, tri, Layout::columns), m, n, k, a, lda, b, ldb, c,
             ldc);
 }
-// A B operand as the microkernels stream it: row-major [k, n] rows at `data`, `ld` apart.
+// A B operand as the microkernels read it: row-major [k, n] rows at `data`, `ld` apart, or by
+// columns (B^T's rows [n, k]) for a kernel that reads it so.
 struct PackedB {
   const float* data;
   int ld;
+  Layout layout = Layout::rows;
 };
 
-// The packing step of A B^T, B stored [n, k]: B^T laid out [k, n] in `out` (k * n floats), so the
-// microkernels stream contiguous rows, for as many products as read it.
+// The B of products A B^T, stored [n, k] (B^T's rows), for products of A holding `a_values` (and
+// `other_a_values`, where A of a second kind reads it too) on B holding `b_values`: as it lies, by
+// columns, where the target's kernel for each of them reads B so (Ops::reads_b_by_columns: the
+// tiles pack it from there, with no copy between), else laid out [k, n] in `out` (k * n floats),
+// so that the microkernels stream contiguous rows, once for all of them.
 template <class Ops>
-PackedB pack_transposed(int n, int k, const float* b, int ldb, float* out) {
+PackedB transposed_b(const Chunk& ch, int n, int k, const float* b, int ldb, float* out, Operands b_values,
+                     Operands a_values, Operands other_a_values) {
+  const auto by_columns = [&](Operands a) {
+    return Ops::reads_b_by_columns(chunk_products(ch, a, b_values, false, Layout::columns));
+  };
+  if (by_columns(a_values) && by_columns(other_a_values)) return {b, ldb, Layout::columns};
   Ops::transpose(n, k, b, ldb, out, n);
-  return {out, n};
+  return {out, n, Layout::rows};
 }
 
 // C[m, n] (+)= A B with B packed.
@@ -76,7 +92,7 @@ template <class Ops>
 void gemm_packed(const Chunk& ch, int m, int n, int k, const float* a, int lda, PackedB b, float* c, int ldc,
                  bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
                  Operands b_values = Operands::f32) {
-  gemm_nn<Ops>(ch, m, n, k, a, lda, b.data, b.ld, c, ldc, accumulate, tri, a_values, b_values);
+  gemm_nn<Ops>(ch, m, n, k, a, lda, b.data, b.ld, c, ldc, accumulate, tri, a_values, b_values, b.layout);
 }
 
 // C0 = A0 B and, where A1 is given, C1 = A1 B, B packed (A_p [m, k] rows lda apart, C_p ldc apart):
@@ -87,16 +103,18 @@ void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int 
                            Operands b_values = Operands::f32, Operands a_values = Operands::f32) {
   const SharedBProduct products[2] = {{m, a0, lda, c0, ldc, Layout::rows, tri},
                                       {m, a1, lda, c1, ldc, Layout::rows, tri}};
-  Ops::gemm_shared_b(chunk_products(ch, a_values, b_values, false), a1 ? 2 : 1, products, n, k, b.data, b.ld);
+  Ops::gemm_shared_b(chunk_products(ch, a_values, b_values, false, b.layout), a1 ? 2 : 1, products, n, k, b.data,
+                     b.ld);
 }
 
-// C[m, n] (+)= A B^T with B stored [n, k], packed into the chunk's panel for this one product.
+// C[m, n] (+)= A B^T with B stored [n, k], transposed into the chunk's panel for this one product
+// where the kernel does not read it as it lies (transposed_b).
 template <class Ops>
 void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
              int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
              Operands b_values = Operands::f32) {
-  gemm_packed<Ops>(ch, m, n, k, a, lda, pack_transposed<Ops>(n, k, b, ldb, ch.packed), c, ldc, accumulate, tri,
-                   a_values, b_values);
+  gemm_packed<Ops>(ch, m, n, k, a, lda, transposed_b<Ops>(ch, n, k, b, ldb, ch.packed, b_values, a_values, a_values),
+                   c, ldc, accumulate, tri, a_values, b_values);
 }
 
 // ---- Products of ScaledRows (chunk.h): the rows in the product, their factors on its result or on

@@ -89,8 +89,9 @@ void intra_scores(Chunk& ch, const float* queries, const float* keys, const Scal
                   const ScaledRows& keys_read, float* out, bool strict, float* raw = nullptr) {
   const int C = ch.C, K = ch.K, L = ch.L;
   if (ch.W == 1) {
-    scalar_gate_scores<Ops>(ch, queries_read, keys_read, pack_transposed<Ops>(L, K, keys_read.rows, K, ch.packed),
-                            out, strict, raw);
+    const PackedB keys_t = transposed_b<Ops>(ch, L, K, keys_read.rows, K, ch.packed, keys_read.values,
+                                             queries_read.values, queries_read.values);
+    scalar_gate_scores<Ops>(ch, queries_read, keys_read, keys_t, out, strict, raw);
     return;
   }
   for (int i = 0; i < L; ++i) zero(out + size_t(i) * C, size_t(L));
@@ -116,7 +117,8 @@ void intra_scores_sharing_keys(Chunk& ch, const ScaledRows& first, float* first_
                                float* second_out) {
   const int C = ch.C, K = ch.K, L = ch.L;
   const ScaledRows& keys = ch.keys;
-  const PackedB keys_t = pack_transposed<Ops>(L, K, keys.rows, K, ch.packed);
+  const PackedB keys_t =
+      transposed_b<Ops>(ch, L, K, keys.rows, K, ch.packed, keys.values, first.values, second.values);
   if (first.values != second.values) {  // products of two kinds: one call each
     scalar_gate_scores<Ops>(ch, first, keys, keys_t, first_out, true);
     scalar_gate_scores<Ops>(ch, second, keys, keys_t, second_out, false);
