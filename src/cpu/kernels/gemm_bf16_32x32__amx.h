@@ -254,32 +254,30 @@ void pack_amx_a(int rows, int depth, int pairs, const float* a, int a_rs, int a_
     }
 }
 
+// B(p, j) = b[p * p_stride + j * j_stride], packed as pack_amx_b lays B out.
 template <int Parts>
-void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
+void pack_amx_b_strided(int depth, int cols, int pairs, const float* b, size_t p_stride, size_t j_stride,
+                        uint32_t* out) {
   constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
   for (int t = 0; t < Parts; ++t) std::fill_n(out + t * part_words, size_t(pairs) * kAmxBlock, 0u);
   const int width = std::min(cols, kAmxBlock);
   uint16_t x[Parts];
   for (int p = 0; p < depth; ++p)
     for (int j = 0; j < width; ++j) {
-      bf16_parts<Parts>(b[size_t(p) * ldb + j], x);
+      bf16_parts<Parts>(b[size_t(p) * p_stride + size_t(j) * j_stride], x);
       for (int t = 0; t < Parts; ++t)
         out[t * part_words + size_t(p / 2) * kAmxBlock + j] |= uint32_t(x[t]) << (16 * (p & 1));
     }
 }
 
 template <int Parts>
+void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
+  pack_amx_b_strided<Parts>(depth, cols, pairs, b, size_t(ldb), 1, out);
+}
+
+template <int Parts>
 void pack_amx_b_columns(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
-  constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
-  for (int t = 0; t < Parts; ++t) std::fill_n(out + t * part_words, size_t(pairs) * kAmxBlock, 0u);
-  const int width = std::min(cols, kAmxBlock);
-  uint16_t x[Parts];
-  for (int j = 0; j < width; ++j)
-    for (int p = 0; p < depth; ++p) {
-      bf16_parts<Parts>(b[size_t(j) * ldb + p], x);
-      for (int t = 0; t < Parts; ++t)
-        out[t * part_words + size_t(p / 2) * kAmxBlock + j] |= uint32_t(x[t]) << (16 * (p & 1));
-    }
+  pack_amx_b_strided<Parts>(depth, cols, pairs, b, 1, size_t(ldb), out);
 }
 
 #endif
