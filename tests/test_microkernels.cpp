@@ -428,6 +428,14 @@ TEST(MicroKernels, TileTargetsChooseTheUnitPerProduct) {
     for (const GemmDesc& kind : {kF32Exact, kF32ForBf16Outputs})
       EXPECT_TRUE(bitwise_equal(target->micro.gemm(kind), vector_target->micro.gemm(kind), kind))
           << "fp32 operands on both sides at exact precision: the vector target's fp32 kernel";
+    // B by columns where it is one part on the tiles; by rows where it is split (or off the tiles),
+    // and on the vector targets always.
+    ASSERT_NE(target->micro.reads_b_by_columns, nullptr);
+    for (const GemmDesc& kind : {kF32Fast, kBf16Values, kBf16B})
+      EXPECT_TRUE(target->micro.reads_b_by_columns(cpu::call_desc(kind)));
+    for (const GemmDesc& kind : {kBf16A, kBf16AForBf16Outputs, kF32Exact, kF32ForBf16Outputs})
+      EXPECT_FALSE(target->micro.reads_b_by_columns(cpu::call_desc(kind)));
+    EXPECT_EQ(vector_target->micro.reads_b_by_columns, nullptr);
   }
 }
 

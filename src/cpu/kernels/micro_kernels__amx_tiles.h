@@ -29,6 +29,16 @@ constexpr bool on_tiles(const SharedBDesc& d) {
   return amx_parts_of(d.a_values, d) == 1 || amx_parts_of(d.b_values, d) == 1;
 }
 
+// Which products take B by columns (B^T's rows as they lie, GemmDesc::b): those on the tiles whose
+// B is one part (bf16 values, or any B at Precision::fast), each column's k converted and 16 columns'
+// pair words transposed. A B split into parts is paired from its rows by shifts
+// (bf16_part_pairs), less work per part than converting and transposing each: those products take
+// B transposed by the stages, by rows (on this Xeon, 2026-12-07, Mamba-2's backward at exact read
+// 113-118 ms with every product on the tiles taking B by columns against 113-114 without).
+constexpr bool reads_b_by_columns__tiles(const SharedBDesc& d) {
+  return on_tiles(d) && amx_parts_of(d.b_values, d) == 1;
+}
+
 template <class Tiles, const MicroKernels& vector_kernels>
 constexpr GemmKernel choose_gemm__tiles(const GemmDesc& d) {
   return on_tiles(call_desc(d)) ? gemm_bf16_32x32__amx<Tiles> : vector_kernels.gemm(d);
@@ -44,7 +54,7 @@ constexpr MicroKernels tile_micro_kernels() {
   MicroKernels kernels = vector_kernels;
   kernels.gemm = choose_gemm__tiles<Tiles, vector_kernels>;
   kernels.gemm_shared_b = choose_gemm_shared_b__tiles<Tiles, vector_kernels>;
-  kernels.reads_b_by_columns = on_tiles;  // the tile kernel packs B from either layout
+  kernels.reads_b_by_columns = reads_b_by_columns__tiles;
   return kernels;
 }
 
