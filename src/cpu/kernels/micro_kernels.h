@@ -21,10 +21,11 @@ struct MicroKernels {
   // target whose kernels read B as it lies, whose products then run one by one (TableOps).
   using ChooseGemmSharedB = GemmSharedBKernel (*)(const SharedBDesc& d);
   ChooseGemmSharedB gemm_shared_b = nullptr;
-  // Whether the kernel the target chooses for products so described reads B stored by columns
-  // (GemmDesc::b, B^T's rows [n, k]) as well as by rows: its tile kernel packs B either way, so the
-  // stages' products A B^T need no transposed copy of B. Null where every kernel reads B by rows
-  // (the stages then transpose B for them, Ops::transpose).
+  // Whether the kernel the target chooses for products so described takes B stored by columns
+  // (GemmDesc::b, B^T's rows [n, k]): then the stages' products A B^T hand it B as it lies, with no
+  // transposed copy (the tile targets: their products on the tiles whose B is one part, which the
+  // tile kernel packs from its columns). Null where every kernel reads B by rows (the stages then
+  // transpose B for them, Ops::transpose).
   using ReadsBByColumns = bool (*)(const SharedBDesc& d);
   ReadsBByColumns reads_b_by_columns = nullptr;
   void (*transpose)(int rows, int cols, const float* src, int lds, float* dst, int ldd);
