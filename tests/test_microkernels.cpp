@@ -323,9 +323,11 @@ TEST(MicroKernels, TileGemmOnTheHardwareMatchesTheModel) {
 // equal each product run alone, bitwise: the same passes and sums, B packed once. Products of
 // 1 to 150 rows (row groups of 64, three held at once: three products' five groups in two
 // batches), each product with its own layout of A and triangle (the first as the loop gives, the
-// others in turn), accumulation, operands of fp32 and of bf16 values at both precisions, and
-// nothing written past each C's columns (nor above a c_lower product's diagonal).
-void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKernels::ChooseGemm alone) {
+// others in turn), B by rows and, where `reads_b_by_columns` says the kernels read it so, by
+// columns, accumulation, operands of fp32 and of bf16 values at both precisions, and nothing
+// written past each C's columns (nor above a c_lower product's diagonal).
+void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKernels::ChooseGemm alone,
+                    cpu::MicroKernels::ReadsBByColumns reads_b_by_columns) {
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (const GemmDesc& kind : {kF32Exact, kF32ForBf16Outputs, kF32Fast, kBf16A})
@@ -333,49 +335,52 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
       for (int n : {17, 65})
         for (int k : {31, 300})
           for (bool a_transposed : {false, true})
-            for (bool accumulate : {false, true}) {
-              const cpu::SharedBDesc d{.a_values = kind.a_values,
-                                       .precision = kind.precision,
-                                       .bf16_outputs = kind.bf16_outputs,
-                                       .accumulate = accumulate};
-              const auto draw_a = [&] { return kind.a_values == Operands::f32 ? uniform(rng) : to_bf16_value(uniform(rng)); };
-              std::vector<GemmCase> cases;
-              for (size_t p = 0; p < rows.size(); ++p) {
-                constexpr Triangle kTriangles[] = {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower};
-                const Triangle triangle =
-                    p == 0 ? Triangle::none : kTriangles[(p + size_t(accumulate) + size_t(k > 100)) % 4];
-                const GemmDesc own = cpu::product_desc(
-                    d, {.m = rows[p],
-                        .a = nullptr,
-                        .lda = 0,
-                        .c = nullptr,
-                        .ldc = 0,
-                        .layout = (a_transposed != (p % 2 == 1)) ? Layout::columns : Layout::rows,
-                        .triangle = triangle});
-                cases.push_back(gemm_case(rows[p], n, k, own, draw_a, [&] { return uniform(rng); }));
+            for (bool b_transposed : {false, true})
+              for (bool accumulate : {false, true}) {
+                const cpu::SharedBDesc d{.a_values = kind.a_values,
+                                         .precision = kind.precision,
+                                         .bf16_outputs = kind.bf16_outputs,
+                                         .b = b_transposed ? Layout::columns : Layout::rows,
+                                         .accumulate = accumulate};
+                if (b_transposed && !(reads_b_by_columns && reads_b_by_columns(d))) continue;
+                const auto draw_a = [&] { return kind.a_values == Operands::f32 ? uniform(rng) : to_bf16_value(uniform(rng)); };
+                std::vector<GemmCase> cases;
+                for (size_t p = 0; p < rows.size(); ++p) {
+                  constexpr Triangle kTriangles[] = {Triangle::none, Triangle::a_lower, Triangle::a_upper, Triangle::c_lower};
+                  const Triangle triangle =
+                      p == 0 ? Triangle::none : kTriangles[(p + size_t(accumulate) + size_t(k > 100)) % 4];
+                  const GemmDesc own = cpu::product_desc(
+                      d, {.m = rows[p],
+                          .a = nullptr,
+                          .lda = 0,
+                          .c = nullptr,
+                          .ldc = 0,
+                          .layout = (a_transposed != (p % 2 == 1)) ? Layout::columns : Layout::rows,
+                          .triangle = triangle});
+                  cases.push_back(gemm_case(rows[p], n, k, own, draw_a, [&] { return uniform(rng); }));
+                }
+                for (GemmCase& g : cases) g.b = cases[0].b;  // one B, as the first case drew it
+                std::vector<std::vector<float>> together, apart;
+                std::vector<cpu::SharedBProduct> products;
+                for (const GemmCase& g : cases) {
+                  std::vector<float> c(size_t(g.m) * g.ldc);
+                  for (int i = 0; i < g.m; ++i)
+                    for (int j = 0; j < g.ldc; ++j) c[size_t(i) * g.ldc + j] = j < n ? uniform(rng) : kPoison;
+                  together.push_back(c);
+                  apart.push_back(c);
+                }
+                for (size_t p = 0; p < cases.size(); ++p) {
+                  products.push_back({cases[p].m, cases[p].a.data(), cases[p].lda, together[p].data(), cases[p].ldc,
+                                      cases[p].d.a, cases[p].d.triangle});
+                  cases[p].run(alone(cases[p].d), apart[p].data());
+                }
+                shared(d)(d, int(products.size()), products.data(), n, k, cases[0].b.data(), cases[0].ldb);
+                for (size_t p = 0; p < cases.size(); ++p)
+                  for (size_t at = 0; at < apart[p].size(); ++at)
+                    ASSERT_EQ(std::bit_cast<uint32_t>(together[p][at]), std::bit_cast<uint32_t>(apart[p][at]))
+                        << cases[p].name() << ", product " << p << " of " << cases.size() << " at (" << at / cases[p].ldc
+                        << ", " << at % cases[p].ldc << ")";
               }
-              for (GemmCase& g : cases) g.b = cases[0].b;  // one B, as the first case drew it
-              std::vector<std::vector<float>> together, apart;
-              std::vector<cpu::SharedBProduct> products;
-              for (const GemmCase& g : cases) {
-                std::vector<float> c(size_t(g.m) * g.ldc);
-                for (int i = 0; i < g.m; ++i)
-                  for (int j = 0; j < g.ldc; ++j) c[size_t(i) * g.ldc + j] = j < n ? uniform(rng) : kPoison;
-                together.push_back(c);
-                apart.push_back(c);
-              }
-              for (size_t p = 0; p < cases.size(); ++p) {
-                products.push_back({cases[p].m, cases[p].a.data(), cases[p].lda, together[p].data(), cases[p].ldc,
-                                    cases[p].d.a, cases[p].d.triangle});
-                cases[p].run(alone(cases[p].d), apart[p].data());
-              }
-              shared(d)(d, int(products.size()), products.data(), n, k, cases[0].b.data(), cases[0].ldb);
-              for (size_t p = 0; p < cases.size(); ++p)
-                for (size_t at = 0; at < apart[p].size(); ++at)
-                  ASSERT_EQ(std::bit_cast<uint32_t>(together[p][at]), std::bit_cast<uint32_t>(apart[p][at]))
-                      << cases[p].name() << ", product " << p << " of " << cases.size() << " at (" << at / cases[p].ldc
-                      << ", " << at % cases[p].ldc << ")";
-            }
 }
 
 TEST(MicroKernels, ProductsSharingBEqualEachAlone) {
@@ -385,10 +390,10 @@ TEST(MicroKernels, ProductsSharingBEqualEachAlone) {
         [](const cpu::SharedBDesc&) -> cpu::GemmSharedBKernel {
           return cpu::gemm_bf16_shared_b_32x32__amx<cpu::ModelTiles>;
         },
-        OnTheTileModel::choose);
+        OnTheTileModel::choose, [](const cpu::SharedBDesc&) { return true; });
   }
   on_every_target([](const cpu::Target& t) {
-    if (t.micro.gemm_shared_b) check_shared_b(t.micro.gemm_shared_b, t.micro.gemm);
+    if (t.micro.gemm_shared_b) check_shared_b(t.micro.gemm_shared_b, t.micro.gemm, t.micro.reads_b_by_columns);
   });
 }
 
