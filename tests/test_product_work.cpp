@@ -22,21 +22,9 @@ namespace {
 
 std::atomic<int64_t> counted_multiply_adds{0};
 
-// The multiply-adds of C[m, n] (+)= A B over k that its triangle leaves.
-int64_t product_work(const cpu::GemmDesc& d, int m, int n, int k) {
-  int64_t work = 0;
-  for (int i = 0; i < m; ++i) switch (d.triangle) {
-      case cpu::Triangle::none: work += int64_t(n) * k; break;
-      case cpu::Triangle::a_lower: work += int64_t(n) * std::min(i + 1, k); break;
-      case cpu::Triangle::a_upper: work += int64_t(n) * std::max(k - i, 0); break;
-      case cpu::Triangle::c_lower: work += int64_t(k) * std::min(i + 1, n); break;
-    }
-  return work;
-}
-
 void counting_gemm(const cpu::GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                    float* c, int ldc) {
-  counted_multiply_adds += product_work(d, m, n, k);
+  counted_multiply_adds += cpu::product_multiply_adds(d, m, n, k);
   cpu::gemm_f32_1xn__generic(d, m, n, k, a, lda, b, ldb, c, ldc);
 }
 // A block of n tokens: the scores j <= i over K channels; the gradients' pairs j < i into dq and

@@ -56,24 +56,12 @@ constexpr cpu::SequenceKernels sequence_kernels_on() {
           .backward = cpu::stages::backward_sequence<Ops>};
 }
 
-// The multiply-adds of C[m, n] (+)= A B over k that the product's triangle leaves.
-int64_t product_multiply_adds(const cpu::GemmDesc& d, int m, int n, int k) {
-  int64_t work = 0;
-  for (int i = 0; i < m; ++i) switch (d.triangle) {
-      case cpu::Triangle::none: work += int64_t(n) * k; break;
-      case cpu::Triangle::a_lower: work += int64_t(n) * (i + 1 < k ? i + 1 : k); break;
-      case cpu::Triangle::a_upper: work += int64_t(n) * (k - i > 0 ? k - i : 0); break;
-      case cpu::Triangle::c_lower: work += int64_t(k) * (i + 1 < n ? i + 1 : n); break;
-    }
-  return work;
-}
-
 // A product counted into the census as work of the target's product unit (`on_unit`) or of its
 // fp32 FMA kernel, then zeroed (zero_product).
 template <bool on_unit>
 void census_product(const cpu::GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                     float* c, int ldc) {
-  (on_unit ? census_on_unit : census_on_fma) += product_multiply_adds(d, m, n, k);
+  (on_unit ? census_on_unit : census_on_fma) += cpu::product_multiply_adds(d, m, n, k);
   zero_product(d, m, n, k, a, lda, b, ldb, c, ldc);
 }
 

@@ -99,6 +99,19 @@ constexpr SharedBDesc call_desc(const GemmDesc& d) {
 using GemmSharedBKernel = void (*)(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
                                    const float* b, int ldb);
 
+// The multiply-adds of C[m, n] (+)= A B over k that the product's triangle leaves (the bench's
+// product census, the tests' count of the work the passes ask for).
+constexpr int64_t product_multiply_adds(const GemmDesc& d, int m, int n, int k) {
+  int64_t work = 0;
+  for (int i = 0; i < m; ++i) switch (d.triangle) {
+      case Triangle::none: work += int64_t(n) * k; break;
+      case Triangle::a_lower: work += int64_t(n) * (i + 1 < k ? i + 1 : k); break;
+      case Triangle::a_upper: work += int64_t(n) * (k - i > 0 ? k - i : 0); break;
+      case Triangle::c_lower: work += int64_t(k) * (i + 1 < n ? i + 1 : n); break;
+    }
+  return work;
+}
+
 // A's element strides (row, column) for its layout.
 struct AStrides {
   int row, column;
