@@ -61,17 +61,36 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch, bool scores_fo
   store_output(p, item, t0, ch);
 }
 
+// (k * R) as the state update beside the output reads it. At Precision::fast, where a product
+// unit takes every operand as one bf16 part whatever it holds, as fp32 rows without factors like
+// the scores: bf16 rows of k as they are, rows with factors formed (into ch.kd), so that the update
+// shares the output's call and the values are packed once (on an AMX Xeon, docs/performance.md,
+// "One pack of the values at fast precision"). la's results are bit for bit the same (its k
+// holds bf16 values either way); a scalar gate's factors round with k rather than with the values.
+ScaledRows update_keys(Chunk& ch, const ScaledRows& kd) {
+  if (ch.precision != Precision::fast || (!kd.factor && kd.values == Operands::f32)) return kd;
+  if (!kd.factor) return {kd.rows, nullptr, Operands::f32};
+  for (int i = 0; i < ch.L; ++i) {
+    const float f = kd.factor[i], *row = kd.rows + size_t(i) * ch.K;
+    float* out = ch.kd + size_t(i) * ch.K;
+    for (int c = 0; c < ch.K; ++c) out[c] = row[c] * f;
+  }
+  return {ch.kd, nullptr, Operands::f32};
+}
+
 // output (with `write_y`), then H_end = P_{L-1} * H0 + (k * R)^T values over the loaded chunk
 // (H_end may be H0, updated in place). Where (k * R) is fp32 rows without factors like the scores
-// (a per-channel gate, or no gate on fp32 inputs), the two products that read the values, A values
-// into out and (k * R)^T values into H_end, are of one kind and one call, so a target that packs B
-// packs the values once (Ops::gemm_shared_b); otherwise (k * R) is bf16 rows of k (no gate) or k
-// with factors, which go on the update's B (gemm_scaled_tn).
+// (a per-channel gate, fp32 inputs without a gate, or any at Precision::fast: update_keys), the two
+// products that read the values, A values into out and (k * R)^T values into H_end, are of one
+// kind and one call, so a target that packs B packs the values once (Ops::gemm_shared_b);
+// otherwise (k * R) is bf16 rows of k (no gate) or k with factors, which go on the update's B
+// (gemm_scaled_tn), which packs the values a second time, scaled by the factors.
 template <class Ops>
 void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, float* H_end,
                        bool write_y, bool scores_formed) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
-  const ScaledRows kd = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
+  const ScaledRows decayed_keys = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
+  const ScaledRows kd = write_y ? update_keys(ch, decayed_keys) : decayed_keys;
   decay_state(ch, H0, H_end);
   if (!write_y || kd.factor || kd.values != Operands::f32) {
     if (write_y) output<Ops>(p, item, t0, ch, scores_formed);
