@@ -61,15 +61,13 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch, bool scores_fo
   store_output(p, item, t0, ch);
 }
 
-// (k * R) as the state update beside the output reads it. At Precision::fast, where a product
-// unit takes every operand as one bf16 part whatever it holds, as fp32 rows without factors like
-// the scores: bf16 rows of k as they are, rows with factors formed (into ch.kd), so that the update
-// shares the output's call and the values are packed once (on an AMX Xeon, docs/performance.md,
-// "One pack of the values at fast precision"). la's results are bit for bit the same (its k
-// holds bf16 values either way); a scalar gate's factors round with k rather than with the values.
+// (k * R) as the state update beside the output reads it. At Precision::fast, where products of
+// any values run as one call (one_call), rows with factors (a scalar gate's, the L2 norm's) are
+// formed (into ch.kd), so that the update shares the output's call and the values are packed
+// once (on an AMX Xeon, docs/performance.md, "One pack of the values at fast precision"); the
+// factors then round with k rather than with the values.
 ScaledRows update_keys(Chunk& ch, const ScaledRows& kd) {
-  if (ch.precision != Precision::fast || (!kd.factor && kd.values == Operands::f32)) return kd;
-  if (!kd.factor) return {kd.rows, nullptr, Operands::f32};
+  if (ch.precision != Precision::fast || !kd.factor) return kd;
   for (int i = 0; i < ch.L; ++i) {
     const float f = kd.factor[i], *row = kd.rows + size_t(i) * ch.K;
     float* out = ch.kd + size_t(i) * ch.K;
@@ -79,12 +77,12 @@ ScaledRows update_keys(Chunk& ch, const ScaledRows& kd) {
 }
 
 // output (with `write_y`), then H_end = P_{L-1} * H0 + (k * R)^T values over the loaded chunk
-// (H_end may be H0, updated in place). Where (k * R) is fp32 rows without factors like the scores
-// (a per-channel gate, fp32 inputs without a gate, or any at Precision::fast: update_keys), the two
-// products that read the values, A values into out and (k * R)^T values into H_end, are of one
-// kind and one call, so a target that packs B packs the values once (Ops::gemm_shared_b);
-// otherwise (k * R) is bf16 rows of k (no gate) or k with factors, which go on the update's B
-// (gemm_scaled_tn), which packs the values a second time, scaled by the factors.
+// (H_end may be H0, updated in place). Where (k * R) is rows without factors that can share a call
+// with the scores (one_call: fp32 rows, from a per-channel gate or fp32 inputs without one; any
+// rows at Precision::fast, update_keys), the two products that read the values, A values into out
+// and (k * R)^T values into H_end, are one call, so a target that packs B packs the values once
+// (Ops::gemm_shared_b); otherwise (k * R) is bf16 rows of k (no gate) or k with factors, which go
+// on the update's B (gemm_scaled_tn), packed again.
 template <class Ops>
 void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, float* H_end,
                        bool write_y, bool scores_formed) {
@@ -92,7 +90,7 @@ void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, con
   const ScaledRows decayed_keys = decayed(ch, ch.keys, ch.k, ch.suffix, ch.kd_factor, ch.kd);
   const ScaledRows kd = write_y ? update_keys(ch, decayed_keys) : decayed_keys;
   decay_state(ch, H0, H_end);
-  if (!write_y || kd.factor || kd.values != Operands::f32) {
+  if (!write_y || kd.factor || !one_call(ch, Operands::f32, kd.values)) {
     if (write_y) output<Ops>(p, item, t0, ch, scores_formed);
     gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H_end, VW, true);
     return;

@@ -33,6 +33,15 @@ inline SharedBDesc chunk_products(const Chunk& ch, Operands a_values, Operands b
           .b = b,
           .accumulate = accumulate};
 }
+// Whether products whose A holds `a0` and `a1` run as one call: where A is one kind in both, or at
+// Precision::fast, where a product unit takes every operand as one bf16 part whatever it holds
+// (and an fp32 unit computes as it does at exact); exact products of two kinds take a call each.
+inline bool one_call(const Chunk& ch, Operands a0, Operands a1) {
+  return a0 == a1 || ch.precision == Precision::fast;
+}
+// What A holds in such a call: the one kind, or fp32 for two (true of either).
+inline Operands one_call_values(Operands a0, Operands a1) { return a0 == a1 ? a0 : Operands::f32; }
+
 // The description of one chunk product.
 inline GemmDesc chunk_product(const Chunk& ch, Operands a_values, Operands b_values, bool accumulate, Triangle tri,
                               Layout a = Layout::rows, Layout b = Layout::rows) {
@@ -150,18 +159,18 @@ void gemm_scaled_nn(const Chunk& ch, int m, int n, const ScaledRows& a, const fl
   if (a.factor) scale_rows(c, c, a.factor, m, n, 1);
 }
 
-// gemm_scaled_nn of a0 into c0 and of a1 into c1 on the same B: one call where their rows hold the
-// same kind of values, so a target that packs B packs it once (Ops::gemm_shared_b).
+// gemm_scaled_nn of a0 into c0 and of a1 into c1 on the same B: one call where their rows can be
+// (one_call), so a target that packs B packs it once (Ops::gemm_shared_b).
 template <class Ops>
 void gemm_scaled_nn_sharing_b(const Chunk& ch, int m, int n, const ScaledRows& a0, float* c0, const ScaledRows& a1,
                               float* c1, const float* b, int ldb) {
-  if (a0.values != a1.values) {
+  if (!one_call(ch, a0.values, a1.values)) {
     gemm_scaled_nn<Ops>(ch, m, n, a0, b, ldb, c0);
     gemm_scaled_nn<Ops>(ch, m, n, a1, b, ldb, c1);
     return;
   }
   gemm_packed_sharing_b<Ops>(ch, m, n, ch.K, {b, ldb}, ch.K, a0.rows, c0, a1.rows, c1, n, Triangle::none,
-                             Operands::f32, a0.values);
+                             Operands::f32, one_call_values(a0.values, a1.values));
   if (a0.factor) scale_rows(c0, c0, a0.factor, m, n, 1);
   if (a1.factor) scale_rows(c1, c1, a1.factor, m, n, 1);
 }

@@ -110,8 +110,8 @@ void intra_scores(Chunk& ch, const float* queries, const float* keys, const Scal
 
 // Scalar gate: intra_scores of two row sets against the chunk's keys, `first` strict (the delta
 // rule's L, from bt) and `second` not (the output's scores, from q), on one transpose of the keys:
-// the two products share B in one call (a target that packs B packs it once,
-// Ops::gemm_shared_b), where each intra_scores transposed the keys again.
+// the two products share B in one call where they can (one_call; a target that packs B packs it
+// once, Ops::gemm_shared_b), where each intra_scores transposed the keys again.
 template <class Ops>
 void intra_scores_sharing_keys(Chunk& ch, const ScaledRows& first, float* first_out, const ScaledRows& second,
                                float* second_out) {
@@ -119,13 +119,13 @@ void intra_scores_sharing_keys(Chunk& ch, const ScaledRows& first, float* first_
   const ScaledRows& keys = ch.keys;
   const PackedB keys_t =
       transposed_b<Ops>(ch, L, K, keys.rows, K, ch.packed, keys.values, first.values, second.values);
-  if (first.values != second.values) {  // products of two kinds: one call each
+  if (!one_call(ch, first.values, second.values)) {
     scalar_gate_scores<Ops>(ch, first, keys, keys_t, first_out, true);
     scalar_gate_scores<Ops>(ch, second, keys, keys_t, second_out, false);
     return;
   }
   gemm_packed_sharing_b<Ops>(ch, L, L, K, keys_t, K, first.rows, first_out, second.rows, second_out, C,
-                             Triangle::c_lower, keys.values, first.values);
+                             Triangle::c_lower, keys.values, one_call_values(first.values, second.values));
   apply_scalar_decay(ch, first_out, true, first.factor, keys.factor);
   apply_scalar_decay(ch, second_out, false, second.factor, keys.factor);
 }
