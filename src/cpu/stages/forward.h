@@ -68,11 +68,7 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch, bool scores_fo
 // factors then round with k rather than with the values.
 ScaledRows update_keys(Chunk& ch, const ScaledRows& kd) {
   if (ch.precision != Precision::fast || !kd.factor) return kd;
-  for (int i = 0; i < ch.L; ++i) {
-    const float f = kd.factor[i], *row = kd.rows + size_t(i) * ch.K;
-    float* out = ch.kd + size_t(i) * ch.K;
-    for (int c = 0; c < ch.K; ++c) out[c] = row[c] * f;
-  }
+  scale_rows(ch.kd, kd.rows, kd.factor, ch.L, ch.K, 1);
   return {ch.kd, nullptr, Operands::f32};
 }
 
