@@ -187,19 +187,24 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   const bool vector_work = tool::vector_work_target(cpu::default_target()).has_value();
 
   // Progress on the error stream, tables on the output.
-  const std::string total = vector_work ? "/21] " : "/17] ";
+  const std::string total = vector_work ? "/25] " : "/21] ";
   EXPECT_NE(err.str().find("[1" + total + "ceilings (quick) ... "), std::string::npos) << err.str();
+  // Each pass through the driver's entry, then with every row in cache.
+  const std::string own = cpu::default_target().name;
+  for (const std::string& line : {"[3" + total + "gla forward, fused on " + own + " (driver) ... ",
+                                  "[4" + total + "gla forward, every row in cache (token stride 0, results wrong) ... "})
+    EXPECT_NE(err.str().find(line), std::string::npos) << err.str();
   if (vector_work) {
     for (const char* line :
-         {"[3/21] gla forward, vector work alone (products zeroed, results wrong) ... ",
-          "[17/21] gla backward, model gates, vector work alone (products zeroed, results wrong) ... "}) {
+         {"[5/25] gla forward, vector work alone (products zeroed, results wrong) ... ",
+          "[21/25] gla backward, model gates, vector work alone (products zeroed, results wrong) ... "}) {
       EXPECT_NE(err.str().find(line), std::string::npos) << err.str();
     }
   }
-  EXPECT_NE(err.str().find((vector_work ? "[13" : "[11") + total + "gla forward, model gates, subnormals kept ... "),
+  EXPECT_NE(err.str().find((vector_work ? "[17" : "[15") + total + "gla forward, model gates, subnormals kept ... "),
             std::string::npos)
       << err.str();
-  EXPECT_NE(err.str().find((vector_work ? "[21" : "[17") + total + "gla decode, fp32 recurrent baseline ... "),
+  EXPECT_NE(err.str().find((vector_work ? "[25" : "[21") + total + "gla decode, fp32 recurrent baseline ... "),
             std::string::npos)
       << err.str();
   EXPECT_EQ(count(err.str(), "not measured"), 0u) << err.str();
@@ -207,9 +212,12 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
   EXPECT_NE(table.find("| copy bandwidth GB/s"), std::string::npos) << table;
   EXPECT_NE(table.find("| fp32 FMA peak GFLOP/s"), std::string::npos) << table;
   // Forward and backward in both kernel tables and in the gates table.
-  EXPECT_EQ(count(table, "| gla    | forward  |"), 3u) << table;
-  EXPECT_EQ(count(table, "| gla    | backward |"), 3u) << table;
-  EXPECT_EQ(count(table, "| gla    | fwd+bwd  |"), 2u) << table;
+  EXPECT_EQ(count(table, "| gla    | forward  |"), 4u) << table;
+  EXPECT_EQ(count(table, "| gla    | backward |"), 4u) << table;
+  EXPECT_EQ(count(table, "| gla    | fwd+bwd  |"), 3u) << table;
+  EXPECT_NE(table.find("| variant | pass | driver ms | rows in cache ms | in cache / driver | exposed ms |"),
+            std::string::npos)
+      << table;
   EXPECT_EQ(count(table, "| gla    | decode   |"), 2u) << table;
   EXPECT_NE(table.find("| in-place update GB/s"), std::string::npos) << table;
   EXPECT_NE(table.find("| variant | pass | weak gates ms | model gates ms |"), std::string::npos) << table;
@@ -295,8 +303,26 @@ TEST(Bench, TinyShapeTablesJsonAndPlot) {
       EXPECT_TRUE(k["vector_work"].is_null() && k["vector_work_over_memory"].is_null()) << what;
     }
     EXPECT_EQ(k["percent_of_bf16_tile_peak"].is_null(), !tiles) << what;
-    EXPECT_TRUE(k["against"].is_null() && k["compared"].is_null() && k["speedup_over_against"].is_null()) << what;
+    EXPECT_TRUE(k["against"].is_null() && k["speedup_over_against"].is_null()) << what;
+    // The forward and the backward (and their sum) through the driver's entry and with every row in
+    // cache, and the time of the rows' traffic the work does not hide, against the memory time.
+    if (i < 3) {
+      expect_timing(k["compared"], what + " compared");
+      expect_timing(k["rows_in_cache"], what + " rows_in_cache");
+      const double exposed = k["compared"]["ms"].number - k["rows_in_cache"]["ms"].number;
+      EXPECT_NEAR(k["exposed_memory_ms"].number, exposed, 1e-4 * k["compared"]["ms"].number) << what;
+      EXPECT_NEAR(k["exposed_over_memory"].number, k["exposed_memory_ms"].number / k["memory_ms"].number,
+                  1e-4 * std::abs(k["exposed_over_memory"].number))
+          << what;
+    } else {
+      EXPECT_TRUE(k["compared"].is_null() && k["rows_in_cache"].is_null() && k["exposed_memory_ms"].is_null() &&
+                  k["exposed_over_memory"].is_null())
+          << what;
+    }
   }
+  EXPECT_NEAR(kernels[2]["rows_in_cache"]["ms"].number,
+              kernels[0]["rows_in_cache"]["ms"].number + kernels[1]["rows_in_cache"]["ms"].number,
+              1e-3 * kernels[2]["rows_in_cache"]["ms"].number);
   EXPECT_NEAR(kernels[2]["fused"]["ms"].number, kernels[0]["fused"]["ms"].number + kernels[1]["fused"]["ms"].number,
               1e-3 * kernels[2]["fused"]["ms"].number);
   if (vector_work) {
@@ -400,12 +426,12 @@ TEST(Bench, AgainstASecondTargetSideBySide) {
   ASSERT_EQ(status, 0) << err.str();
   // The pass on the bench's own target, then on the other, both through the driver's entry.
   const bool vector_work = tool::vector_work_target(cpu::default_target()).has_value();
-  const std::string total = vector_work ? "/21] " : "/19] ";
+  const std::string total = vector_work ? "/23] " : "/21] ";
   EXPECT_NE(err.str().find("[3" + total + "la forward, fused on " + other + " (driver) ... "), std::string::npos)
       << err.str();
   EXPECT_NE(err.str().find("[4" + total + "la forward, fused on " + other + " (driver) ... "), std::string::npos)
       << err.str();
-  EXPECT_NE(err.str().find((vector_work ? "[21" : "[19") + total + "la decode, fp32 recurrent baseline ... "),
+  EXPECT_NE(err.str().find((vector_work ? "[23" : "[21") + total + "la decode, fp32 recurrent baseline ... "),
             std::string::npos)
       << err.str();
   const std::string table = out.str();

@@ -192,6 +192,19 @@ std::ofstream open_output(const std::string& path) {
   return file;
 }
 
+// `params` with every row of its token-row tensors (q, k, v, g, the strengths, y, dy and their
+// gradients) at one place: token stride 0, so that each (batch, head) reads and writes a single row
+// of each, in the L1 cache, while the pass does all the work it does on the real rows. Its time is
+// the pass without the memory traffic of its rows (the states' stay); the results are wrong:
+// timing only, through the driver's entry.
+Params rows_in_cache(Params params) {
+  for (RowView* rows : {&params.q, &params.k, &params.v, &params.g, &params.beta, &params.b, &params.w, &params.y,
+                        &params.dy, &params.dq, &params.dk, &params.dv, &params.dg, &params.dbeta, &params.db,
+                        &params.dw})
+    rows->stride1 = 0;
+  return params;
+}
+
 // Times every pass of one variant: the fused kernels on all threads and on 1, and the
 // baselines. A baseline that throws is reported as not measured; the fused kernels must run.
 // Passes: forward and backward at the bench's shape; decode, one token (S = 1) with the state
@@ -283,11 +296,17 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
     k.fused = {measure(label + ", fused", repeats, run_fused(threads)), flops, bytes, std::nullopt};
     const Params& params = backward ? bp : fp;
     if (pass != Pass::decode) k.fused.fma_flops = fma_flops_of(backward, params, flops);
+    if (o.against || pass != Pass::decode)
+      k.compared = on_driver(label + ", fused on " + cpu::default_target().name + " (driver)", cpu::default_target(),
+                             backward, params, repeats, k.fused);
     if (o.against)
-      for (auto [timing, target] : {std::pair{&k.compared, &cpu::default_target()}, {&k.against, o.against}})
-        *timing = on_driver(label + ", fused on " + target->name + " (driver)", *target, backward, params, repeats,
-                            k.fused);
-    if (pass != Pass::decode) k.vector_work = vector_work_of(label, backward, params, k.fused);
+      k.against = on_driver(label + ", fused on " + o.against->name + " (driver)", *o.against, backward, params,
+                            repeats, k.fused);
+    if (pass != Pass::decode) {
+      k.rows_in_cache = on_driver(label + ", every row in cache (token stride 0, results wrong)", cpu::default_target(),
+                                  backward, rows_in_cache(params), repeats, k.fused);
+      k.vector_work = vector_work_of(label, backward, params, k.fused);
+    }
     if (threads > 1)
       k.fused_1thread = timing(measure(label + ", fused on 1 thread", baseline_repeats, run_fused(1)),
                                flops, bytes);
@@ -345,7 +364,8 @@ void bench_variant(Variant variant, const BenchOptions& o, int threads, const st
   report.kernels.push_back({name, "fwd+bwd", forward.fused + backward.fused,
                             forward.fused_1thread + backward.fused_1thread, forward.unfused + backward.unfused,
                             forward.recurrent + backward.recurrent, forward.against + backward.against,
-                            forward.compared + backward.compared, forward.vector_work + backward.vector_work});
+                            forward.compared + backward.compared, forward.vector_work + backward.vector_work,
+                            forward.rows_in_cache + backward.rows_in_cache});
   report.kernels.push_back(bench_pass(Pass::decode));
 }
 
@@ -394,7 +414,11 @@ int bench_command(const std::vector<std::string>& args, std::ostream& out, std::
   if (o.against) report.against = o.against->name;
   const std::optional<cpu::Target> vector_work = vector_work_target(cpu::default_target());
 
-  const int per_variant = (threads > 1 ? 12 : 9) + (o.against ? 6 : 0) + (vector_work ? 2 : 0),
+  // Per variant: the fused passes on all threads and on 1 and the baselines (forward, backward,
+  // decode); the forward and the backward through the driver's entry and with every row in cache, and
+  // the decode's through the driver with --against; each pass on the --against target; the vector
+  // work of the forward and the backward.
+  const int per_variant = (threads > 1 ? 12 : 9) + 4 + (o.against ? 4 : 0) + (vector_work ? 2 : 0),
             per_gated_variant = vector_work ? 6 : 4;
   int measurements = 1;
   for (Variant variant : o.variants) measurements += per_variant + (has_model_gates(info(variant)) ? per_gated_variant : 0);

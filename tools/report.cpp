@@ -142,6 +142,13 @@ std::optional<double> fma_share(const Timing& t) {
   return *t.fma_flops / t.flops;
 }
 
+// Milliseconds of a pass through the driver's entry beyond the same with every row in cache: the
+// time of its rows' memory traffic that its work does not hide.
+std::optional<double> exposed_memory_ms(const KernelResult& k) {
+  if (!k.compared || !k.rows_in_cache) return std::nullopt;
+  return (k.compared->seconds - k.rows_in_cache->seconds) * 1e3;
+}
+
 std::optional<double> vector_work_over_memory(const KernelResult& k, const Standing& s) {
   if (!k.vector_work) return std::nullopt;
   return k.vector_work->seconds / s.memory_seconds;
@@ -208,6 +215,31 @@ void write_markdown(const BenchReport& r, std::ostream& out) {
                   cell(on_fma ? std::optional<double>(*on_fma * 100) : std::nullopt, "%.0f%%").c_str(),
                   s.compute_bound() ? "compute" : "memory", s.percent_of_roofline, s.percent_of_product_peak,
                   ms(seconds(k.vector_work)).c_str(), cell(vector_work_over_memory(k, s), "x%.2f").c_str());
+  }
+
+  out << format("\nWhere each pass's time goes, on %s through the driver's entry (no argument or value checks), "
+                "median of %d runs: the pass as it runs; the same with every row of its token-row tensors at one "
+                "place (token stride 0: all its work, its rows read and written in the L1 cache, results wrong); "
+                "the difference, exposed: the time of the rows' memory traffic that the work does not hide, and that over "
+                "the pass's memory time:\n\n",
+                r.isa.c_str(), r.repeats);
+  out << "| variant | pass | driver ms | rows in cache ms | in cache / driver | exposed ms | memory ms "
+         "| exposed / memory |\n"
+         "|---|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const KernelResult& k : r.kernels) {
+    if (!k.rows_in_cache) continue;
+    const Standing s = standing(r, k.fused);
+    const std::optional<double> exposed = exposed_memory_ms(k);
+    out << format("| %-6s | %-8s | %s | %s | %s | %s | %s | %s |\n", k.variant.c_str(), k.pass.c_str(),
+                  ms(seconds(k.compared)).c_str(), ms(seconds(k.rows_in_cache)).c_str(),
+                  cell(k.compared ? std::optional<double>(k.rows_in_cache->seconds / k.compared->seconds * 100)
+                                  : std::nullopt,
+                       "%.0f%%")
+                      .c_str(),
+                  cell(exposed, "%.2f").c_str(), ms(s.memory_seconds).c_str(),
+                  cell(exposed ? std::optional<double>(*exposed / (s.memory_seconds * 1e3)) : std::nullopt,
+                       "x%.2f")
+                      .c_str());
   }
 
   if (!r.against.empty()) {
@@ -364,6 +396,11 @@ void write_json(const BenchReport& r, std::ostream& out) {
         << ", \"speedup_over_unfused\": " << json_number(speedup(k.unfused, k.fused)) << ",\n";
     out << "     \"recurrent_fp32\": " << json_timing(k.recurrent)
         << ", \"speedup_over_recurrent\": " << json_number(speedup(k.recurrent, k.fused)) << ",\n";
+    const std::optional<double> exposed = exposed_memory_ms(k);
+    out << "     \"rows_in_cache\": " << json_timing(k.rows_in_cache)
+        << ", \"exposed_memory_ms\": " << json_number(exposed) << ", \"exposed_over_memory\": "
+        << json_number(exposed ? std::optional<double>(*exposed / (s.memory_seconds * 1e3)) : std::nullopt)
+        << ",\n";
     out << "     \"against\": " << json_timing(k.against) << ", \"compared\": " << json_timing(k.compared)
         << ", \"speedup_over_against\": " << json_number(speedup_over_against(k)) << "}";
   }

@@ -27,14 +27,20 @@ struct KernelResult {
   Timing fused;                              // on the bench's threads
   std::optional<Timing> fused_1thread;       // absent when the bench runs on 1 thread
   std::optional<Timing> unfused, recurrent;  // absent when a baseline could not run
-  // With BenchReport::against: the fused kernels on that target and on the bench's own, both
-  // through the driver's entry (cpu::forward_on: no argument or value checks, which `fused`
-  // includes), so that their ratio compares the targets' kernels alone.
+  // The fused kernels on the bench's own target through the driver's entry (cpu::forward_on: no
+  // argument or value checks, which `fused` includes): for the forward and the backward, and for
+  // decode with BenchReport::against. With it, `against`: the same on that target, so that their
+  // ratio compares the targets' kernels alone.
   std::optional<Timing> against, compared;
   // The same pass on the bench's target with its chunk products replaced by a kernel that only
   // zeroes their outputs (tools/vector_work.h; through the driver's entry, results wrong): the
   // vector work beside the products. Absent for decode and where the build has no such stages.
   std::optional<Timing> vector_work;
+  // The same pass as `compared` with every row of its token-row tensors at one place (token stride
+  // 0, tools/bench.cpp's rows_in_cache: results wrong): all its work, none of its rows' memory
+  // traffic. `compared` less this is the time of the memory traffic that the work does not hide.
+  // Absent for decode.
+  std::optional<Timing> rows_in_cache;
 };
 
 // One pass of a variant with the weak gates of the tables above and with gates as the models
