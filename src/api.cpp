@@ -254,6 +254,7 @@ Params describe_inputs(Variant variant, const Inputs& in, const Options& options
   p.scale = scale;
   p.chunk = options.chunk;
   p.l2norm_qk = options.l2norm_qk;
+  p.streamed_outputs = B * S * N * std::max(K, V) * 2 >= kStreamedOutputBytes;
   p.q = rows_of(q);
   p.k = rows_of(k);
   p.v = rows_of(v);

@@ -141,6 +141,11 @@ P sequence_problem(const P& p, int64_t i, const SequenceRows<P>& rows) {
   return one;
 }
 
+// Token outputs at least this large are streamed (Params::streamed_outputs): a cached store of a
+// line first reads it from memory, which streaming saves, and an output this large stays in no
+// core's L2 for the next operation to read.
+constexpr int64_t kStreamedOutputBytes = int64_t(16) << 20;
+
 struct Params {
   GateKind gate = GateKind::none;
   int B = 0, S = 0, N = 0, K = 0, V = 0;
@@ -157,6 +162,11 @@ struct Params {
   float scale = 1.0f;
   int chunk = 64;
   bool l2norm_qk = false;
+  // The token outputs (y; dq, dk, dv and the gates' and strengths' gradients) are stored past the
+  // caches, with non-temporal stores (cpu::Stores::streamed), where they are too large for the
+  // caches to keep for the caller: at least kStreamedOutputBytes for one of them, bf16 counted
+  // (describe_forward, describe_backward).
+  bool streamed_outputs = false;
 
   RowView q, k, v, g;  // [B, S, Nx, D]; g rows are K / gate_group wide (channel) or 1 wide (scalar)
   RowView beta, b, w;  // delta rule: beta rows 1 wide; gdn2's b rows K wide, w rows V wide

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -20,12 +21,30 @@ inline double round_to(DType dtype, double x) {
   return dtype == DType::bf16 ? double(from_bf16(to_bf16(float(x)))) : double(float(x));
 }
 
+// Storage on whole cache lines (64-byte aligned), as a framework's allocator gives it, so that
+// rows of whole lines start on one: the rows the library streams (cpu::Stores::streamed).
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const LineAligned<U>&) const {
+    return true;
+  }
+};
+template <class T>
+using LineAlignedVector = std::vector<T, LineAligned<T>>;
+
 // Storage of a tensor (or of several side by side) in its dtype, NaN-poisoned so that an
 // element nobody wrote fails its comparison.
 struct Buffer {
   DType dtype;
-  std::vector<uint16_t> half;
-  std::vector<float> full;
+  LineAlignedVector<uint16_t> half;
+  LineAlignedVector<float> full;
 
   Buffer(DType d, size_t n) : dtype(d) {
     if (d == DType::bf16) half.assign(n, 0x7fc0);

@@ -146,6 +146,9 @@ Implementation library();
 // The library's forward with every sequence sent down the decode path (src/cpu/stages/step.h, the
 // recurrence token by token from a state in memory) at any length, and the library's backward.
 Implementation decode_path();
+// The library's drivers with every token output streamed past the caches (Params::
+// streamed_outputs, which the API sets for large outputs alone).
+Implementation streamed_outputs();
 
 // Runs forward and, when `backward`, backward on one target and `threads` threads, on poisoned
 // output buffers.

@@ -485,7 +485,7 @@ TEST(Bench, VectorWorkTargetsZeroTheProducts) {
         std::fill(gradient->f32.begin(), gradient->f32.end(), poison);
       cpu::backward_on(*stripped, describe_backward(variant, w.backward_args(), options), {});
       const BackwardArgs written = w.backward_args();
-      const std::pair<const char*, std::pair<const Tensor*, const std::vector<float>*>> gradients[] = {
+      const std::pair<const char*, std::pair<const Tensor*, const tool::Aligned<float>*>> gradients[] = {
           {"dq", {&written.dq, &w.dq.f32}},       {"dk", {&written.dk, &w.dk.f32}}, {"dv", {&written.dv, &w.dv.f32}},
           {"dg", {&written.dg, &w.dg.f32}},       {"dbeta", {&written.dbeta, &w.dbeta.f32}},
           {"db", {&written.db, &w.db.f32}},       {"dw", {&written.dw, &w.dw.f32}}};

@@ -37,6 +37,8 @@ struct Aligned {
   ~Aligned() { std::free(data); }
   Aligned(const Aligned&) = delete;
   Aligned& operator=(const Aligned&) = delete;
+  T* begin() const { return data; }
+  T* end() const { return data + count; }
   size_t count;
   T* data;
 };

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_buffers.h"
 #include "bench_conv.h"
 #include "bench_model.h"
 #include "bench_norm.h"
@@ -84,21 +85,22 @@ struct Shape : ProblemSize {
 // Inputs and outputs of one variant's problem, stored in the benchmarked dtype; shared by the
 // fused kernels and the baselines, so all run on the same inputs.
 struct Workload {
+  // 64-byte aligned (Aligned, bench_buffers.h), as a framework's allocator gives: rows of whole
+  // cache lines start on one, as the library's streamed outputs find them in a caller's tensors.
   struct Array {
     DType dtype;
-    std::vector<float> f32;
-    std::vector<uint16_t> bf16;
-    Array(DType d, size_t n, std::mt19937& rng, float lo, float hi) : dtype(d) {
+    Aligned<float> f32;
+    Aligned<uint16_t> bf16;
+    Array(DType d, size_t n, std::mt19937& rng, float lo, float hi)
+        : dtype(d), f32(d == DType::f32 ? n : 0), bf16(d == DType::bf16 ? n : 0) {
       std::uniform_real_distribution<float> dist(lo, hi);
       if (d == DType::bf16) {
-        bf16.resize(n);
-        for (auto& x : bf16) x = to_bf16(dist(rng));
+        for (size_t i = 0; i < n; ++i) bf16.data[i] = to_bf16(dist(rng));
       } else {
-        f32.resize(n);
-        for (auto& x : f32) x = dist(rng);
+        for (size_t i = 0; i < n; ++i) f32.data[i] = dist(rng);
       }
     }
-    void* data() { return dtype == DType::bf16 ? static_cast<void*>(bf16.data()) : f32.data(); }
+    void* data() { return dtype == DType::bf16 ? static_cast<void*>(bf16.data) : f32.data; }
   };
 
   const Shape sh;
@@ -145,9 +147,9 @@ struct Workload {
       const double dt = std::exp(log_dt(draws));
       bias = std::log(std::expm1(dt));
     }
-    for (size_t i = 0; i < g.f32.size(); ++i) {
+    for (size_t i = 0; i < g.f32.count; ++i) {
       const size_t column = i % size_t(columns);
-      g.f32[i] = float(-A[column / size_t(width)] * softplus(token(draws) + dt_bias[column]));
+      g.f32.data[i] = float(-A[column / size_t(width)] * softplus(token(draws) + dt_bias[column]));
     }
   }
 

@@ -28,6 +28,7 @@ void chunk_output(const Params& p, int b, int m, int c, void* workspace, const f
   state_products<Ops>(ch, H0, true);
   if (ch.delta) delta_values<Ops>(p, ch);
   output<Ops>(p, item, t0, ch);
+  finish_streamed_stores();
 }
 
 // The additive family needs only q, dy and the decays here; the delta rule's state gradient
@@ -58,6 +59,7 @@ void chunk_gradients(const Params& p, int b, int m, int c, void* workspace, cons
   const int t0 = c * ch.C;
   Loader<Ops>{p, item}.chunk(ch, t0, Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads);
   gradients<Ops>(p, item, t0, ch, H0, dH_end, nullptr, sinks);
+  finish_streamed_stores();
 }
 
 // The stages instantiated for a target's primitives Ops.

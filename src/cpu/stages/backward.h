@@ -128,7 +128,7 @@ void store_gate_gradient(const Params& p, const Item& item, int t0, Chunk& ch, c
       }
       row = ch.pair;
     }
-    store_row(sinks.dg, item.b, t0 + i, item.n0 / p.pack, row, width);
+    store_row(sinks.dg, item.b, t0 + i, item.n0 / p.pack, row, width, 1.0f, item.output_stores());
   }
 }
 
@@ -220,7 +220,7 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
         const float dbeta = Ops::dot(ki, dbti, K) + Ops::dot(vi, dvti, VW);
         for (int c = 0; c < K; ++c) dki[c] += beta * dbti[c];
         for (int j = 0; j < VW; ++j) dvi[j] = beta * dvti[j];
-        store_row(sinks.dbeta, item.b, t0 + i, m, &dbeta, 1);
+        store_row(sinks.dbeta, item.b, t0 + i, m, &dbeta, 1, 1.0f, item.output_stores());
       } else {
         const float *erase = ch.erase + size_t(i) * K, *write = ch.write + size_t(i) * VW;
         float* db = ch.panel;
@@ -233,7 +233,7 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
           dw[j] = vi[j] * dvti[j];
           dvi[j] = write[j] * dvti[j];
         }
-        store_row(sinks.db, item.b, t0 + i, m, db, K);
+        store_row(sinks.db, item.b, t0 + i, m, db, K, 1.0f, item.output_stores());
         item.store_wide(sinks.dw, t0 + i, 1, dw, V);
       }
     }
@@ -241,8 +241,8 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
       l2norm_backward<Ops>(qi, ch.q_rstd[i], dqi, K);
       l2norm_backward<Ops>(ki, ch.k_rstd[i], dki, K);
     }
-    store_row(sinks.dq, item.b, t0 + i, m, dqi, K);
-    store_row(sinks.dk, item.b, t0 + i, m, dki, K);
+    store_row(sinks.dq, item.b, t0 + i, m, dqi, K, 1.0f, item.output_stores());
+    store_row(sinks.dk, item.b, t0 + i, m, dki, K, 1.0f, item.output_stores());
     item.store_wide(sinks.dv, t0 + i, 1, dvi, V);
   }
 }
@@ -329,6 +329,7 @@ void backward_sequence(const Params& p, int64_t first, int count, void* workspac
       propagate_state_gradient<Ops>(ch, dHi);
     }
   for (int i = 0; i < count; ++i) final_state_gradient(p, first + i, dH + size_t(i) * KV);
+  finish_streamed_stores();
 }
 
 }  // namespace

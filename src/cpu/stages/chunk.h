@@ -229,12 +229,16 @@ struct Item {
   int shared(int group) const { return n0 / group; }
   int head(int r, int group) const { return (n0 + r) / group; }
 
-  // Per-head rows [R * width] side by side, times `scale`: v, w, dy read; y, dv, dw written.
+  // Per-head rows [R * width] side by side, times `scale`: v, w, dy read; y, dv, dw written (stored as
+  // the call's token outputs are, output_stores).
   void load_wide(const RowView& view, int t, int group, float* dst, int width, float scale = 1.0f) const {
     for (int r = 0; r < p.pack; ++r) load_row(view, b, t, head(r, group), dst + size_t(r) * width, width, scale);
   }
+  // The stores of the call's token outputs (Params::streamed_outputs).
+  Stores output_stores() const { return p.streamed_outputs ? Stores::streamed : Stores::cached; }
   void store_wide(const RowView& view, int t, int group, const float* src, int width, float scale = 1.0f) const {
-    for (int r = 0; r < p.pack; ++r) store_row(view, b, t, head(r, group), src + size_t(r) * width, width, scale);
+    for (int r = 0; r < p.pack; ++r)
+      store_row(view, b, t, head(r, group), src + size_t(r) * width, width, scale, output_stores());
   }
   // States [B, N, K, V] of the item's heads as one [K, R * V] matrix.
   void load_state(const RowView& view, float* H) const {

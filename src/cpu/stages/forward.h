@@ -46,7 +46,8 @@ void state_products(Chunk& ch, const float* H0, bool with_output) {
     gemm_scaled_nn<Ops>(ch, L, VW, ch.decayed_queries, H0, VW, ch.out);
 }
 
-// Writes y = scale * out over the loaded chunk's tokens, scaled as they are stored.
+// Writes y = scale * out over the loaded chunk's tokens, scaled as they are stored (streamed past the
+// caches where the call's outputs are large, Params::streamed_outputs).
 void store_output(const Params& p, const Item& item, int t0, const Chunk& ch) {
   for (int i = 0; i < ch.L; ++i) item.store_wide(p.y, t0 + i, 1, ch.out + size_t(i) * ch.VW, ch.V, p.scale);
 }
@@ -146,6 +147,7 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
     }
   if (p.ht.present())
     for (int i = 0; i < count; ++i) item_at(p, first + i).store_state(p.ht, records.state(states, i, chunk_count(p)));
+  finish_streamed_stores();
 }
 
 }  // namespace

@@ -56,8 +56,6 @@ void l2norm_backward(const float* x_hat, float rstd, float* d, int K) {
   for (int c = 0; c < K; ++c) d[c] = rstd * (d[c] - x_hat[c] * along);
 }
 
-constexpr int kCacheLine = 64;  // bytes, on every x86 core
-
 // a [W] = each of the W / G values of `groups` over its G channels. A loop per group: an index
 // divided per channel (c / G, G known only at run time) took a tenth of sla's backward beside its
 // products (G = 64) on an EPYC Zen 3.
