@@ -95,9 +95,9 @@ struct Workload {
         : dtype(d), f32(d == DType::f32 ? n : 0), bf16(d == DType::bf16 ? n : 0) {
       std::uniform_real_distribution<float> dist(lo, hi);
       if (d == DType::bf16) {
-        for (size_t i = 0; i < n; ++i) bf16.data[i] = to_bf16(dist(rng));
+        for (uint16_t& x : bf16) x = to_bf16(dist(rng));
       } else {
-        for (size_t i = 0; i < n; ++i) f32.data[i] = dist(rng);
+        for (float& x : f32) x = dist(rng);
       }
     }
     void* data() { return dtype == DType::bf16 ? static_cast<void*>(bf16.data) : f32.data; }
