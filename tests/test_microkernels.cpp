@@ -374,7 +374,7 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
                                       cases[p].d.a, cases[p].d.triangle});
                   cases[p].run(alone(cases[p].d), apart[p].data());
                 }
-                shared(d)(d, int(products.size()), products.data(), n, k, cases[0].b.data(), cases[0].ldb);
+                shared(d)(d, int(products.size()), products.data(), n, k, cases[0].b.data(), cases[0].ldb, {});
                 for (size_t p = 0; p < cases.size(); ++p)
                   for (size_t at = 0; at < apart[p].size(); ++at)
                     ASSERT_EQ(std::bit_cast<uint32_t>(together[p][at]), std::bit_cast<uint32_t>(apart[p][at]))
@@ -395,6 +395,94 @@ TEST(MicroKernels, ProductsSharingBEqualEachAlone) {
   on_every_target([](const cpu::Target& t) {
     if (t.micro.gemm_shared_b) check_shared_b(t.micro.gemm_shared_b, t.micro.gemm, t.micro.reads_b_by_columns);
   });
+}
+
+// Products whose A, B or both are kept as bf16 (Bf16Rows: MicroKernels::reads_bf16_rows, the
+// forward's rows of q, k and v as loaded) equal, bitwise, the same products on their fp32 copies:
+// both layouts of each, the triangles, accumulation, both precisions, edges in m, n and k (A of
+// 5 to 150 rows, two products sharing B), B's columns past n and the fp32 copy of an operand kept
+// as bf16 never read (NaN there), nothing written past C's columns.
+void check_bf16_rows(cpu::MicroKernels::ChooseGemmSharedB shared) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const auto bits = [](const std::vector<float>& x) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t e = 0; e < x.size(); ++e) out[e] = uint16_t(std::bit_cast<uint32_t>(x[e]) >> 16);
+    return out;
+  };
+  for (Precision precision : {Precision::exact, Precision::fast})
+    for (const std::vector<int>& rows : {std::vector<int>{5}, {64, 70}, {150}})
+      for (int n : {17, 65})
+        for (int k : {31, 300})
+          for (bool a_transposed : {false, true})
+            for (bool b_transposed : {false, true})
+              for (bool accumulate : {false, true})
+                for (int kept : {1, 2, 3}) {  // bit 0: A kept as bf16, bit 1: B
+                  const bool a_kept = kept & 1, b_kept = kept & 2;
+                  const cpu::SharedBDesc d{.a_values = Operands::bf16_values,
+                                           .b_values = Operands::bf16_values,
+                                           .precision = precision,
+                                           .b = b_transposed ? Layout::columns : Layout::rows,
+                                           .accumulate = accumulate};
+                  const auto draw = [&] { return to_bf16_value(uniform(rng)); };
+                  std::vector<GemmCase> cases;
+                  for (size_t p = 0; p < rows.size(); ++p) {
+                    const Triangle triangle = p == 0 ? Triangle::none : accumulate ? Triangle::a_lower : Triangle::c_lower;
+                    const GemmDesc own = cpu::product_desc(
+                        d, {.m = rows[p], .a = nullptr, .lda = 0, .c = nullptr, .ldc = 0,
+                            .layout = a_transposed ? Layout::columns : Layout::rows, .triangle = triangle});
+                    cases.push_back(gemm_case(rows[p], n, k, own, draw, draw));
+                  }
+                  for (GemmCase& g : cases) g.b = cases[0].b;
+                  const std::vector<uint16_t> b_bits = bits(cases[0].b);
+                  const std::vector<float> b_unread(cases[0].b.size(), kPoison);
+                  std::vector<std::vector<uint16_t>> a_bits;
+                  std::vector<std::vector<float>> a_unread, kept_c, copied_c;
+                  std::vector<cpu::SharedBProduct> on_kept, on_copies;
+                  for (const GemmCase& g : cases) {
+                    std::vector<float> c(size_t(g.m) * g.ldc);
+                    for (int i = 0; i < g.m; ++i)
+                      for (int j = 0; j < g.ldc; ++j) c[size_t(i) * g.ldc + j] = j < n ? uniform(rng) : kPoison;
+                    kept_c.push_back(c);
+                    copied_c.push_back(c);
+                    a_bits.push_back(bits(g.a));
+                    a_unread.emplace_back(g.a.size(), kPoison);
+                  }
+                  for (size_t p = 0; p < cases.size(); ++p) {
+                    const GemmCase& g = cases[p];
+                    on_copies.push_back({g.m, g.a.data(), g.lda, copied_c[p].data(), g.ldc, g.d.a, g.d.triangle});
+                    on_kept.push_back({g.m, a_kept ? a_unread[p].data() : g.a.data(), g.lda, kept_c[p].data(), g.ldc,
+                                       g.d.a, g.d.triangle,
+                                       a_kept ? cpu::Bf16Rows{a_bits[p].data(), g.lda} : cpu::Bf16Rows{}});
+                  }
+                  const int count = int(cases.size()), ldb = cases[0].ldb;
+                  shared(d)(d, count, on_copies.data(), n, k, cases[0].b.data(), ldb, {});
+                  shared(d)(d, count, on_kept.data(), n, k, b_kept ? b_unread.data() : cases[0].b.data(), ldb,
+                            b_kept ? cpu::Bf16Rows{b_bits.data(), ldb} : cpu::Bf16Rows{});
+                  for (size_t p = 0; p < cases.size(); ++p)
+                    for (size_t at = 0; at < kept_c[p].size(); ++at)
+                      ASSERT_EQ(std::bit_cast<uint32_t>(kept_c[p][at]), std::bit_cast<uint32_t>(copied_c[p][at]))
+                          << cases[p].name() << (a_kept ? ", A kept" : "") << (b_kept ? ", B kept" : "")
+                          << ", product " << p << " at (" << at / cases[p].ldc << ", " << at % cases[p].ldc << ")";
+                }
+}
+
+TEST(MicroKernels, OperandsKeptAsBf16EqualTheirFp32Copies) {
+  {
+    const OnTheTileModel model;
+    check_bf16_rows([](const cpu::SharedBDesc&) -> cpu::GemmSharedBKernel {
+      return cpu::gemm_bf16_shared_b_32x32__amx<cpu::ModelTiles>;
+    });
+  }
+  int targets = 0;
+  on_every_target([&](const cpu::Target& t) {
+    if (!t.micro.reads_bf16_rows) return;
+    ASSERT_NE(t.micro.gemm_shared_b, nullptr);
+    ASSERT_NE(t.micro.reads_b_by_columns, nullptr);
+    check_bf16_rows(t.micro.gemm_shared_b);
+    ++targets;
+  });
+  EXPECT_GE(targets, 1) << "no target reads rows kept as bf16 (the tile model's are tested everywhere)";
 }
 
 // A tile target's choice of unit per product (micro_kernels__amx_tiles.h, on_tiles): a product with

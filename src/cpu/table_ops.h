@@ -17,13 +17,14 @@ struct TableOps {
     M.gemm(d)(d, m, n, k, a, lda, b, ldb, c, ldc);
   }
   static void gemm_shared_b(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
-                            const float* b, int ldb) {
+                            const float* b, int ldb, const Bf16Rows& b_bf16 = {}) {
     if constexpr (M.gemm_shared_b != nullptr) {
-      M.gemm_shared_b(d)(d, count, products, n, k, b, ldb);
+      M.gemm_shared_b(d)(d, count, products, n, k, b, ldb, b_bf16);
     } else {
-      gemm_each_alone<M.gemm>(d, count, products, n, k, b, ldb);
+      gemm_each_alone<M.gemm>(d, count, products, n, k, b, ldb, b_bf16);
     }
   }
+  static constexpr bool reads_bf16_rows = M.reads_bf16_rows;
   static bool reads_b_by_columns(const SharedBDesc& d) {
     if constexpr (M.reads_b_by_columns != nullptr) {
       return M.reads_b_by_columns(d);

@@ -1,7 +1,8 @@
 // C[m, n] (+)= A B on the tile unit (tdpbf16ps): the amx target's chunk products with an operand of
 // one part (micro_kernels__amx_tiles.h, on_tiles), and any product the tests give it. An operand
 // that holds bf16 values (GemmDesc::a_values, b_values: bf16 q, k, v as loaded) is packed without
-// loss as one part, and the tiles sum exact products in fp32 (in the order tiles__model.h gives).
+// loss as one part, from its fp32 copy or, where the stages keep it as bf16 (Bf16Rows), from its
+// bits, and the tiles sum exact products in fp32 (in the order tiles__model.h gives).
 // Any other operand is split into bf16 parts x = x0 + x1 (+ x2), each the rounding of what the
 // parts before it leave, and the product is the passes A_i B_j with i + j < the parts of either
 // over the parts each operand has, the smallest first (docs/algorithm.md, "Precision"):
@@ -225,6 +226,94 @@ void pack_amx_b_columns(int depth, int cols, int pairs, const float* b, int ldb,
     }
 }
 
+// The packs above from an operand kept as bf16 (Bf16Rows: no conversion, the pair words as they lie
+// or two rows' bf16 interleaved), part 0 as the one part of a bf16 value and the others zero (what
+// splitting it leaves). `first`: the operand's first storage row or column in the pack (A's group,
+// B's strip), `k0`: the panel's first k.
+
+// 16 bf16 of storage row i from column j, zero past `count`.
+inline __m256i load_bf16_16(const Bf16Rows& x, int i, int j, int count) {
+  return count > 0 ? _mm256_maskz_loadu_epi16(first_lanes(count), x.at(i, j)) : _mm256_setzero_si256();
+}
+// Pair words (lo's lane in the low half) of two tokens' 16 bf16.
+inline __m512i pair_words(__m256i lo, __m256i hi) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+}
+template <int Parts>
+void zero_other_parts(uint32_t* out, size_t part_words) {
+  for (int t = 1; t < Parts; ++t) std::memset(out + t * part_words, 0, sizeof(uint32_t) * part_words);
+}
+
+template <int Parts>
+void pack_amx_a_bf16(int rows, int depth, int pairs, const Bf16Rows& a, Layout layout, int first, int k0,
+                     uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxGroupRows) * kAmxPanelPairs;
+  const int stored = std::min(rows, kAmxGroupRows);
+  const int padded = std::min(kAmxGroupRows, (rows + kAmxBlock - 1) / kAmxBlock * kAmxBlock);
+  zero_other_parts<Parts>(out, part_words);
+  if (layout == Layout::rows) {  // row i's 32 k: 16 pair words as they lie
+    for (int i = 0; i < padded; ++i)
+      for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
+        const bool inside = i < stored;
+        const int p = 2 * q0;
+        const __m256i lo = load_bf16_16(a, first + i, k0 + p, inside ? depth - p : 0);
+        const __m256i hi = load_bf16_16(a, first + i, k0 + p + 16, inside ? depth - p - 16 : 0);
+        _mm512_store_si512(out + size_t(i) * kAmxPanelPairs + q0,
+                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+      }
+    return;
+  }
+  // By columns (A(i, p) at storage (p, i)): 16 rows' words of one pair from two tokens' rows,
+  // 16 pairs transposed into 16 rows.
+  __m512 words[16];
+  for (int i0 = 0; i0 < padded; i0 += kAmxTile) {
+    const int count = stored - i0;
+    for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
+      for (int q = 0; q < kAmxTile; ++q) {
+        const int p = 2 * (q0 + q);
+        words[q] = _mm512_castsi512_ps(pair_words(load_bf16_16(a, k0 + p, first + i0, p < depth ? count : 0),
+                                                  load_bf16_16(a, k0 + p + 1, first + i0, p + 1 < depth ? count : 0)));
+      }
+      transpose16(words);
+      for (int r = 0; r < kAmxTile; ++r) _mm512_store_ps(out + size_t(i0 + r) * kAmxPanelPairs + q0, words[r]);
+    }
+  }
+}
+
+template <int Parts>
+void pack_amx_b_bf16(int depth, int cols, int pairs, const Bf16Rows& b, Layout layout, int first, int k0,
+                     uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
+  zero_other_parts<Parts>(out, part_words);
+  if (layout == Layout::rows) {  // B(p, j) at storage (p, j): two tokens' rows interleaved
+    for (int q = 0; q < pairs; ++q) {
+      const int p = 2 * q;
+      for (int j = 0; j < kAmxBlock; j += 16) {
+        const int count = cols - j;
+        _mm512_store_si512(out + size_t(q) * kAmxBlock + j,
+                           pair_words(load_bf16_16(b, k0 + p, first + j, p < depth ? count : 0),
+                                      load_bf16_16(b, k0 + p + 1, first + j, p + 1 < depth ? count : 0)));
+      }
+    }
+    return;
+  }
+  // By columns (B(p, j) at storage (j, p)): each column's 32 k are 16 pair words as they lie, 16
+  // columns' words transposed.
+  __m512 words[16];
+  for (int j0 = 0; j0 < kAmxBlock; j0 += kAmxTile)
+    for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
+      for (int j = 0; j < kAmxTile; ++j) {
+        const bool inside = j0 + j < cols;
+        const int p = 2 * q0;
+        const __m256i lo = load_bf16_16(b, first + j0 + j, k0 + p, inside ? depth - p : 0);
+        const __m256i hi = load_bf16_16(b, first + j0 + j, k0 + p + 16, inside ? depth - p - 16 : 0);
+        words[j] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+      }
+      transpose16(words);
+      for (int q = 0; q < kAmxTile; ++q) _mm512_store_ps(out + size_t(q0 + q) * kAmxBlock + j0, words[q]);
+    }
+}
+
 #else
 
 // x's bf16 parts, as the contract above says. A compile-time count: one part is a single rounding,
@@ -278,6 +367,34 @@ void pack_amx_b(int depth, int cols, int pairs, const float* b, int ldb, uint32_
 template <int Parts>
 void pack_amx_b_columns(int depth, int cols, int pairs, const float* b, int ldb, uint32_t* out) {
   pack_amx_b_strided<Parts>(depth, cols, pairs, b, 1, size_t(ldb), out);
+}
+
+// From an operand kept as bf16 (Bf16Rows), as the AVX512-BF16 path above says: the same words.
+template <int Parts>
+void pack_amx_a_bf16(int rows, int depth, int pairs, const Bf16Rows& a, Layout layout, int first, int k0,
+                     uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxGroupRows) * kAmxPanelPairs;
+  const int padded = std::min(kAmxGroupRows, (rows + kAmxBlock - 1) / kAmxBlock * kAmxBlock);
+  for (int t = 0; t < Parts; ++t)
+    for (int i = 0; i < padded; ++i) std::fill_n(out + t * part_words + size_t(i) * kAmxPanelPairs, pairs, 0u);
+  for (int i = 0; i < rows && i < kAmxGroupRows; ++i)
+    for (int p = 0; p < depth; ++p) {
+      const uint16_t x = layout == Layout::rows ? *a.at(first + i, k0 + p) : *a.at(k0 + p, first + i);
+      out[size_t(i) * kAmxPanelPairs + p / 2] |= uint32_t(x) << (16 * (p & 1));
+    }
+}
+
+template <int Parts>
+void pack_amx_b_bf16(int depth, int cols, int pairs, const Bf16Rows& b, Layout layout, int first, int k0,
+                     uint32_t* out) {
+  constexpr size_t part_words = size_t(kAmxPanelPairs) * kAmxBlock;
+  for (int t = 0; t < Parts; ++t) std::fill_n(out + t * part_words, size_t(pairs) * kAmxBlock, 0u);
+  const int width = std::min(cols, kAmxBlock);
+  for (int p = 0; p < depth; ++p)
+    for (int j = 0; j < width; ++j) {
+      const uint16_t x = layout == Layout::rows ? *b.at(k0 + p, first + j) : *b.at(first + j, k0 + p);
+      out[size_t(p / 2) * kAmxBlock + j] |= uint32_t(x) << (16 * (p & 1));
+    }
 }
 
 #endif
@@ -384,7 +501,7 @@ constexpr int kAmxHeldGroups = 3;
 // are those it would make alone.
 template <class Tiles, int AParts, int BParts>
 void gemm_bf16_parts_32x32__amx(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
-                                const float* b, int ldb) {
+                                const float* b, int ldb, const Bf16Rows& b_bf16) {
   constexpr size_t a_pack_words = size_t(AParts) * kAmxGroupRows * kAmxPanelPairs;
   alignas(64) uint32_t a_pack[kAmxHeldGroups * a_pack_words];
   alignas(64) uint32_t b_pack[BParts * kAmxPanelPairs * kAmxBlock];
@@ -406,13 +523,19 @@ void gemm_bf16_parts_32x32__amx(const SharedBDesc& d, int count, const SharedBPr
       for (int h = 0; h < held_count; ++h) {
         const SharedBProduct& product = *held[h].product;
         const auto [a_rs, a_cs] = a_strides(product_desc(d, product), product.lda);
-        pack_amx_a<AParts>(product.m - held[h].first, depth, pairs,
-                           product.a + size_t(held[h].first) * a_rs + size_t(k0) * a_cs, a_rs, a_cs,
-                           a_pack + h * a_pack_words);
+        if (product.a_bf16.present())
+          pack_amx_a_bf16<AParts>(product.m - held[h].first, depth, pairs, product.a_bf16, product.layout,
+                                  held[h].first, k0, a_pack + h * a_pack_words);
+        else
+          pack_amx_a<AParts>(product.m - held[h].first, depth, pairs,
+                             product.a + size_t(held[h].first) * a_rs + size_t(k0) * a_cs, a_rs, a_cs,
+                             a_pack + h * a_pack_words);
         columns = std::max(columns, product.triangle == Triangle::c_lower ? std::min(n, held[h].end) : n);
       }
       for (int j0 = 0; j0 < columns; j0 += kAmxBlock) {
-        if (d.b == Layout::rows)
+        if (b_bf16.present())
+          pack_amx_b_bf16<BParts>(depth, n - j0, pairs, b_bf16, d.b, j0, k0, b_pack);
+        else if (d.b == Layout::rows)
           pack_amx_b<BParts>(depth, n - j0, pairs, b + size_t(k0) * ldb + j0, ldb, b_pack);
         else
           pack_amx_b_columns<BParts>(depth, n - j0, pairs, b + size_t(j0) * ldb + k0, ldb, b_pack);
@@ -450,9 +573,9 @@ void gemm_bf16_parts_32x32__amx(const SharedBDesc& d, int count, const SharedBPr
 // one part or, where amx_parts_of splits it, as Split parts. Needs kGemmTiles loaded.
 template <class Tiles, int Split>
 void gemm_bf16_split_32x32__amx(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
-                                const float* b, int ldb) {
+                                const float* b, int ldb, const Bf16Rows& b_bf16) {
   const bool a_split = amx_parts_of(d.a_values, d) > 1, b_split = amx_parts_of(d.b_values, d) > 1;
-  const auto run = [&](auto product) { product(d, count, products, n, k, b, ldb); };
+  const auto run = [&](auto product) { product(d, count, products, n, k, b, ldb, b_bf16); };
   if (a_split && b_split)
     run(gemm_bf16_parts_32x32__amx<Tiles, Split, Split>);
   else if (a_split)
@@ -466,10 +589,10 @@ void gemm_bf16_split_32x32__amx(const SharedBDesc& d, int count, const SharedBPr
 // Products sharing B on the tiles (MicroKernels::gemm_shared_b), at the description's precision.
 template <class Tiles>
 void gemm_bf16_shared_b_32x32__amx(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
-                                   const float* b, int ldb) {
+                                   const float* b, int ldb, const Bf16Rows& b_bf16) {
   const GemmSharedBKernel split = d.bf16_outputs ? gemm_bf16_split_32x32__amx<Tiles, kExactPartsForBf16Outputs>
                                                  : gemm_bf16_split_32x32__amx<Tiles, kExactParts>;
-  split(d, count, products, n, k, b, ldb);
+  split(d, count, products, n, k, b, ldb, b_bf16);
 }
 
 // One product on the tiles (MicroKernels::gemm).
@@ -477,7 +600,7 @@ template <class Tiles>
 void gemm_bf16_32x32__amx(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                           float* c, int ldc) {
   const SharedBProduct product{m, a, lda, c, ldc, d.a, d.triangle};
-  gemm_bf16_shared_b_32x32__amx<Tiles>(call_desc(d), 1, &product, n, k, b, ldb);
+  gemm_bf16_shared_b_32x32__amx<Tiles>(call_desc(d), 1, &product, n, k, b, ldb, {});
 }
 
 }  // namespace

@@ -28,6 +28,12 @@ struct MicroKernels {
   // transpose B for them, Ops::transpose).
   using ReadsBByColumns = bool (*)(const SharedBDesc& d);
   ReadsBByColumns reads_b_by_columns = nullptr;
+  // Whether every product of an operand of bf16 values runs on a kernel that reads it kept as bf16
+  // (Bf16Rows, through gemm_shared_b), so the stages need not widen rows that only products read
+  // (the tile targets: each such product has a one-part operand, on the tiles, whose packing takes
+  // bf16 pairs as they lie). Such a target's kernels read every one-part B by columns too
+  // (reads_b_by_columns), so the stages never transpose a B they keep as bf16.
+  bool reads_bf16_rows = false;
   void (*transpose)(int rows, int cols, const float* src, int lds, float* dst, int ldd);
   void (*exp)(float* x, int n);
   float (*dot)(const float* a, const float* b, int n);

@@ -55,6 +55,7 @@ constexpr MicroKernels tile_micro_kernels() {
   kernels.gemm = choose_gemm__tiles<Tiles, vector_kernels>;
   kernels.gemm_shared_b = choose_gemm_shared_b__tiles<Tiles, vector_kernels>;
   kernels.reads_b_by_columns = reads_b_by_columns__tiles;
+  kernels.reads_bf16_rows = true;  // every product of a bf16-values operand is on_tiles, its B by columns
   return kernels;
 }
 

@@ -52,8 +52,20 @@ constexpr bool bf16_operands(const GemmDesc& d) {
 using GemmKernel = void (*)(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                             float* c, int ldc);
 
+// An operand of bf16 values kept as bf16 (MicroKernels::reads_bf16_rows): the same [rows, cols]
+// storage as its fp32 copy would have (rows `ld` apart), as bf16 bits, read by the product in the
+// layout the fp32 copy would have (GemmDesc::a, b). Absent: data null.
+struct Bf16Rows {
+  const uint16_t* data = nullptr;
+  int ld = 0;
+
+  bool present() const { return data != nullptr; }
+  const uint16_t* at(int i, int j) const { return data + size_t(i) * size_t(ld) + size_t(j); }
+};
+
 // One of several products C_p[m_p, n] (+)= A_p B that read the same B (MicroKernels::gemm_shared_b):
-// A_p's rows, where A_p and C_p lie, how A_p is stored and its triangle.
+// A_p's rows, where A_p and C_p lie, how A_p is stored and its triangle; and A_p kept as bf16, where
+// given (then `a` is not read).
 struct SharedBProduct {
   int m;
   const float* a;
@@ -62,6 +74,7 @@ struct SharedBProduct {
   int ldc;
   Layout layout = Layout::rows;  // GemmDesc::a
   Triangle triangle = Triangle::none;
+  Bf16Rows a_bf16{};
 };
 // What the products of a shared-B call have in common: GemmDesc but for A's layout and triangle,
 // which are each product's own (SharedBProduct), so a call cannot carry one its kernel would ignore.
@@ -95,9 +108,9 @@ constexpr SharedBDesc call_desc(const GemmDesc& d) {
           .accumulate = d.accumulate};
 }
 // Products that share B, described by `d` and each its own: a kernel that packs B packs it once for
-// all of them.
+// all of them. B kept as bf16 where `b_bf16` is given (then `b` is not read).
 using GemmSharedBKernel = void (*)(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k,
-                                   const float* b, int ldb);
+                                   const float* b, int ldb, const Bf16Rows& b_bf16);
 
 // The multiply-adds of C[m, n] (+)= A B over k that the product's triangle leaves (the bench's
 // product census, the tests' count of the work the passes ask for).
@@ -121,12 +134,14 @@ constexpr AStrides a_strides(const GemmDesc& d, int lda) {
 }
 
 // Products that share B run one by one, each on the kernel `choose` picks for it (what a kernel that
-// reads B as it lies does with a shared-B call: nothing to pack once). Internal linkage, as every
-// kernel: each target's unit compiles its own copy with its own flags.
+// reads B as it lies does with a shared-B call: nothing to pack once). Operands kept as bf16 are not
+// read: a target's stages keep them so only where its table reads them (MicroKernels::reads_bf16_rows),
+// and then on the kernel that does. Internal linkage, as every kernel: each target's unit compiles
+// its own copy with its own flags.
 namespace {
 template <GemmKernel (*choose)(const GemmDesc&)>
 void gemm_each_alone(const SharedBDesc& d, int count, const SharedBProduct* products, int n, int k, const float* b,
-                     int ldb) {
+                     int ldb, const Bf16Rows&) {
   for (int p = 0; p < count; ++p) {
     const GemmDesc own = product_desc(d, products[p]);
     choose(own)(own, products[p].m, n, k, products[p].a, products[p].lda, b, ldb, products[p].c, products[p].ldc);

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "cpu/arena.h"
+#include "cpu/kernels/product.h"
 #include "cpu/rows.h"
 #include "params.h"
 
@@ -58,10 +59,14 @@ inline bool bf16_token_outputs(const Params& p) {
 // the reciprocal norm as the factor, and a scalar gate's decays, the delta rule's beta, fold into
 // the factor too; so the products read bf16 values, which a bf16 unit takes exactly in one pass
 // (docs/algorithm.md, "Precision").
+// Where the chunk's loader keeps them as bf16 (Loader::rows_as_bf16), `bf16` holds the rows and
+// `rows` is not loaded: the products read them so, and any other reader from there
+// (scale_bf16_rows).
 struct ScaledRows {
   const float* rows;
   const float* factor;  // [L] or null
   Operands values;
+  Bf16Rows bf16{};
 };
 
 struct Chunk {
@@ -77,7 +82,9 @@ struct Chunk {
         precision(p.precision),
         bf16_outputs(bf16_token_outputs(p)),
         factored_qk(p.l2norm_qk && p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16),
-        values_values(held_as_loaded(p.v.dtype, !delta)) {
+        values_values(held_as_loaded(p.v.dtype, !delta)),
+        bf16_queries_keys(p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16 && !p.l2norm_qk && !delta && W == 1),
+        bf16_values(values_values == Operands::bf16_values) {
     Arena arena(workspace);
     const size_t CK = size_t(C) * K, CV = size_t(C) * VW, CW = size_t(C) * W, CC = size_t(C) * C;
     for (float** t : {&q, &k, &qg, &kd, &qs, &post, &dq, &dk, &dk_state}) *t = arena.take<float>(CK);
@@ -112,6 +119,9 @@ struct Chunk {
     // B^T of an A B^T product: at most [max(K, VW), max(C, K, VW)].
     const size_t widest = size_t(imax(K, VW)), longest = size_t(imax(C, imax(K, VW)));
     packed = arena.take<float>(widest * longest);
+    if (bf16_queries_keys)
+      for (uint16_t** t : {&q_kept, &k_kept}) *t = arena.take<uint16_t>(CK);
+    if (bf16_values) v_kept = arena.take<uint16_t>(CV);
     bytes = arena.used();
     queries = factored_qk ? ScaledRows{q_rows, q_factor, Operands::bf16_values}
                           : ScaledRows{q, nullptr, held_as_loaded(p.q.dtype, !p.l2norm_qk)};
@@ -131,6 +141,12 @@ struct Chunk {
   // What values() holds (GemmDesc::b_values): v's bf16 values without the delta rule. A target
   // runs bf16 values on its bf16 products, exactly (one pass on the tiles).
   const Operands values_values;
+  // Which rows only the products read, which a target whose products read rows kept as bf16
+  // (MicroKernels::reads_bf16_rows) keeps so in its forward passes (Loader::rows_as_bf16): q and k
+  // of bf16 values as loaded (no L2 norm) where no gate scales them into rows of their own (none, or
+  // a scalar gate: its decays are factors) and no solve reads them (no delta rule); v of bf16
+  // values (no delta rule: the products read the new values).
+  const bool bf16_queries_keys, bf16_values;
   // q and k as the products read them (ScaledRows): their bf16 rows and factors, or q and k; and
   // set per chunk, bt (erase_keys, by prepare_delta), q * P and bp (by whichever stage forms them,
   // for propagate_state_gradient).
@@ -173,6 +189,8 @@ struct Chunk {
   float* dk_state;              // [C, K] the part of dk that flows through the chunk-end state
   float* diag;                  // [C] dscores_ii, kept out of dq, dk until the gate gradient
   float* packed;                // a transposed operand, packed for the products that read it
+  // [C, K], [C, K], [C, VW] q's, k's and v's rows kept as bf16 (bf16_queries_keys, bf16_values)
+  uint16_t *q_kept = nullptr, *k_kept = nullptr, *v_kept = nullptr;
   // The delta rule (docs/algorithm.md): erase bt = b * k, write vt = w * v, L, T = (I + L)^-1,
   // bp = bt * P, new values rv = T (vt - bp H0), and their gradients.
   float* beta;                  // [C] beta per token (Delta::beta)
@@ -182,8 +200,10 @@ struct Chunk {
   float *lower, *solved, *dlower;  // [C, C] L, T, dL
 
   const float* gate_row(const float* t, int i) const { return t + size_t(i) * W; }
-  // The values the additive stages read: v itself, or the delta rule's new values.
+  // The values the additive stages read: v itself, or the delta rule's new values; v kept as bf16
+  // where the loader keeps it so (then v is not loaded).
   float* values() const { return delta ? rv : v; }
+  Bf16Rows values_bf16{};
 };
 
 // Multiplies each row of x [L, width] by its gate factors (broadcast when the gate is scalar).
@@ -201,6 +221,15 @@ void scale_rows(float* out, const float* x, const float* factors, int L, int wid
   }
 }
 
+// scale_rows of rows of bf16 values [L, width] (one factor per row).
+void scale_bf16_rows(float* out, const Bf16Rows& x, const float* factors, int L, int width) {
+  for (int i = 0; i < L; ++i) {
+    const uint16_t* row = x.at(i, 0);
+    float* o = out + size_t(i) * width;
+    for (int c = 0; c < width; ++c) o[c] = bf16_to_f32(row[c]) * factors[i];
+  }
+}
+
 // x * D (D: the chunk's prefix or suffix decays, P or R) as the products read it, for rows x [L, K]
 // (x_full) read as `x`: under a scalar gate D folds into x's factors (into `factor` [L]), under a
 // per-channel gate the rows x * D are formed (into `full` [L, K]), and without a gate it is x.
@@ -209,7 +238,7 @@ ScaledRows decayed(const Chunk& ch, const ScaledRows& x, const float* x_full, co
   if (!ch.gated) return x;
   if (ch.W == 1) {
     for (int i = 0; i < ch.L; ++i) factor[i] = x.factor ? D[i] * x.factor[i] : D[i];
-    return {x.rows, factor, x.values};
+    return {x.rows, factor, x.values, x.bf16};
   }
   scale_rows(full, x_full, D, ch.L, ch.K, ch.W);
   return {full, nullptr, Operands::f32};

@@ -58,7 +58,7 @@ template <class Ops>
 void output(const Params& p, const Item& item, int t0, Chunk& ch, bool scores_formed = false) {
   if (!scores_formed) intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   gemm_nn<Ops>(ch, ch.L, ch.VW, ch.L, ch.scores, ch.C, ch.values(), ch.VW, ch.out, ch.VW, true, Triangle::a_lower,
-               Operands::f32, ch.values_values);
+               Operands::f32, ch.values_values, Layout::rows, {}, ch.values_bf16);
   store_output(p, item, t0, ch);
 }
 
@@ -69,7 +69,10 @@ void output(const Params& p, const Item& item, int t0, Chunk& ch, bool scores_fo
 // factors then round with k rather than with the values.
 ScaledRows update_keys(Chunk& ch, const ScaledRows& kd) {
   if (ch.precision != Precision::fast || !kd.factor) return kd;
-  scale_rows(ch.kd, kd.rows, kd.factor, ch.L, ch.K, 1);
+  if (kd.bf16.present())
+    scale_bf16_rows(ch.kd, kd.bf16, kd.factor, ch.L, ch.K);
+  else
+    scale_rows(ch.kd, kd.rows, kd.factor, ch.L, ch.K, 1);
   return {ch.kd, nullptr, Operands::f32};
 }
 
@@ -89,13 +92,14 @@ void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, con
   decay_state(ch, H0, H_end);
   if (!write_y || kd.factor || !one_call(ch, Operands::f32, kd.values)) {
     if (write_y) output<Ops>(p, item, t0, ch, scores_formed);
-    gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H_end, VW, true);
+    gemm_scaled_tn<Ops>(ch, VW, L, kd, ch.values(), VW, ch.values_values, H_end, VW, true, ch.values_bf16);
     return;
   }
   if (!scores_formed) intra_scores<Ops>(ch, ch.q, ch.k, ch.queries, ch.keys, ch.scores, false);
   const SharedBProduct products[2] = {{L, ch.scores, C, ch.out, VW, Layout::rows, Triangle::a_lower},
-                                      {K, kd.rows, K, H_end, VW, Layout::columns, Triangle::none}};
-  Ops::gemm_shared_b(chunk_products(ch, Operands::f32, ch.values_values, true), 2, products, VW, L, ch.values(), VW);
+                                      {K, kd.rows, K, H_end, VW, Layout::columns, Triangle::none, kd.bf16}};
+  Ops::gemm_shared_b(chunk_products(ch, Operands::f32, ch.values_values, true), 2, products, VW, L, ch.values(), VW,
+                     ch.values_bf16);
   store_output(p, item, t0, ch);
 }
 
@@ -131,7 +135,8 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
                       float* solves, bool write_y) {
   Chunk ch(p, workspace);
   const Records records(p, every_chunk);
-  const int parts = Loader<Ops>::keys_values | (write_y ? Loader<Ops>::with_queries : 0);
+  const int parts = Loader<Ops>::keys_values | (write_y ? Loader<Ops>::with_queries : 0) |
+                    (Ops::reads_bf16_rows ? Loader<Ops>::rows_as_bf16 : 0);
   for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, records.state(states, i, 0));
   for (int c = 0, t0 = 0; t0 < p.S; ++c, t0 += ch.C)
     for (int i = 0; i < count; ++i) {

@@ -69,6 +69,18 @@ struct Loader {
   const Params& p;
   const Item& item;
 
+  // Rows [t0, t0 + L) of the bf16 tensor `view` kept as bf16 in `out` (Bf16Rows): the item's heads
+  // side by side where the rows are per head (v), else its shared head's (`group`).
+  Bf16Rows bf16_rows(const RowView& view, int t0, int L, int group, bool per_head, int width, uint16_t* out) const {
+    const int heads = per_head ? p.pack : 1, ld = heads * width;
+    for (int i = 0; i < L; ++i)
+      for (int r = 0; r < heads; ++r)
+        std::memcpy(out + size_t(i) * ld + size_t(r) * width,
+                    view.row(item.b, t0 + i, per_head ? item.head(r, group) : item.shared(group)),
+                    sizeof(uint16_t) * size_t(width));
+    return {out, ld};
+  }
+
   void queries(Chunk& ch, int t0) const {
     load_normalised_rows<Ops>(p.q, item.b, t0, item.shared(p.group_q), ch.L, p.l2norm_qk, ch.q, ch.q_rstd, ch.K,
                               ch.factored_qk ? ch.q_rows : nullptr, ch.q_factor);
@@ -152,8 +164,12 @@ struct Loader {
         ch.suffix[size_t(i) * W + c] = ch.suffix[size_t(i + 1) * W + c] * ch.decay[size_t(i + 1) * W + c];
   }
   // What a chunk's stages read (t0: the chunk's first token): the decays always, and the
-  // keys and values (with the delta rule's strengths), queries, output gradients as asked.
-  enum Parts { keys_values = 1, with_queries = 2, with_output_grads = 4 };
+  // keys and values (with the delta rule's strengths), queries, output gradients as asked; with
+  // rows_as_bf16 (the forward's passes, on a target whose products read rows kept as bf16:
+  // MicroKernels::reads_bf16_rows), the rows only the products read (Chunk::bf16_queries_keys,
+  // bf16_values) kept as bf16 for them (ScaledRows::bf16, Chunk::values_bf16), not widened (on an
+  // AMX Xeon, docs/performance.md, "The rows the tiles read kept as bf16").
+  enum Parts { keys_values = 1, with_queries = 2, with_output_grads = 4, rows_as_bf16 = 8 };
   // Asks for the rows chunk(ch, t0, parts) reads, into L2, while the chunk before it is worked
   // on: a token's row of one head lies N heads past the last token's, so each row is a new page
   // to the hardware prefetcher, which does not cross pages, and each load of the chunk waited
@@ -188,12 +204,24 @@ struct Loader {
   [[gnu::always_inline]] void chunk(Chunk& ch, int t0, int parts) const {
     ch.L = imin(ch.C, p.S - t0);
     decays(ch, t0, parts & with_output_grads);
+    const bool as_bf16 = parts & rows_as_bf16;
     if (parts & keys_values) {
-      keys(ch, t0);
-      values(ch, t0);
+      if (as_bf16 && ch.bf16_queries_keys)
+        ch.keys.bf16 = bf16_rows(p.k, t0, ch.L, p.group_k, false, ch.K, ch.k_kept);
+      else
+        keys(ch, t0);
+      if (as_bf16 && ch.bf16_values)
+        ch.values_bf16 = bf16_rows(p.v, t0, ch.L, p.group_v, true, ch.V, ch.v_kept);
+      else
+        values(ch, t0);
       if (ch.delta) strengths(ch, t0);
     }
-    if (parts & with_queries) queries(ch, t0);
+    if (parts & with_queries) {
+      if (as_bf16 && ch.bf16_queries_keys)
+        ch.queries.bf16 = bf16_rows(p.q, t0, ch.L, p.group_q, false, ch.K, ch.q_kept);
+      else
+        queries(ch, t0);
+    }
     if (parts & with_output_grads) output_grads(ch, t0);
   }
 };

@@ -55,53 +55,72 @@ inline GemmDesc chunk_product(const Chunk& ch, Operands a_values, Operands b_val
           .triangle = tri};
 }
 
+// The product `d` describes, on Ops::gemm, or where A or B is kept as bf16 (Bf16Rows: their fp32
+// rows not loaded) as a shared-B call of one, whose kernel reads them (MicroKernels::reads_bf16_rows).
+template <class Ops>
+void gemm_described(const GemmDesc& d, int m, int n, int k, const float* a, int lda, const Bf16Rows& a_bf16,
+                    const float* b, int ldb, const Bf16Rows& b_bf16, float* c, int ldc) {
+  if (!a_bf16.present() && !b_bf16.present()) {
+    Ops::gemm(d, m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  const SharedBProduct product{m, a, lda, c, ldc, d.a, d.triangle, a_bf16};
+  Ops::gemm_shared_b(call_desc(d), 1, &product, n, k, b, ldb, b_bf16);
+}
+
 // C[m, n] (+)= A[m, k] B[k, n], A row-major, B row-major (or stored by columns where `b_layout`
-// says so, for a kernel that reads it so: MicroKernels::reads_b_by_columns).
+// says so, for a kernel that reads it so: MicroKernels::reads_b_by_columns); either kept as bf16
+// where given.
 template <class Ops>
 void gemm_nn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
              int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
-             Operands b_values = Operands::f32, Layout b_layout = Layout::rows) {
-  Ops::gemm(chunk_product(ch, a_values, b_values, accumulate, tri, Layout::rows, b_layout), m, n, k, a, lda, b, ldb,
-            c, ldc);
+             Operands b_values = Operands::f32, Layout b_layout = Layout::rows, const Bf16Rows& a_bf16 = {},
+             const Bf16Rows& b_bf16 = {}) {
+  gemm_described<Ops>(chunk_product(ch, a_values, b_values, accumulate, tri, Layout::rows, b_layout), m, n, k, a,
+                      lda, a_bf16, b, ldb, b_bf16, c, ldc);
 }
-// C[m, n] (+)= A^T B with A stored [k, m].
+// C[m, n] (+)= A^T B with A stored [k, m]; either kept as bf16 where given.
 template <class Ops>
 void gemm_tn(const Chunk& ch, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
              int ldc, bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
-             Operands b_values = Operands::f32) {
-  Ops::gemm(chunk_product(ch, a_values, b_values, accumulate, tri, Layout::columns), m, n, k, a, lda, b, ldb, c,
-            ldc);
+             Operands b_values = Operands::f32, const Bf16Rows& a_bf16 = {}, const Bf16Rows& b_bf16 = {}) {
+  gemm_described<Ops>(chunk_product(ch, a_values, b_values, accumulate, tri, Layout::columns), m, n, k, a, lda,
+                      a_bf16, b, ldb, b_bf16, c, ldc);
 }
 // A B operand as the microkernels read it: row-major [k, n] rows at `data`, `ld` apart, or by
-// columns (B^T's rows [n, k]) for a kernel that reads it so.
+// columns (B^T's rows [n, k]) for a kernel that reads it so; kept as bf16 where given.
 struct PackedB {
   const float* data;
   int ld;
   Layout layout = Layout::rows;
+  Bf16Rows bf16{};
 };
 
 // The B of products A B^T, stored [n, k] (B^T's rows), for products of A holding `a_values` (and
 // `other_a_values`, where A of a second kind reads it too) on B holding `b_values`: as it lies, by
 // columns, where the target's kernel for each of them reads B so (Ops::reads_b_by_columns: the
 // tiles pack it from there, with no copy between), else laid out [k, n] in `out` (k * n floats),
-// so that the microkernels stream contiguous rows, once for all of them.
+// so that the microkernels stream contiguous rows, once for all of them. B kept as bf16 (`bf16`)
+// only where the kernels read it by columns: a target that reads rows kept as bf16 reads any
+// one-part B by columns (MicroKernels::reads_bf16_rows).
 template <class Ops>
 PackedB transposed_b(const Chunk& ch, int n, int k, const float* b, int ldb, float* out, Operands b_values,
-                     Operands a_values, Operands other_a_values) {
+                     Operands a_values, Operands other_a_values, const Bf16Rows& bf16 = {}) {
   const auto by_columns = [&](Operands a) {
     return Ops::reads_b_by_columns(chunk_products(ch, a, b_values, false, Layout::columns));
   };
-  if (by_columns(a_values) && by_columns(other_a_values)) return {b, ldb, Layout::columns};
+  if (by_columns(a_values) && by_columns(other_a_values)) return {b, ldb, Layout::columns, bf16};
   Ops::transpose(n, k, b, ldb, out, n);
   return {out, n, Layout::rows};
 }
 
-// C[m, n] (+)= A B with B packed.
+// C[m, n] (+)= A B with B packed; A kept as bf16 where given.
 template <class Ops>
 void gemm_packed(const Chunk& ch, int m, int n, int k, const float* a, int lda, PackedB b, float* c, int ldc,
                  bool accumulate, Triangle tri = Triangle::none, Operands a_values = Operands::f32,
-                 Operands b_values = Operands::f32) {
-  gemm_nn<Ops>(ch, m, n, k, a, lda, b.data, b.ld, c, ldc, accumulate, tri, a_values, b_values, b.layout);
+                 Operands b_values = Operands::f32, const Bf16Rows& a_bf16 = {}) {
+  gemm_nn<Ops>(ch, m, n, k, a, lda, b.data, b.ld, c, ldc, accumulate, tri, a_values, b_values, b.layout, a_bf16,
+               b.bf16);
 }
 
 // C0 = A0 B and, where A1 is given, C1 = A1 B, B packed (A_p [m, k] rows lda apart, C_p ldc apart):
@@ -134,6 +153,7 @@ void gemm_nt(Chunk& ch, int m, int n, int k, const float* a, int lda, const floa
 struct ScaledOperand {
   const float* data;
   int ld;
+  Bf16Rows bf16{};
 };
 enum class FactorsAlong { rows, columns };
 inline ScaledOperand scaled_operand(Chunk& ch, const float* x, int ldx, const float* f, FactorsAlong along, int rows,
@@ -152,10 +172,12 @@ inline ScaledOperand scaled_operand(Chunk& ch, const float* x, int ldx, const fl
   return {ch.scaled, cols};
 }
 
-// C[m, n] = Diag(a.factor) (a.rows B): A's rows [m, K] (ch.K apart), B [K, n], C dense [m, n].
+// C[m, n] = Diag(a.factor) (a.rows B): A's rows [m, K] (ch.K apart, or kept as bf16), B [K, n], C dense
+// [m, n].
 template <class Ops>
 void gemm_scaled_nn(const Chunk& ch, int m, int n, const ScaledRows& a, const float* b, int ldb, float* c) {
-  gemm_nn<Ops>(ch, m, n, ch.K, a.rows, ch.K, b, ldb, c, n, false, Triangle::none, a.values);
+  gemm_nn<Ops>(ch, m, n, ch.K, a.rows, ch.K, b, ldb, c, n, false, Triangle::none, a.values, Operands::f32,
+               Layout::rows, a.bf16);
   if (a.factor) scale_rows(c, c, a.factor, m, n, 1);
 }
 
@@ -175,14 +197,21 @@ void gemm_scaled_nn_sharing_b(const Chunk& ch, int m, int n, const ScaledRows& a
   if (a1.factor) scale_rows(c1, c1, a1.factor, m, n, 1);
 }
 
-// C[K, n] (+)= a^T B = a.rows^T (Diag(a.factor) B): A's rows [k, K], B [k, n] (holding b_values);
-// the factors, on the sum's index, scale B's rows (in ch.scaled).
+// C[K, n] (+)= a^T B = a.rows^T (Diag(a.factor) B): A's rows [k, K] (or kept as bf16), B [k, n]
+// (holding b_values; or kept as bf16, `b_bf16`); the factors, on the sum's index,
+// scale B's rows (in ch.scaled).
 template <class Ops>
 void gemm_scaled_tn(Chunk& ch, int n, int k, const ScaledRows& a, const float* b, int ldb, Operands b_values,
-                    float* c, int ldc, bool accumulate) {
-  const ScaledOperand scaled_b = scaled_operand(ch, b, ldb, a.factor, FactorsAlong::rows, k, n);
+                    float* c, int ldc, bool accumulate, const Bf16Rows& b_bf16 = {}) {
+  ScaledOperand scaled_b{b, ldb, b_bf16};
+  if (a.factor && b_bf16.present()) {
+    scale_bf16_rows(ch.scaled, b_bf16, a.factor, k, n);
+    scaled_b = {ch.scaled, n};
+  } else if (a.factor) {
+    scaled_b = scaled_operand(ch, b, ldb, a.factor, FactorsAlong::rows, k, n);
+  }
   gemm_tn<Ops>(ch, ch.K, n, k, a.rows, ch.K, scaled_b.data, scaled_b.ld, c, ldc, accumulate, Triangle::none, a.values,
-               a.factor ? Operands::f32 : b_values);
+               a.factor ? Operands::f32 : b_values, a.bf16, scaled_b.bf16);
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ void scalar_gate_scores(Chunk& ch, const ScaledRows& queries, const ScaledRows& 
                         bool strict, float* raw = nullptr) {
   const int C = ch.C, L = ch.L;
   gemm_packed<Ops>(ch, L, L, ch.K, queries.rows, ch.K, keys_t, out, C, false, Triangle::c_lower, queries.values,
-                   keys.values);
+                   keys.values, queries.bf16);
   if (raw)
     for (int i = 0; i < L; ++i) std::memcpy(raw + size_t(i) * C, out + size_t(i) * C, sizeof(float) * size_t(i + 1));
   apply_scalar_decay(ch, out, strict, queries.factor, keys.factor);
@@ -90,7 +90,7 @@ void intra_scores(Chunk& ch, const float* queries, const float* keys, const Scal
   const int C = ch.C, K = ch.K, L = ch.L;
   if (ch.W == 1) {
     const PackedB keys_t = transposed_b<Ops>(ch, L, K, keys_read.rows, K, ch.packed, keys_read.values,
-                                             queries_read.values, queries_read.values);
+                                             queries_read.values, queries_read.values, keys_read.bf16);
     scalar_gate_scores<Ops>(ch, queries_read, keys_read, keys_t, out, strict, raw);
     return;
   }
