@@ -90,6 +90,22 @@ inline void stream_lines(char* dst, const float* src, int width, float scale) {
 }
 #endif
 
+// n floats from src written at dst as D (bf16 rounded to nearest even), streamed where dst starts
+// on a cache line (its whole lines, stream_lines; the rest cached, as every element where dst does
+// not). The same bytes either way.
+template <DType D>
+inline void stream_elements(char* dst, const float* src, int n) {
+  int lined = 0;
+#if defined(__SSE2__)
+  constexpr int per_line = kCacheLine / (D == DType::bf16 ? 2 : 4);
+  if (reinterpret_cast<uintptr_t>(dst) % kCacheLine == 0) {
+    lined = n / per_line * per_line;
+    stream_lines<D>(dst, src, lined, 1.0f);
+  }
+#endif
+  write_elements(dst + size_t(lined) * (D == DType::bf16 ? 2 : 4), D, src + lined, n - lined, 1.0f);
+}
+
 // src [width] times `scale` (none where it is 1), stored in the row's dtype (bf16 rounded to
 // nearest even). Streamed where the row is whole cache lines (it starts on a line and its bytes are
 // lines, stream_lines); any other row as a cached one. The same bytes either way.

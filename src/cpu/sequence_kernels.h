@@ -49,7 +49,9 @@ struct SequenceKernels {
   // apart). The states start from h0 and end as the final states (written to ht when asked) in
   // `states`: without `every_chunk` one per item ([count, K, pack * V]) updated in place, staying
   // in cache for the whole sequence; with it, each chunk's start state and the final one
-  // ([count, chunks + 1, K, pack * V]), each update writing the next beside the one it reads.
+  // ([count, chunks + 1, K, pack * V]): the state updated in place in the final one's slot, each
+  // chunk-start state streamed from it into its own slot, as bf16 where the gradient pass reads it
+  // only through products that round it so (states_kept_as_bf16, src/cpu/stages/forward.h).
   // With `solves` (the delta rule), each chunk's solve record ([count, chunks,
   // solve_record_floats]); with `write_y`, computes and writes y.
   void (*forward)(const Params& p, int64_t first, int count, void* workspace, float* states, bool every_chunk,

@@ -58,7 +58,7 @@ void chunk_gradients(const Params& p, int b, int m, int c, void* workspace, cons
   const Item item{p, b, m * p.pack};
   const int t0 = c * ch.C;
   Loader<Ops>{p, item}.chunk(ch, t0, Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads);
-  gradients<Ops>(p, item, t0, ch, H0, dH_end, nullptr, sinks);
+  gradients<Ops>(p, item, t0, ch, H0, {}, dH_end, nullptr, sinks);
   finish_streamed_stores();
 }
 

@@ -151,7 +151,8 @@ void delta_backward(Chunk& ch) {
   intra_backward<Ops>(ch, ch.dlower, ch.bt, ch.k, ch.erase_keys, ch.keys, ch.dbt, ch.dk, nullptr);
 }
 
-// dq, dk, dv, dg (and the strengths' gradients) of the loaded chunk from its start state H0 and
+// dq, dk, dv, dg (and the strengths' gradients) of the loaded chunk from its start state H0 (or,
+// where the state pass kept it as bf16, H0_bf16 and H0 null: states_kept_as_bf16) and
 // dH, the gradient wrt its end state, with the delta rule's solve and new values from the state
 // pass's record of the chunk (`kept_solve`, keep_solve in forward.h) or, without one, formed again:
 //   dq = P * (dY H0^T) + intra;  dk = R * (values dH^T) + intra;  dvalues = A^T dY + (k * R) dH
@@ -160,8 +161,8 @@ void delta_backward(Chunk& ch) {
 // delta rule dY values^T and dz rv^T are one call, and dY H0^T and dz H0^T another, each operand
 // transposed once and packed once by a target that packs (Ops::gemm_shared_b).
 template <class Ops>
-void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, const float* dH,
-               const float* kept_solve, const GradSinks& sinks) {
+void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float* H0, const Bf16Rows& H0_bf16,
+               const float* dH, const float* kept_solve, const GradSinks& sinks) {
   const int C = ch.C, K = ch.K, V = ch.V, VW = ch.VW, L = ch.L;
   if (ch.delta && kept_solve) {
     delta_rows(p, ch);
@@ -190,7 +191,8 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
       transposed_b<Ops>(ch, L, VW, ch.values(), VW, ch.packed, ch.values_values, Operands::f32, Operands::f32);
   gemm_packed_sharing_b<Ops>(ch, L, L, VW, values_t, VW, ch.dy, ch.dscores, dz, ch.dlower, C, Triangle::c_lower,
                              ch.values_values);
-  const PackedB H0_t = transposed_b<Ops>(ch, K, VW, H0, VW, ch.packed, Operands::f32, Operands::f32, Operands::f32);
+  const PackedB H0_t =
+      transposed_b<Ops>(ch, K, VW, H0, VW, ch.packed, Operands::f32, Operands::f32, Operands::f32, H0_bf16);
   gemm_packed_sharing_b<Ops>(ch, L, K, VW, H0_t, VW, ch.dy, ch.panel, dz, ch.dbp, K);
   scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
   if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0, ch.panel);
@@ -316,6 +318,7 @@ void backward_sequence(const Params& p, int64_t first, int count, void* workspac
   const Records records(p, true);
   const size_t KV = size_t(ch.K) * ch.VW;
   const int parts = Loader<Ops>::keys_values | Loader<Ops>::with_queries | Loader<Ops>::with_output_grads;
+  const bool bf16_states = states_kept_as_bf16<Ops>(p, solves != nullptr);
   for (int i = 0; i < count; ++i) initial_state_gradient(p, first + i, dH + size_t(i) * KV);
   for (int c = chunk_count(p) - 1; c >= 0; --c)
     for (int i = 0; i < count; ++i) {
@@ -325,7 +328,9 @@ void backward_sequence(const Params& p, int64_t first, int count, void* workspac
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
       prefetch_next<Ops>(p, first, count, i, t0, t0 - ch.C, parts);
       const float* kept = solves ? records.solve(solves, i, c) : nullptr;
-      gradients<Ops>(p, item, t0, ch, records.state(states, i, c), dHi, kept, sinks);
+      const float* H0 = records.state(states, i, c);
+      const Bf16Rows H0_bf16{bf16_states ? reinterpret_cast<const uint16_t*>(H0) : nullptr, ch.VW};
+      gradients<Ops>(p, item, t0, ch, bf16_states ? nullptr : H0, H0_bf16, dHi, kept, sinks);
       propagate_state_gradient<Ops>(ch, dHi);
     }
   for (int i = 0; i < count; ++i) final_state_gradient(p, first + i, dH + size_t(i) * KV);

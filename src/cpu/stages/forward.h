@@ -110,9 +110,38 @@ void keep_solve(const Params& p, const Chunk& ch, float* record) {
   std::memcpy(kept.new_values, ch.rv, sizeof(float) * size_t(ch.L) * ch.VW);
 }
 
+// Whether the state pass keeps each chunk-start state rounded to bf16 ([K, VW] bf16 in the first
+// half of its slot, Records) rather than as fp32: where the gradient pass reads it only through
+// products that round it to bf16 as they pack it, so that the results are bit for bit the same at
+// half the records' traffic. That is at Precision::fast (one part) on a target whose products read
+// rows kept as bf16 (MicroKernels::reads_bf16_rows, which read any one-part B by columns, as the
+// gradient pass's H0^T), with no gate (a gate's gradient reads the state, its boundary term
+// <dH, H0>), and with the delta rule only where the solves are kept (else the gradient pass forms
+// bp H0 again on the fp32 state).
+template <class Ops>
+bool states_kept_as_bf16(const Params& p, bool solves_kept) {
+  return Ops::reads_bf16_rows && p.precision == Precision::fast && p.gate == GateKind::none &&
+         (p.delta == Delta::none || solves_kept);
+}
+
+// A copy of the chunk-start state H [K, VW] kept for the gradient pass (Records), as fp32 or bf16
+// (states_kept_as_bf16), streamed past the caches: a cached store would read each line of the
+// record from memory first, and the gradient pass reads the records back long after, in reverse.
+// The records' traffic is most of what it costs (la's backward at fast on an AMX Xeon: 64 ms with
+// fp32 records, 55 with none written, 61 with half of them: docs/performance.md, stop 63).
+void keep_state(const Chunk& ch, const float* H, float* record, bool as_bf16) {
+  char* to = reinterpret_cast<char*>(record);
+  if (as_bf16)
+    stream_elements<DType::bf16>(to, H, ch.K * ch.VW);
+  else
+    stream_elements<DType::f32>(to, H, ch.K * ch.VW);
+}
+
 // Where a run of items in lockstep keeps its states and solve records (SequenceKernels::forward):
 // item i's state at the start of chunk c (its final state at c = chunks), one state per item
-// updated in place or, with `every_chunk`, each chunk's apart; item i's solve record of chunk c.
+// updated in place or, with `every_chunk`, each chunk's apart (fp32, or bf16 in the slot's first
+// half: states_kept_as_bf16), the state updated in place in the last; item i's solve record of
+// chunk c.
 struct Records {
   Records(const Params& p, bool every_chunk)
       : chunk_state(every_chunk ? size_t(p.K) * p.pack * p.V : 0),
@@ -137,21 +166,26 @@ void forward_sequence(const Params& p, int64_t first, int count, void* workspace
   const Records records(p, every_chunk);
   const int parts = Loader<Ops>::keys_values | (write_y ? Loader<Ops>::with_queries : 0) |
                     (Ops::reads_bf16_rows ? Loader<Ops>::rows_as_bf16 : 0);
-  for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, records.state(states, i, 0));
+  // Each item's state is updated in place in its last slot, which stays in cache; with
+  // `every_chunk`, each chunk-start state is streamed from it into its own slot (keep_state).
+  const int last = chunk_count(p);
+  const bool bf16_states = every_chunk && states_kept_as_bf16<Ops>(p, solves != nullptr);
+  for (int i = 0; i < count; ++i) item_at(p, first + i).load_state(p.h0, records.state(states, i, last));
   for (int c = 0, t0 = 0; t0 < p.S; ++c, t0 += ch.C)
     for (int i = 0; i < count; ++i) {
       const Item item = item_at(p, first + i);
       Loader<Ops>{p, item}.chunk(ch, t0, parts);
       prefetch_next<Ops>(p, first, count, i, t0, t0 + ch.C, parts);
-      const float* H0 = records.state(states, i, c);
+      float* H = records.state(states, i, last);
+      if (every_chunk) keep_state(ch, H, records.state(states, i, c), bf16_states);
       const bool scores_formed = ch.delta && prepare_delta<Ops>(p, ch, write_y);
-      state_products<Ops>(ch, H0, write_y);
+      state_products<Ops>(ch, H, write_y);
       if (ch.delta) delta_values<Ops>(p, ch);
       if (ch.delta && solves) keep_solve(p, ch, records.solve(solves, i, c));
-      output_and_update<Ops>(p, item, t0, ch, H0, records.state(states, i, c + 1), write_y, scores_formed);
+      output_and_update<Ops>(p, item, t0, ch, H, H, write_y, scores_formed);
     }
   if (p.ht.present())
-    for (int i = 0; i < count; ++i) item_at(p, first + i).store_state(p.ht, records.state(states, i, chunk_count(p)));
+    for (int i = 0; i < count; ++i) item_at(p, first + i).store_state(p.ht, records.state(states, i, last));
   finish_streamed_stores();
 }
 

@@ -123,8 +123,8 @@ void gemm_packed(const Chunk& ch, int m, int n, int k, const float* a, int lda, 
                b.bf16);
 }
 
-// C0 = A0 B and, where A1 is given, C1 = A1 B, B packed (A_p [m, k] rows lda apart, C_p ldc apart):
-// one call, so a target that packs B packs it once (Ops::gemm_shared_b).
+// C0 = A0 B and, where A1 is given, C1 = A1 B, B packed (kept as bf16 where it is; A_p [m, k] rows
+// lda apart, C_p ldc apart): one call, so a target that packs B packs it once (Ops::gemm_shared_b).
 template <class Ops>
 void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int lda, const float* a0, float* c0,
                            const float* a1, float* c1, int ldc, Triangle tri = Triangle::none,
@@ -132,7 +132,7 @@ void gemm_packed_sharing_b(const Chunk& ch, int m, int n, int k, PackedB b, int 
   const SharedBProduct products[2] = {{m, a0, lda, c0, ldc, Layout::rows, tri},
                                       {m, a1, lda, c1, ldc, Layout::rows, tri}};
   Ops::gemm_shared_b(chunk_products(ch, a_values, b_values, false, b.layout), a1 ? 2 : 1, products, n, k, b.data,
-                     b.ld);
+                     b.ld, b.bf16);
 }
 
 // C[m, n] (+)= A B^T with B stored [n, k], transposed into the chunk's panel for this one product
