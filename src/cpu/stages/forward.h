@@ -103,11 +103,12 @@ void output_and_update(const Params& p, const Item& item, int t0, Chunk& ch, con
   store_output(p, item, t0, ch);
 }
 
-// Keeps the loaded chunk's solve T and new values rv in its solve record (solve_record_floats).
+// Keeps the loaded chunk's solve T and new values rv in its solve record (solve_record_floats),
+// streamed past the caches as the chunk-start states are (keep_state).
 void keep_solve(const Params& p, const Chunk& ch, float* record) {
   const SolveRecord<float> kept = solve_record(p, record);
-  std::memcpy(kept.solved, ch.solved, sizeof(float) * size_t(ch.L) * ch.C);
-  std::memcpy(kept.new_values, ch.rv, sizeof(float) * size_t(ch.L) * ch.VW);
+  stream_elements<DType::f32>(reinterpret_cast<char*>(kept.solved), ch.solved, ch.L * ch.C);
+  stream_elements<DType::f32>(reinterpret_cast<char*>(kept.new_values), ch.rv, ch.L * ch.VW);
 }
 
 // Whether the state pass keeps each chunk-start state rounded to bf16 ([K, VW] bf16 in the first
