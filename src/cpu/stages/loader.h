@@ -108,31 +108,27 @@ struct Loader {
       }
     }
   }
-  // a_t = exp(g_t) (a grouped gate spread over its channels) and the prefix and suffix
-  // products P, R; with keep_logs, the log decays g_t too (the backward's, ch.log_decay).
-  void decays(Chunk& ch, int t0, bool keep_logs) const {
-    const int W = ch.W, L = ch.L, G = p.gate_group, groups = W / G;
-    // One walk down the rows, each row while it is in L1: its log-gates loaded (and kept), summed
-    // into the chunk's total, exponentiated, and the running product P taken on. A grouped gate
-    // (G > 1) is summed and exponentiated per group, its W / G values in ch.pair, and spread over
-    // its channels as it is written (the logs only where they are kept); its total is spread
-    // after the walk.
-    if (p.gate != GateKind::none)
-      for (int c = 0; c < groups; ++c) ch.log_total[c] = 0.0;
-    if (p.gate != GateKind::none && W == 1) {
-      // One value a row (a scalar gate): the chunk's log-gates loaded (and kept) and summed, then
-      // exponentiated in one call, not a vector call for each token's one value (5% of Mamba-2's
-      // forward on an AMX Xeon), then the running product P.
-      for (int i = 0; i < L; ++i) {
-        load_row(p.g, item.b, t0 + i, item.shared(p.group_g), ch.decay + i, 1);
-        ch.log_total[0] += ch.decay[i];
-      }
-      if (keep_logs) std::memcpy(ch.log_decay, ch.decay, sizeof(float) * size_t(L));
-      Ops::exp(ch.decay, L);
-      float running = 1.0f;
-      for (int i = 0; i < L; ++i) ch.prefix[i] = running *= ch.decay[i];
+  // The log-gates of a scalar gate (one value a row): loaded (and kept) and summed, then
+  // exponentiated in one call, not a vector call for each token's one value (5% of Mamba-2's
+  // forward on an AMX Xeon), then the running product P.
+  void scalar_decays(Chunk& ch, int t0, bool keep_logs) const {
+    const int L = ch.L;
+    for (int i = 0; i < L; ++i) {
+      load_row(p.g, item.b, t0 + i, item.shared(p.group_g), ch.decay + i, 1);
+      ch.log_total[0] += ch.decay[i];
     }
-    for (int i = 0; i < L && (p.gate == GateKind::none || W > 1); ++i) {
+    if (keep_logs) std::memcpy(ch.log_decay, ch.decay, sizeof(float) * size_t(L));
+    Ops::exp(ch.decay, L);
+    float running = 1.0f;
+    for (int i = 0; i < L; ++i) ch.prefix[i] = running *= ch.decay[i];
+  }
+  // Every other gate (or none): one walk down the rows, each row while it is in L1: its log-gates
+  // loaded (and kept), summed into the chunk's total, exponentiated, and the running product P
+  // taken on. A grouped gate (G > 1) is summed and exponentiated per group, its W / G values in
+  // ch.pair, and spread over its channels as it is written (the logs only where they are kept).
+  void row_decays(Chunk& ch, int t0, bool keep_logs) const {
+    const int W = ch.W, L = ch.L, G = p.gate_group, groups = W / G;
+    for (int i = 0; i < L; ++i) {
       float* a = ch.decay + size_t(i) * W;
       if (p.gate == GateKind::none) {
         a[0] = 1.0f;
@@ -157,6 +153,18 @@ struct Loader {
         for (int c = 0; c < W; ++c) prefix[c] = before[c] * a[c];
       }
     }
+  }
+  // a_t = exp(g_t) (a grouped gate spread over its channels) and the prefix and suffix
+  // products P, R; with keep_logs, the log decays g_t too (the backward's, ch.log_decay).
+  void decays(Chunk& ch, int t0, bool keep_logs) const {
+    const int W = ch.W, L = ch.L, G = p.gate_group, groups = W / G;
+    if (p.gate != GateKind::none)
+      for (int c = 0; c < groups; ++c) ch.log_total[c] = 0.0;
+    if (p.gate != GateKind::none && W == 1)
+      scalar_decays(ch, t0, keep_logs);
+    else
+      row_decays(ch, t0, keep_logs);
+    // A grouped gate's total, summed per group, spread over its channels.
     if (p.gate != GateKind::none && G > 1)
       for (int x = groups - 1; x >= 0; --x)  // in place, from the last group down
         for (int c = G - 1; c >= 0; --c) ch.log_total[size_t(x) * G + c] = ch.log_total[x];
