@@ -75,6 +75,14 @@ struct GemmCase {
   float a_at(int i, int p) const { return a[size_t(i) * a_rs + size_t(p) * a_cs]; }
   float b_at(int p, int j) const { return b[size_t(p) * b_rs + size_t(j) * b_cs]; }
   void run(cpu::GemmKernel kernel, float* c) const { kernel(d, m, n, k, a.data(), lda, b.data(), ldb, c, ldc); }
+  // C [m, ldc] as a product starts from: its n columns drawn, the column past them poisoned.
+  template <class Draw>
+  std::vector<float> c_start(Draw&& draw) const {
+    std::vector<float> c(size_t(m) * ldc);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < ldc; ++j) c[size_t(i) * ldc + j] = j < n ? draw() : kPoison;
+    return c;
+  }
   std::string name() const {
     return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
            " tri=" + std::to_string(int(d.triangle)) + (d.a == Layout::columns ? " A^T" : " A") +
@@ -166,9 +174,7 @@ void check_gemm(cpu::MicroKernels::ChooseGemm choose, const GemmDesc& kind, bool
                 const GemmCase g = gemm_case(m, n, k, d, draw_as(kind.a_values), draw_as(kind.b_values));
                 const ProductError error = product_error(on_tiles, g.d);
                 const int ldc = g.ldc;
-                std::vector<float> c(size_t(m) * ldc);
-                for (int i = 0; i < m; ++i)
-                  for (int j = 0; j < ldc; ++j) c[size_t(i) * ldc + j] = j < n ? uniform(rng) : kPoison;
+                std::vector<float> c = g.c_start([&] { return uniform(rng); });
                 const std::vector<float> c0 = c;
                 g.run(choose(g.d), c.data());
                 const std::string what = g.name();
@@ -363,9 +369,7 @@ void check_shared_b(cpu::MicroKernels::ChooseGemmSharedB shared, cpu::MicroKerne
                 std::vector<std::vector<float>> together, apart;
                 std::vector<cpu::SharedBProduct> products;
                 for (const GemmCase& g : cases) {
-                  std::vector<float> c(size_t(g.m) * g.ldc);
-                  for (int i = 0; i < g.m; ++i)
-                    for (int j = 0; j < g.ldc; ++j) c[size_t(i) * g.ldc + j] = j < n ? uniform(rng) : kPoison;
+                  const std::vector<float> c = g.c_start([&] { return uniform(rng); });
                   together.push_back(c);
                   apart.push_back(c);
                 }
@@ -440,9 +444,7 @@ void check_bf16_rows(cpu::MicroKernels::ChooseGemmSharedB shared) {
                   std::vector<std::vector<float>> a_unread, kept_c, copied_c;
                   std::vector<cpu::SharedBProduct> on_kept, on_copies;
                   for (const GemmCase& g : cases) {
-                    std::vector<float> c(size_t(g.m) * g.ldc);
-                    for (int i = 0; i < g.m; ++i)
-                      for (int j = 0; j < g.ldc; ++j) c[size_t(i) * g.ldc + j] = j < n ? uniform(rng) : kPoison;
+                    const std::vector<float> c = g.c_start([&] { return uniform(rng); });
                     kept_c.push_back(c);
                     copied_c.push_back(c);
                     a_bits.push_back(bits(g.a));

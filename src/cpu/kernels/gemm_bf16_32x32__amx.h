@@ -235,6 +235,11 @@ void pack_amx_b_columns(int depth, int cols, int pairs, const float* b, int ldb,
 inline __m256i load_bf16_16(const Bf16Rows& x, int i, int j, int count) {
   return count > 0 ? _mm256_maskz_loadu_epi16(first_lanes(count), x.at(i, j)) : _mm256_setzero_si256();
 }
+// 32 bf16 of storage row i from column j (16 pair words as they lie), zero past `count`.
+inline __m512i load_bf16_32(const Bf16Rows& x, int i, int j, int count) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load_bf16_16(x, i, j, count)),
+                            load_bf16_16(x, i, j + 16, count - 16), 1);
+}
 // Pair words (lo's lane in the low half) of two tokens' 16 bf16.
 inline __m512i pair_words(__m256i lo, __m256i hi) {
   return _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
@@ -254,12 +259,9 @@ void pack_amx_a_bf16(int rows, int depth, int pairs, const Bf16Rows& a, Layout l
   if (layout == Layout::rows) {  // row i's 32 k: 16 pair words as they lie
     for (int i = 0; i < padded; ++i)
       for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
-        const bool inside = i < stored;
         const int p = 2 * q0;
-        const __m256i lo = load_bf16_16(a, first + i, k0 + p, inside ? depth - p : 0);
-        const __m256i hi = load_bf16_16(a, first + i, k0 + p + 16, inside ? depth - p - 16 : 0);
         _mm512_store_si512(out + size_t(i) * kAmxPanelPairs + q0,
-                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+                           load_bf16_32(a, first + i, k0 + p, i < stored ? depth - p : 0));
       }
     return;
   }
@@ -303,11 +305,8 @@ void pack_amx_b_bf16(int depth, int cols, int pairs, const Bf16Rows& b, Layout l
   for (int j0 = 0; j0 < kAmxBlock; j0 += kAmxTile)
     for (int q0 = 0; q0 < pairs; q0 += kAmxTile) {
       for (int j = 0; j < kAmxTile; ++j) {
-        const bool inside = j0 + j < cols;
         const int p = 2 * q0;
-        const __m256i lo = load_bf16_16(b, first + j0 + j, k0 + p, inside ? depth - p : 0);
-        const __m256i hi = load_bf16_16(b, first + j0 + j, k0 + p + 16, inside ? depth - p - 16 : 0);
-        words[j] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+        words[j] = _mm512_castsi512_ps(load_bf16_32(b, first + j0 + j, k0 + p, j0 + j < cols ? depth - p : 0));
       }
       transpose16(words);
       for (int q = 0; q < kAmxTile; ++q) _mm512_store_ps(out + size_t(q0 + q) * kAmxBlock + j0, words[q]);
