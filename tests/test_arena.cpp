@@ -7,6 +7,7 @@
 
 #include "cpu/arena.h"
 #include "cpu/buffer.h"
+#include "cpu/recurrence.h"
 
 namespace flat::cpu {
 namespace {
@@ -127,6 +128,33 @@ TEST(KeptScratch, ARequestAboveTheLimitIsTheCallsOwnAndTheKeptBufferStays) {
   EXPECT_EQ(after.floats(), kept);
   KeptScratch none(ScratchSlot::chunk_states, 0);
   EXPECT_EQ(none.floats(), nullptr);
+}
+
+// The backward's lockstep keeps a group's records within one kept buffer each (states and solves
+// apart), else runs fewer items: their records allocated for a call alone are faulted in anew.
+TEST(BackwardLockstep, KeepsEachGroupsRecordsWithinAKeptBuffer) {
+  constexpr size_t KiB = 1024, cap = kKeptScratchBytes;
+  // K = V = 128, S = 4096: 64 KiB states (65 of them) and 48 KiB solves (64) an item.
+  EXPECT_EQ(backward_lockstep(64 * KiB * 65, 48 * KiB * 64), 4);
+  EXPECT_EQ(backward_lockstep(64 * KiB * 65, 0), 4);  // the additive family keeps no solves
+  // sla (K = 256, 4 value heads), S = 4096: 512 KiB states, 144 KiB solves.
+  EXPECT_EQ(backward_lockstep(512 * KiB * 65, 144 * KiB * 64), 1);
+  // K = V = 128, S = 16384: 257 states of 64 KiB.
+  EXPECT_EQ(backward_lockstep(64 * KiB * 257, 48 * KiB * 256), 3);
+  // The solves the larger, and an item larger than a kept buffer alone.
+  EXPECT_EQ(backward_lockstep(KiB, cap / 2), 2);
+  EXPECT_EQ(backward_lockstep(2 * cap, 0), 1);
+  for (size_t bytes = KiB; bytes <= 2 * cap; bytes = bytes * 3 / 2) {
+    const int group = backward_lockstep(bytes, bytes / 3);
+    EXPECT_GE(group, 1);
+    EXPECT_LE(group, 4);
+    if (group > 1) {
+      EXPECT_LE(bytes * size_t(group), cap) << bytes;
+    }
+    if (group < 4) {
+      EXPECT_GT(bytes * size_t(group + 1), cap) << bytes;
+    }
+  }
 }
 
 }  // namespace

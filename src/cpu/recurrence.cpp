@@ -181,6 +181,21 @@ struct Work {
 constexpr int kLockstepItems = 8;
 constexpr int kLockstepBackwardItems = 4;
 
+// The backward's items in lockstep: kLockstepBackwardItems, fewer where a group's records (its
+// items' chunk-start states, or their kept solves) would outgrow a kept buffer (kKeptScratchBytes)
+// and be allocated for the call alone, their pages faulted in and zeroed anew every call. sla's
+// state (K = 256, 4 value heads: 512 KiB) keeps 32.5 MiB of states an item at S = 4096: 4 items
+// took 130 MiB a thread, and the kernel's page faults a fifth of the backward. Measured (an AMX
+// Xeon, amx, fast, 2 threads, the bench's sla shape): 297-312 ms at 4 items, 205-236 at 1; with
+// the buffers kept at any size, 4, 2 and 1 items the same (200-225): an item of that size fills
+// L2 alone, so its lockstep gains nothing. Long sequences come to the same at K = 128
+// (S = 16384: 16 MiB of states an item, 3 in lockstep; la's backward there, B = 1, 158-164 ms at 4
+// against 133-139 at 3).
+int backward_lockstep(size_t item_states_bytes, size_t item_solves_bytes) {
+  const size_t largest = std::max(item_states_bytes, item_solves_bytes);
+  return int(std::clamp<size_t>(kKeptScratchBytes / std::max<size_t>(largest, 1), 1, kLockstepBackwardItems));
+}
+
 // A problem of at most kStepTokens tokens runs token by token (the decode path, stages/step.h):
 // from memory to memory with no chunk's products, where the chunkwise form pays for forming a
 // whole chunk's working set. Measured (64 sequences x 16 heads, K = V = 128, bf16, 2 threads, the
@@ -222,18 +237,19 @@ void recurrence_backward(const Params& p, const Run& run) {
   // The delta rule's state pass also keeps each chunk's solve for the gradient pass
   // (solve_record_floats): 48 KiB a chunk at C = 64 and V = 128, beside its 64 KiB chunk-start
   // state, for about a tenth of the backward's time (docs/performance.md, "Kept solves").
+  const size_t states_bytes = state_bytes(p) * size_t(chunk_count(longest) + 1);
   const size_t solves_bytes = sizeof(float) * solve_record_floats(p) * size_t(chunk_count(longest));
+  const int group = backward_lockstep(states_bytes, solves_bytes);
   work.ranges(run, [&](int64_t begin, int64_t end) {
-    const size_t group = kLockstepBackwardItems;
-    AlignedBuffer workspace(kernels.workspace_bytes(p)), dH(state_bytes(p) * group);
-    KeptScratch states(ScratchSlot::chunk_states, state_bytes(p) * size_t(chunk_count(longest) + 1) * group);
-    KeptScratch solves(ScratchSlot::kept_solves, solves_bytes * group);  // none for the additive family
+    AlignedBuffer workspace(kernels.workspace_bytes(p)), dH(state_bytes(p) * size_t(group));
+    KeptScratch states(ScratchSlot::chunk_states, states_bytes * size_t(group));
+    KeptScratch solves(ScratchSlot::kept_solves, solves_bytes * size_t(group));  // none for the additive family
     for (int64_t item = begin; item < end;) {
       const int64_t problem = item / work.per_problem, first = item % work.per_problem;
       // Heads of one batch row only: another row's share no pages with them.
       const int64_t row_items = p.N / p.pack, rest_of_row = row_items - first % row_items;
       const int count =
-          int(std::min<int64_t>({kLockstepBackwardItems, end - item, work.per_problem - first, rest_of_row}));
+          int(std::min<int64_t>({group, end - item, work.per_problem - first, rest_of_row}));
       const Params one = work.problem(problem);
       kernels.forward(one, first, count, workspace.data, states.floats(), true, solves.floats(), false);
       kernels.backward(one, first, count, workspace.data, states.floats(), solves.floats(), dH.floats(),

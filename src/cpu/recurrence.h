@@ -26,6 +26,11 @@ size_t state_bytes(const Params& p);
 int chunk_count(const Params& p);
 int64_t item_count(const Params& p);
 
+// How many items the backward runs in lockstep, from one item's kept records (its chunk-start
+// states' bytes, its solves' bytes): up to 4, as many as keep each kind within one kept buffer
+// (kKeptScratchBytes, cpu/buffer.h), at least 1.
+int backward_lockstep(size_t item_states_bytes, size_t item_solves_bytes);
+
 // Where each item's gradients go: straight to the outputs, or, for an input several items share,
 // to fp32 scratch that finish() reduces over them in a fixed order (and, for retnet's
 // per-sequence gate, over batch and tokens, in float64).
