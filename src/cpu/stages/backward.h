@@ -26,6 +26,24 @@ namespace {
 // dk_state = R * (values dH^T). So strong decay keeps its relative accuracy: every term carries
 // the decay that makes it small.
 
+// <dH_c, H0_c>: row c of dH [K, VW] against row c of the chunk-start state as the state pass kept
+// it, fp32 (H0) or bf16 (H0_bf16, states_kept_as_bf16: the gate's boundary term then reads the
+// state rounded once to bf16, as its products do at fast precision), widened a piece at a time.
+template <class Ops>
+float boundary_row(const float* dH, const float* H0, const Bf16Rows& H0_bf16, int c, int VW) {
+  const float* d = dH + size_t(c) * VW;
+  if (!H0_bf16.present()) return Ops::dot(d, H0 + size_t(c) * VW, VW);
+  constexpr int kPiece = 128;
+  float wide[kPiece], sum = 0.0f;
+  for (int j = 0; j < VW; j += kPiece) {
+    const int n = imin(kPiece, VW - j);
+    const uint16_t* h = H0_bf16.at(c, j);
+    for (int x = 0; x < n; ++x) wide[x] = bf16_to_f32(h[x]);
+    sum += Ops::dot(d + j, wide, n);
+  }
+  return sum;
+}
+
 // Additive family, scalar gate: summed over channels the pair terms are dscores_ij * scores_ij,
 // so sum_{s>=t} (q_s dq'_s - k_s dk'_s) is the rectangle sum over (i >= t, j < t) of those plus
 // the queries' state terms, O(L^2) on the score tiles. Row dot products in fp32, everything
@@ -46,12 +64,13 @@ void key_state_terms(Chunk& ch, const float* values_dH) {
     ch.key_terms[j] = Ops::dot(ch.k + size_t(j) * ch.K, values_dH + size_t(j) * ch.K, ch.K);
 }
 template <class Ops>
-void scalar_gate_gradient(Chunk& ch, const float* dH, const float* H0, const float* dq_unscaled) {
+void scalar_gate_gradient(Chunk& ch, const float* dH, const float* H0, const Bf16Rows& H0_bf16,
+                          const float* dq_unscaled) {
   const int C = ch.C, K = ch.K, VW = ch.VW, L = ch.L;
   double* decay = ch.pair_decay;  // exp(g_t) in float64
   for (int t = 0; t < L; ++t) decay[t] = __builtin_exp(double(ch.log_decay[t]));
   double boundary = 0;
-  for (int c = 0; c < K; ++c) boundary += Ops::dot(dH + size_t(c) * VW, H0 + size_t(c) * VW, VW);
+  for (int c = 0; c < K; ++c) boundary += boundary_row<Ops>(dH, H0, H0_bf16, c, VW);
   boundary *= __builtin_exp(ch.log_total[0]);
   const float *row_factor = ch.queries.factor, *column_factor = ch.keys.factor;
   double* columns = ch.gate_columns;  // sum_{i>=t} X_ij for each j < t
@@ -89,7 +108,7 @@ void scalar_gate_gradient(Chunk& ch, const float* dH, const float* H0, const flo
 // the products in intra_backward apply, so this reads their strictly causal results (the
 // diagonal left out). Call after intra_backward.
 template <class Ops>
-void channel_gate_gradient(Chunk& ch, const float* dH, const float* H0) {
+void channel_gate_gradient(Chunk& ch, const float* dH, const float* H0, const Bf16Rows& H0_bf16) {
   const int K = ch.K, VW = ch.VW, L = ch.L;
   const size_t LK = size_t(L) * K;
   for (size_t e = 0; e < LK; ++e) ch.dgate[e] = ch.q[e] * ch.dq[e] - ch.k[e] * ch.dk[e];
@@ -99,7 +118,7 @@ void channel_gate_gradient(Chunk& ch, const float* dH, const float* H0) {
     for (int c = 0; c < K; ++c) ch.dgate[size_t(i) * K + c] += ch.dgate[size_t(i + 1) * K + c];
   float* carry = ch.gate_carry;  // [K] boundary term plus the keys before t
   const float* total = ch.gate_row(ch.prefix, L - 1);
-  for (int c = 0; c < K; ++c) carry[c] = total[ch.W == 1 ? 0 : c] * Ops::dot(dH + size_t(c) * VW, H0 + size_t(c) * VW, VW);
+  for (int c = 0; c < K; ++c) carry[c] = total[ch.W == 1 ? 0 : c] * boundary_row<Ops>(dH, H0, H0_bf16, c, VW);
   for (int t = 0; t < L; ++t) {
     float* dg = ch.dgate + size_t(t) * K;
     const float *kt = ch.k + size_t(t) * K, *dkt = ch.dk_state + size_t(t) * K;
@@ -195,11 +214,11 @@ void gradients(const Params& p, const Item& item, int t0, Chunk& ch, const float
       transposed_b<Ops>(ch, K, VW, H0, VW, ch.packed, Operands::f32, Operands::f32, Operands::f32, H0_bf16);
   gemm_packed_sharing_b<Ops>(ch, L, K, VW, H0_t, VW, ch.dy, ch.panel, dz, ch.dbp, K);
   scale_rows(ch.dq, ch.panel, ch.prefix, L, K, ch.W);
-  if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0, ch.panel);
+  if (rectangle) scalar_gate_gradient<Ops>(ch, dH, H0, H0_bf16, ch.panel);
   intra_backward<Ops>(ch, ch.dscores, ch.q, ch.k, ch.queries, ch.keys, ch.dq, ch.dk, ch.diag);
   if (ch.delta) delta_backward<Ops>(ch);
   if (p.gate != GateKind::none) {
-    if (!rectangle) channel_gate_gradient<Ops>(ch, dH, H0);
+    if (!rectangle) channel_gate_gradient<Ops>(ch, dH, H0, H0_bf16);
     store_gate_gradient(p, item, t0, ch, sinks);
   }
 

@@ -112,17 +112,17 @@ void keep_solve(const Params& p, const Chunk& ch, float* record) {
 }
 
 // Whether the state pass keeps each chunk-start state rounded to bf16 ([K, VW] bf16 in the first
-// half of its slot, Records) rather than as fp32: where the gradient pass reads it only through
-// products that round it to bf16 as they pack it, so that the results are bit for bit the same at
-// half the records' traffic. That is at Precision::fast (one part) on a target whose products read
-// rows kept as bf16 (MicroKernels::reads_bf16_rows, which read any one-part B by columns, as the
-// gradient pass's H0^T), with no gate (a gate's gradient reads the state, its boundary term
-// <dH, H0>), and with the delta rule only where the solves are kept (else the gradient pass forms
-// bp H0 again on the fp32 state).
+// half of its slot, Records) rather than as fp32, at half the records' traffic: where the gradient
+// pass reads it through products that round it to bf16 as they pack it (the same results), and
+// through a gate's boundary term <dH, H0> (boundary_row, backward.h), which then reads that
+// rounding too, as GPU kernels keep their chunk states in the inputs' dtype. That is at
+// Precision::fast (one part) on a target whose products read rows kept as bf16
+// (MicroKernels::reads_bf16_rows, which read any one-part B by columns, as the gradient pass's
+// H0^T), and with the delta rule only where the solves are kept (else the gradient pass forms bp H0
+// again on the fp32 state).
 template <class Ops>
 bool states_kept_as_bf16(const Params& p, bool solves_kept) {
-  return Ops::reads_bf16_rows && p.precision == Precision::fast && p.gate == GateKind::none &&
-         (p.delta == Delta::none || solves_kept);
+  return Ops::reads_bf16_rows && p.precision == Precision::fast && (p.delta == Delta::none || solves_kept);
 }
 
 // A copy of the chunk-start state H [K, VW] kept for the gradient pass (Records), as fp32 or bf16
