@@ -109,7 +109,7 @@ struct Chunk {
     }
     if (gated && W == 1 && !delta) {
       raw_scores = arena.take<float>(CC);
-      for (double** t : {&pair_decay, &key_terms}) *t = arena.take<double>(size_t(C));
+      for (double** t : {&pair_decay, &pair_within, &key_terms}) *t = arena.take<double>(size_t(C));
     }
     if (delta) {
       for (float** t : {&erase, &bt, &bp, &dbt, &dbp}) *t = arena.take<float>(CK);
@@ -180,7 +180,8 @@ struct Chunk {
   float* log_decay = nullptr;    // [C, W] g_t, loaded with the output gradients
   float* rescaled = nullptr;     // [K, VW]
   float* raw_scores = nullptr;   // [C, C] <q_i, k_j> as the products read them, before factors and decay
-  double* pair_decay = nullptr;  // [C]
+  double* pair_decay = nullptr;   // [C] exp(g_t)
+  double* pair_within = nullptr;  // [C] exp(g_{j+1} + ... + g_{j|7}), within j's block of 8 tokens
   double* key_terms = nullptr;   // [C] k_j . (values dH^T)_j
   double *gate_columns, *dgate_acc;  // [C] scalar-gate gradient accumulators
   float* out;                   // [C, VW] y
