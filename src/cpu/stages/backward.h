@@ -63,10 +63,10 @@ void key_state_terms(Chunk& ch, const float* values_dH) {
   for (int j = 0; j < ch.L; ++j)
     ch.key_terms[j] = Ops::dot(ch.k + size_t(j) * ch.K, values_dH + size_t(j) * ch.K, ch.K);
 }
-//
+
 // The pairs' factors F_tj = exp(g_{j+1} + ... + g_t) are running products of exp(g) in float64
-// (a sum's exp would overflow where g reaches -1736, and their quotients underflow), taken from
-// j = t - 1 down. Along a whole block of 8 keys below t's own block they are one running product
+// taken from j = t - 1 down (not an exp per pair; and quotients P_t / P_j of the prefix products
+// underflow to 0 / 0 behind strong gates). Along a whole block of 8 keys below t's own block they are one running product
 // to the block's top times each key's product within its block (ch.pair_within), so that the
 // block's 8 terms are independent (vector lanes, 8 partial sums); a token at a time, the product's
 // and the sum's chains held the loop at their latency. This function's share of Mamba-2's backward
