@@ -66,10 +66,10 @@ void key_state_terms(Chunk& ch, const float* values_dH) {
 
 // The pairs' factors F_tj = exp(g_{j+1} + ... + g_t) are running products of exp(g) in float64
 // taken from j = t - 1 down (not an exp per pair; and quotients P_t / P_j of the prefix products
-// underflow to 0 / 0 behind strong gates). Along a whole block of 8 keys below t's own block they are one running product
-// to the block's top times each key's product within its block (ch.pair_within), so that the
-// block's 8 terms are independent (vector lanes, 8 partial sums); a token at a time, the product's
-// and the sum's chains held the loop at their latency. This function's share of Mamba-2's backward
+// underflow to 0 / 0 behind strong gates). Along a whole block of 8 keys below t's own block they
+// are one running product to the block's top times each key's product within its block
+// (ch.pair_within), so that the block's 8 terms are independent (vector lanes, 8 partial sums); a
+// token at a time, the product's and the sum's chains held the loop at their latency. This function's share of Mamba-2's backward
 // (amx, fast, the bench's shape) fell from 4.9% to 3.0% of the samples, the backward from 78.7-82.8
 // ms to 75.9-78.9. The terms' order changes float64's rounding only (gradients of about 1e-11
 // beside terms of 1e3 moved); every factor is still at least F_tj itself.
